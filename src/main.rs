@@ -1,0 +1,20 @@
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use node_holder::cli::Cli;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    node_holder::telemetry::init(cli.log_format, cli.log_level);
+    match node_holder::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // `{:#}` prints the whole context chain on one line.
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

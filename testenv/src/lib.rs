@@ -1,0 +1,381 @@
+//! A real Kubernetes control plane on loopback for node-holder's tests and demo.
+//!
+//! [`ControlPlane::start`] runs the upstream etcd and kube-apiserver built from
+//! the pins in `controlplane/go.mod` on free loopback ports, in a temporary
+//! directory, with:
+//! - secure serving from a freshly generated CA;
+//! - two identities from a token file: an admin (`system:masters`) and
+//!   node-holder's restricted identity, which looks to RBAC exactly like the
+//!   ServiceAccount `node-holder/node-holder` (no permissions unless bound);
+//! - RBAC authorization, an audit log written with `docs/audit-policy.yaml`,
+//!   and aggregator routing so that Service-routed webhooks reach endpoints.
+//!
+//! Every process it starts dies with it: on drop (also while a test panics) and,
+//! through `PR_SET_PDEATHSIG`, when the owning process dies without unwinding.
+
+mod binaries;
+mod process;
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
+use process::ManagedChild;
+
+/// The namespace node-holder's restricted identity belongs to.
+pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";
+/// The user name the API server sees for node-holder's restricted identity.
+pub const NODE_HOLDER_USER: &str = "system:serviceaccount:node-holder:node-holder";
+/// The admin's user name.
+pub const ADMIN_USER: &str = "testenv-admin";
+
+const AUDIT_POLICY: &str = include_str!("../../docs/audit-policy.yaml");
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A running etcd + kube-apiserver pair. Dropping it stops both and removes
+/// their files.
+pub struct ControlPlane {
+    // Field order is drop order: the API server stops before etcd, and the
+    // directory goes last.
+    apiserver: ManagedChild,
+    etcd: ManagedChild,
+    url: String,
+    admin_kubeconfig: PathBuf,
+    node_holder_kubeconfig: PathBuf,
+    audit_log: PathBuf,
+    dir: TempDir,
+}
+
+impl ControlPlane {
+    /// Builds the binaries if needed, starts etcd and kube-apiserver, and waits
+    /// until the API server reports `/readyz`.
+    pub async fn start() -> Result<Self> {
+        let binaries = tokio::task::spawn_blocking(ensure_built)
+            .await
+            .context("control-plane build task")??;
+        // A free port can be taken by someone else between our probe and the
+        // child's bind; a second try with new ports covers that race.
+        match Self::start_with(&binaries).await {
+            Ok(cp) => Ok(cp),
+            Err(first) if format!("{first:#}").contains("address already in use") => {
+                Self::start_with(&binaries).await
+            }
+            Err(first) => Err(first),
+        }
+    }
+
+    async fn start_with(binaries: &Binaries) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("node-holder-controlplane-")
+            .tempdir()
+            .context("creating the control plane's directory")?;
+        let root = dir.path();
+        let files = write_files(root)?;
+
+        let [etcd_client, etcd_peer, apiserver_port] = free_ports()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd = ManagedChild::spawn(
+            "etcd",
+            &binaries.etcd,
+            &[
+                "--name=testenv".into(),
+                format!("--data-dir={}", root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=testenv={peer_url}"),
+                // Durability is worthless for a throw-away store; speed is not.
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+            &root.join("etcd.log"),
+        )?;
+
+        let audit_log = root.join("audit.log");
+        let p = |name: &str| root.join(name).display().to_string();
+        let apiserver = ManagedChild::spawn(
+            "kube-apiserver",
+            &binaries.kube_apiserver,
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={apiserver_port}"),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                format!("--token-auth-file={}", p("tokens.csv")),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                // No controller-manager runs: nothing would mint ServiceAccount
+                // tokens, and loopback endpoints for `kubernetes` are invalid.
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--endpoint-reconciler-type=none".into(),
+                format!("--audit-policy-file={}", p("audit-policy.yaml")),
+                format!("--audit-log-path={}", audit_log.display()),
+                "--enable-aggregator-routing=true".into(),
+                "--profiling=false".into(),
+            ],
+            &root.join("kube-apiserver.log"),
+        )?;
+
+        let url = format!("https://127.0.0.1:{apiserver_port}");
+        let admin_kubeconfig = root.join("admin.kubeconfig");
+        let node_holder_kubeconfig = root.join("node-holder.kubeconfig");
+        write_kubeconfig(
+            &admin_kubeconfig,
+            &url,
+            &files.ca,
+            "admin",
+            &files.admin_token,
+        )?;
+        write_kubeconfig(
+            &node_holder_kubeconfig,
+            &url,
+            &files.ca,
+            "node-holder",
+            &files.node_holder_token,
+        )?;
+
+        let mut cp = ControlPlane {
+            apiserver,
+            etcd,
+            url,
+            admin_kubeconfig,
+            node_holder_kubeconfig,
+            audit_log,
+            dir,
+        };
+        cp.wait_ready().await?;
+        Ok(cp)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let client = self.admin_client().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.etcd.check_running()?;
+            self.apiserver.check_running()?;
+            let request = http_get("/readyz")?;
+            let last_error = match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(err) => err.to_string(),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?}: {last_error}\n{}",
+                    self.apiserver.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The API server's base URL (`https://127.0.0.1:PORT`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Kubeconfig of the admin identity (`system:masters`).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// Kubeconfig of node-holder's restricted identity ([`NODE_HOLDER_USER`]).
+    pub fn node_holder_kubeconfig(&self) -> &Path {
+        &self.node_holder_kubeconfig
+    }
+
+    /// Process ids of etcd and kube-apiserver.
+    pub fn pids(&self) -> [u32; 2] {
+        [self.etcd.id(), self.apiserver.id()]
+    }
+
+    /// The directory holding the control plane's files and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client acting as the admin.
+    pub async fn admin_client(&self) -> Result<kube::Client> {
+        client_from_kubeconfig(&self.admin_kubeconfig).await
+    }
+
+    /// A client acting as node-holder's restricted identity.
+    pub async fn node_holder_client(&self) -> Result<kube::Client> {
+        client_from_kubeconfig(&self.node_holder_kubeconfig).await
+    }
+
+    /// The audit log file (JSON lines, `audit.k8s.io/v1` events).
+    pub fn audit_log(&self) -> &Path {
+        &self.audit_log
+    }
+
+    /// Every audit event written so far.
+    pub fn audit_events(&self) -> Result<Vec<Value>> {
+        let text = match fs::read_to_string(&self.audit_log) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(err).context("reading the audit log"),
+        };
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| serde_json::from_str(line).context("parsing an audit event"))
+            .collect()
+    }
+
+    /// Waits (up to 10 s) for the audit events that match `predicate`. The API
+    /// server writes the `ResponseComplete` event after it answers, so an event
+    /// can trail the response it describes.
+    pub async fn wait_for_audit_events(
+        &self,
+        predicate: impl Fn(&Value) -> bool,
+    ) -> Result<Vec<Value>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let matching: Vec<Value> = self
+                .audit_events()?
+                .into_iter()
+                .filter(|e| predicate(e))
+                .collect();
+            if !matching.is_empty() {
+                return Ok(matching);
+            }
+            if Instant::now() > deadline {
+                bail!("no matching audit event in {}", self.audit_log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "testenv: test failed; last lines of kube-apiserver's log:\n{}",
+                self.apiserver.log_tail()
+            );
+        }
+    }
+}
+
+struct Files {
+    ca: PathBuf,
+    admin_token: String,
+    node_holder_token: String,
+}
+
+fn write_files(root: &Path) -> Result<Files> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "testenv control-plane CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
+
+    let serving_key = KeyPair::generate()?;
+    let mut serving = CertificateParams::new(vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "kubernetes.default.svc".to_string(),
+    ])?;
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    let serving_cert = serving.signed_by(&serving_key, &ca)?;
+
+    let admin_token = random_token()?;
+    let node_holder_token = random_token()?;
+    // token,user,uid,"groups"
+    let tokens = format!(
+        "{admin_token},{ADMIN_USER},admin,\"system:masters\"\n\
+         {node_holder_token},{NODE_HOLDER_USER},node-holder,\"system:serviceaccounts,system:serviceaccounts:{NODE_HOLDER_NAMESPACE}\"\n"
+    );
+
+    let write = |name: &str, contents: &str| -> Result<()> {
+        let path = root.join(name);
+        fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
+    };
+    write("ca.crt", &ca.pem())?;
+    write("apiserver.crt", &serving_cert.pem())?;
+    write("apiserver.key", &serving_key.serialize_pem())?;
+    let service_account_key = KeyPair::generate()?;
+    write("sa.key", &service_account_key.serialize_pem())?;
+    write("sa.pub", &service_account_key.public_key_pem())?;
+    write("tokens.csv", &tokens)?;
+    write("audit-policy.yaml", AUDIT_POLICY)?;
+    Ok(Files {
+        ca: root.join("ca.crt"),
+        admin_token,
+        node_holder_token,
+    })
+}
+
+fn write_kubeconfig(path: &Path, url: &str, ca: &Path, user: &str, token: &str) -> Result<()> {
+    // JSON is YAML: kubectl and kube-rs read this as they read any kubeconfig.
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testenv", "cluster": {"server": url, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "testenv", "user": user}}],
+        "current-context": user,
+    });
+    fs::write(path, serde_json::to_vec_pretty(&config)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A client for the kubeconfig at `path`.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading {}", path.display()))?;
+    kube::Client::try_from(config).context("building a client")
+}
+
+fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
+    http::Request::get(path)
+        .body(Vec::new())
+        .context("building a request")
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    // Hold every listener until all ports are chosen so that they differ.
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").context("probing for a free loopback port"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .context("reading /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
