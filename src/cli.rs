@@ -1,12 +1,14 @@
 //! The command line. Every flag also reads an environment variable
 //! (`NODE_HOLDER_<FLAG>`), so a Deployment can configure node-holder either way.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tracing::level_filters::LevelFilter;
 
+use crate::core::holds::{Hold, Preset};
 use crate::telemetry::LogFormat;
 
 /// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
@@ -39,7 +41,82 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Address of the HTTPS admission webhook.
+    #[arg(long, env = "NODE_HOLDER_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
+    pub webhook_addr: SocketAddr,
+
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    #[arg(long, env = "NODE_HOLDER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+
+    /// PEM serving certificate (chain) of the webhook.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_TLS_CERT_FILE",
+        default_value = "/etc/node-holder/tls/tls.crt"
+    )]
+    pub tls_cert_file: PathBuf,
+
+    /// PEM private key of the serving certificate.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_TLS_KEY_FILE",
+        default_value = "/etc/node-holder/tls/tls.key"
+    )]
+    pub tls_key_file: PathBuf,
+
+    /// How often the certificate files are checked for rotation.
+    #[arg(long, env = "NODE_HOLDER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    /// Budget of one webhook request, reading the body included; keep it well
+    /// under the webhook configuration's timeoutSeconds.
+    #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Webhook requests handled at once; more wait their turn.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_MAX_CONCURRENT_REQUESTS",
+        default_value_t = 256
+    )]
+    pub max_concurrent_requests: usize,
+
+    /// On SIGTERM, how long to keep serving while not ready, so that the API
+    /// server stops sending requests before connections close.
+    #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// After the grace, how long in-flight requests may take to finish.
+    #[arg(long, env = "NODE_HOLDER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// Which nodes are held, and with what.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// Well-known holds to place (karpenter-v1 when neither this nor
+    /// --hold-annotation is given).
+    #[arg(
+        long,
+        env = "NODE_HOLDER_HOLD_PRESETS",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub hold_preset: Vec<Preset>,
+
+    /// Hold annotations to place, as key=value; repeat or comma-separate.
+    #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
+    pub hold_annotation: Vec<Hold>,
+
+    /// Label selector of the nodes in scope (kubectl syntax); empty means all.
+    #[arg(long, env = "NODE_HOLDER_NODE_SELECTOR", default_value = "")]
+    pub node_selector: String,
+}
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {}

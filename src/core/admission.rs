@@ -1,0 +1,207 @@
+//! The admission decision: an AdmissionReview in, a response out. A pure
+//! function of the request and the policy, so every replica can answer, a
+//! dry-run needs no special path and `sideEffects: None` is true.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde_json::Value;
+
+use super::holds::{Hold, Holds};
+use super::patch::add_holds;
+use super::selector::NodeScope;
+
+/// What the webhook does to Node CREATEs.
+#[derive(Debug, Clone)]
+pub struct AdmissionPolicy {
+    pub holds: Holds,
+    pub scope: NodeScope,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A Node CREATE in scope: these holds were added.
+    Held { added: Vec<Hold> },
+    /// A Node CREATE in scope that already carries every hold.
+    AlreadyHeld,
+    /// A Node CREATE outside the node selector.
+    OutOfScope,
+    /// Not a Node CREATE: allowed untouched.
+    NotANodeCreate,
+    /// A request no API server sends (a CREATE without its object).
+    Invalid { reason: String },
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Held { .. } => "held",
+            Outcome::AlreadyHeld => "already-held",
+            Outcome::OutOfScope => "out-of-scope",
+            Outcome::NotANodeCreate => "not-a-node-create",
+            Outcome::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+/// The fields of a request worth a log line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestSummary {
+    pub uid: String,
+    pub kind: String,
+    pub name: String,
+    pub operation: String,
+    pub user: String,
+    pub dry_run: bool,
+}
+
+/// The response to send and what it means.
+#[derive(Debug)]
+pub struct Decision {
+    pub response: AdmissionResponse,
+    pub outcome: Outcome,
+    pub request: RequestSummary,
+}
+
+/// A body that is not an `admission.k8s.io/v1` AdmissionReview with a request.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReview {
+    #[error("the body is not an AdmissionReview: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error(
+        "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
+    )]
+    WrongType { api_version: String, kind: String },
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+}
+
+const API_VERSION: &str = "admission.k8s.io/v1";
+const KIND: &str = "AdmissionReview";
+
+/// Decides on the AdmissionReview in `body`.
+pub fn decide(body: &[u8], policy: &AdmissionPolicy) -> Result<Decision, BadReview> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)?;
+    if review.types.api_version != API_VERSION || review.types.kind != KIND {
+        return Err(BadReview::WrongType {
+            api_version: review.types.api_version,
+            kind: review.types.kind,
+        });
+    }
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| BadReview::NoRequest)?;
+    let summary = summarize(&request);
+
+    let is_node_create = request.kind.group.is_empty()
+        && request.kind.kind == "Node"
+        && matches!(request.operation, Operation::Create);
+    if !is_node_create {
+        return Ok(Decision {
+            response: AdmissionResponse::from(&request),
+            outcome: Outcome::NotANodeCreate,
+            request: summary,
+        });
+    }
+    let Some(node) = request.object.as_ref() else {
+        let reason = "a Node CREATE review without its object".to_string();
+        let mut response = AdmissionResponse::invalid(&reason);
+        response.uid = request.uid.clone();
+        return Ok(Decision {
+            response,
+            outcome: Outcome::Invalid { reason },
+            request: summary,
+        });
+    };
+
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let mut response = AdmissionResponse::from(&request);
+    let scope = policy.scope.to_string();
+    let outcome = if !policy.scope.matches(&labels) {
+        Outcome::OutOfScope
+    } else {
+        let (patch, added) = add_holds(&node.metadata, &policy.holds);
+        if added.is_empty() {
+            Outcome::AlreadyHeld
+        } else {
+            // Serialising a json_patch::Patch cannot fail: it is plain data.
+            response = response
+                .with_patch(patch)
+                .unwrap_or_else(|_| AdmissionResponse::from(&request));
+            Outcome::Held { added }
+        }
+    };
+    response.audit_annotations = audit_annotations(&outcome, &scope);
+    Ok(Decision {
+        response,
+        outcome,
+        request: summary,
+    })
+}
+
+/// `auditAnnotations`: the API server stores each as `<webhook name>/<key>`, so
+/// keys hold no `/`.
+fn audit_annotations(outcome: &Outcome, scope: &str) -> std::collections::HashMap<String, String> {
+    let mut annotations = BTreeMap::new();
+    annotations.insert("decision", outcome.label().to_string());
+    match outcome {
+        Outcome::Held { added } => {
+            let holds: Vec<String> = added.iter().map(ToString::to_string).collect();
+            annotations.insert("holds-added", holds.join(","));
+            annotations.insert(
+                "reason",
+                format!("new node in scope ({scope}): held from creation"),
+            );
+        }
+        Outcome::AlreadyHeld => {
+            annotations.insert(
+                "reason",
+                "the node already carries every configured hold".to_string(),
+            );
+        }
+        Outcome::OutOfScope => {
+            annotations.insert(
+                "reason",
+                format!("node labels do not match the node selector ({scope})"),
+            );
+        }
+        Outcome::NotANodeCreate | Outcome::Invalid { .. } => {}
+    }
+    annotations
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+fn summarize(request: &AdmissionRequest<DynamicObject>) -> RequestSummary {
+    RequestSummary {
+        uid: request.uid.clone(),
+        kind: request.kind.kind.clone(),
+        name: request.name.clone(),
+        operation: format!("{:?}", request.operation).to_uppercase(),
+        user: request.user_info.username.clone().unwrap_or_default(),
+        dry_run: request.dry_run,
+    }
+}
+
+/// The JSON body of the AdmissionReview that carries `response`.
+///
+/// kube-rs keeps the patch as raw bytes, which serde writes as an array of
+/// numbers; the API server's Go types read `[]byte` from base64, so the patch
+/// goes out as the base64 string the API defines (kube-rs issue 1781).
+pub fn review_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
+    let patch = response.patch.clone();
+    let mut review = serde_json::to_value(response.into_review())?;
+    if let (Some(patch), Some(obj)) = (
+        patch,
+        review.get_mut("response").and_then(Value::as_object_mut),
+    ) {
+        obj.insert(
+            "patch".to_string(),
+            Value::String(base64::engine::general_purpose::STANDARD.encode(patch)),
+        );
+    }
+    serde_json::to_vec(&review)
+}

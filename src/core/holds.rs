@@ -1,0 +1,215 @@
+//! The one place that knows the annotation and label keys.
+//!
+//! A *hold* is an annotation that tells an autoscaler to leave a node alone.
+//! node-holder marks the nodes it holds with its own label (so the holds it
+//! placed can be listed with a selector) and records which hold keys it added
+//! (so a release strips exactly those, never a hold someone else placed).
+
+use std::fmt;
+use std::str::FromStr;
+
+use clap::ValueEnum;
+
+/// node-holder's own key prefix.
+pub const PREFIX: &str = "node-holder.dev";
+/// Label on every node that carries a hold node-holder placed.
+pub const MARKER_LABEL: &str = "node-holder.dev/held";
+/// The marker label's value.
+pub const MARKER_VALUE: &str = "true";
+/// Annotation listing, comma-separated, the hold keys node-holder added.
+pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
+
+/// One hold annotation: `key: value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub key: String,
+    pub value: String,
+}
+
+impl fmt::Display for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
+impl FromStr for Hold {
+    type Err = String;
+
+    /// Parses `key=value`, the form of `--hold-annotation`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (key, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: expected key=value"))?;
+        if !is_qualified_name(key) {
+            return Err(format!(
+                "{key:?} is not a valid annotation key ([prefix/]name, name of letters, digits, '-', '_', '.')"
+            ));
+        }
+        if key
+            .split_once('/')
+            .is_some_and(|(prefix, _)| prefix == PREFIX)
+        {
+            return Err(format!(
+                "{key:?}: keys under {PREFIX}/ are node-holder's own"
+            ));
+        }
+        Ok(Hold {
+            key: key.to_string(),
+            value: value.to_string(),
+        })
+    }
+}
+
+/// Well-known holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// Karpenter v1 and later: `karpenter.sh/do-not-disrupt: "true"`.
+    KarpenterV1,
+    /// Karpenter before v1.0: `karpenter.sh/do-not-consolidate: "true"`.
+    KarpenterV0,
+    /// Cluster Autoscaler: `cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`.
+    ClusterAutoscaler,
+}
+
+impl Preset {
+    pub fn hold(self) -> Hold {
+        let key = match self {
+            Preset::KarpenterV1 => "karpenter.sh/do-not-disrupt",
+            Preset::KarpenterV0 => "karpenter.sh/do-not-consolidate",
+            Preset::ClusterAutoscaler => "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+        };
+        Hold {
+            key: key.to_string(),
+            value: "true".to_string(),
+        }
+    }
+}
+
+/// The configured holds: at least one, each key once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holds(Vec<Hold>);
+
+impl Holds {
+    /// Presets first, then explicit holds; Karpenter v1's when both are empty.
+    pub fn new(presets: &[Preset], explicit: &[Hold]) -> Result<Self, String> {
+        let mut holds: Vec<Hold> = presets.iter().map(|p| p.hold()).collect();
+        holds.extend(explicit.iter().cloned());
+        if holds.is_empty() {
+            holds.push(Preset::KarpenterV1.hold());
+        }
+        for (i, hold) in holds.iter().enumerate() {
+            if let Some(other) = holds[..i]
+                .iter()
+                .find(|h| h.key == hold.key && h.value != hold.value)
+            {
+                return Err(format!(
+                    "hold key {} configured twice, as {other} and {hold}",
+                    hold.key
+                ));
+            }
+        }
+        let mut seen = Vec::new();
+        holds.retain(|h| {
+            let new = !seen.contains(&h.key);
+            seen.push(h.key.clone());
+            new
+        });
+        Ok(Holds(holds))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Hold> {
+        self.0.iter()
+    }
+}
+
+/// A Kubernetes qualified name with optional DNS-subdomain prefix, as label and
+/// annotation keys are.
+pub fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        p.len() <= 253
+            && p.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    });
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    prefix_ok && name_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn karpenter_v1_is_the_default_hold() {
+        let holds = Holds::new(&[], &[]).unwrap();
+        assert_eq!(
+            holds.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["karpenter.sh/do-not-disrupt=true"]
+        );
+    }
+
+    #[test]
+    fn presets_and_explicit_holds_combine_without_duplicates() {
+        let holds = Holds::new(
+            &[Preset::KarpenterV1, Preset::ClusterAutoscaler],
+            &[
+                "karpenter.sh/do-not-disrupt=true".parse().unwrap(),
+                "example.com/freeze=yes".parse().unwrap(),
+            ],
+        )
+        .unwrap();
+        let keys: Vec<&str> = holds.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "karpenter.sh/do-not-disrupt",
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+                "example.com/freeze"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_key_with_two_values_is_refused() {
+        let err = Holds::new(
+            &[Preset::KarpenterV1],
+            &["karpenter.sh/do-not-disrupt=false".parse().unwrap()],
+        )
+        .unwrap_err();
+        assert!(err.contains("configured twice"), "{err}");
+    }
+
+    #[test]
+    fn malformed_and_reserved_keys_are_refused() {
+        for bad in [
+            "no-equals",
+            "=v",
+            "Bad Key=v",
+            "a/b/c=v",
+            "node-holder.dev/held=true",
+            "-x=v",
+        ] {
+            assert!(bad.parse::<Hold>().is_err(), "{bad}");
+        }
+        assert!(
+            "x~y.example/k_1=".parse::<Hold>().is_err(),
+            "~ is not allowed in a prefix"
+        );
+        assert!("example.com/k_1.v=".parse::<Hold>().is_ok());
+    }
+}

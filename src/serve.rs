@@ -1,0 +1,117 @@
+//! `node-holder serve`: the runtime that ties configuration, the webhook, the
+//! admin port and shutdown together.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{PolicyArgs, ServeArgs};
+use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::Holds;
+use crate::core::selector::NodeScope;
+use crate::server::metrics::Metrics;
+use crate::server::tls::ReloadingCert;
+use crate::server::{
+    Limits, Readiness, WebhookState, admin_router, serve_admin, serve_tls, webhook_router,
+};
+
+/// The admission policy the flags describe.
+pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
+    Ok(AdmissionPolicy {
+        holds: Holds::new(&args.hold_preset, &args.hold_annotation)
+            .map_err(|e| anyhow!("--hold-annotation: {e}"))?,
+        scope: NodeScope::parse(&args.node_selector)
+            .map_err(|e| anyhow!("--node-selector: {e}"))?,
+    })
+}
+
+pub async fn run(args: ServeArgs) -> Result<()> {
+    let policy = policy(&args.policy)?;
+    let cert = Arc::new(ReloadingCert::load(
+        &args.tls_cert_file,
+        &args.tls_key_file,
+    )?);
+    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()?));
+    let client = crate::cluster::client().await?;
+    let webhook_listener = TcpListener::bind(args.webhook_addr)
+        .await
+        .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
+    let admin_listener = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
+    cert.spawn_reloader(args.tls_reload_interval);
+
+    let readiness = Arc::new(Readiness::default());
+    spawn_api_probe(client, Arc::clone(&readiness));
+    let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
+    tracing::info!(
+        webhook = %webhook_listener.local_addr()?,
+        admin = %admin_listener.local_addr()?,
+        holds = %holds.join(","),
+        scope = %policy.scope,
+        "node-holder serving"
+    );
+    let state = Arc::new(WebhookState {
+        policy,
+        metrics: Metrics::default(),
+    });
+    let limits = Limits {
+        request_timeout: args.request_timeout,
+        max_concurrent: args.max_concurrent_requests,
+    };
+
+    let stop_webhook = CancellationToken::new();
+    let stop_admin = CancellationToken::new();
+    let webhook = tokio::spawn(serve_tls(
+        webhook_listener,
+        acceptor,
+        webhook_router(Arc::clone(&state), limits),
+        stop_webhook.clone(),
+        args.drain_timeout,
+    ));
+    let admin = tokio::spawn(serve_admin(
+        admin_listener,
+        admin_router(Arc::clone(&readiness), state),
+        stop_admin.clone(),
+    ));
+
+    shutdown_signal().await?;
+    readiness.shutting_down.store(true, Ordering::Relaxed);
+    tracing::info!(grace = ?args.shutdown_grace, "shutting down: not ready, still serving during the grace period");
+    tokio::time::sleep(args.shutdown_grace).await;
+    stop_webhook.cancel();
+    webhook.await.context("webhook task")??;
+    stop_admin.cancel();
+    admin.await.context("admin task")??;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Keeps `api_reachable` current: readiness follows the API server.
+fn spawn_api_probe(client: kube::Client, readiness: Arc<Readiness>) {
+    tokio::spawn(async move {
+        loop {
+            let reachable = client.apiserver_version().await.is_ok();
+            if readiness.api_reachable.swap(reachable, Ordering::Relaxed) != reachable {
+                tracing::info!(reachable, "Kubernetes API reachability changed");
+            }
+            tokio::time::sleep(Duration::from_secs(if reachable { 10 } else { 1 })).await;
+        }
+    });
+}
+
+async fn shutdown_signal() -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}

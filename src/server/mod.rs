@@ -1,0 +1,265 @@
+//! HTTP layers: the HTTPS admission webhook and the plain-HTTP admin port.
+
+pub mod metrics;
+pub mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::limit::ConcurrencyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::core::admission::{AdmissionPolicy, Outcome, decide, review_body};
+use metrics::Metrics;
+
+/// Largest AdmissionReview accepted, as controller-runtime does.
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// Limits of the webhook endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Whole-request budget, well under the webhook's `timeoutSeconds`.
+    pub request_timeout: Duration,
+    /// Requests handled at once; more wait.
+    pub max_concurrent: usize,
+}
+
+/// What the handlers share.
+pub struct WebhookState {
+    pub policy: AdmissionPolicy,
+    pub metrics: Metrics,
+}
+
+/// The webhook's routes: `POST /mutate`, with body, time and concurrency
+/// bounds. Other paths get 404, other methods 405.
+pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(ConcurrencyLimitLayer::new(limits.max_concurrent))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.request_timeout,
+        ))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), record))
+        .with_state(state)
+}
+
+async fn record(State(state): State<Arc<WebhookState>>, request: Request, next: Next) -> Response {
+    let _in_flight = state.metrics.in_flight();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    state
+        .metrics
+        .observe(response.status().as_u16(), started.elapsed());
+    response
+}
+
+async fn mutate(
+    State(state): State<Arc<WebhookState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with("application/json") {
+        tracing::warn!(content_type, "webhook request refused: not JSON");
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("expected Content-Type application/json, got {content_type:?}\n"),
+        )
+            .into_response();
+    }
+    let decision = match decide(&body, &state.policy) {
+        Ok(decision) => decision,
+        Err(bad) => {
+            tracing::warn!(error = %bad, "webhook request refused");
+            return (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response();
+        }
+    };
+    let r = &decision.request;
+    let (patched, holds) = match &decision.outcome {
+        Outcome::Held { added } => {
+            state.metrics.mutation();
+            (
+                true,
+                added
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+        }
+        _ => (false, String::new()),
+    };
+    tracing::info!(
+        target: "node_holder::audit",
+        uid = %r.uid,
+        kind = %r.kind,
+        node = %r.name,
+        operation = %r.operation,
+        user = %r.user,
+        dry_run = r.dry_run,
+        decision = decision.outcome.label(),
+        patched,
+        holds = %holds,
+        latency_us = started.elapsed().as_micros() as u64,
+        "admission decision"
+    );
+    match review_body(decision.response) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "serialising the AdmissionReview failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "could not serialise the response\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Readiness of the process: the certificate is loaded (it is, once serving
+/// starts), the API is reachable, and no shutdown has begun.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    pub api_reachable: AtomicBool,
+    pub shutting_down: AtomicBool,
+}
+
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.api_reachable.load(Ordering::Relaxed) && !self.shutting_down.load(Ordering::Relaxed)
+    }
+}
+
+/// The admin routes: `/healthz`, `/readyz`, `/metrics`.
+pub fn admin_router(readiness: Arc<Readiness>, state: Arc<WebhookState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = readiness.ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ok\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let text = state.metrics.encode();
+                async move {
+                    match text {
+                        Ok(text) => (
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            text,
+                        )
+                            .into_response(),
+                        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                    }
+                }
+            }),
+        )
+}
+
+/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
+/// stops accepting, lets in-flight requests finish (up to `drain`) and closes
+/// keep-alive connections.
+pub async fn serve_tls(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+    stop: CancellationToken,
+    drain: Duration,
+) -> Result<()> {
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .keep_alive(true)
+        .header_read_timeout(Some(Duration::from_secs(10)));
+    let builder = Arc::new(builder);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let builder = Arc::clone(&builder);
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(err)) => {
+                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let service = TowerToHyperService::new(router);
+            let connection = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(err) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all webhook connections drained"),
+        _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "webhook connections still open after the drain timeout"),
+    }
+    Ok(())
+}
+
+/// Serves the admin router over plain HTTP until `stop` is cancelled.
+pub async fn serve_admin(
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+) -> Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .context("admin server")
+}

@@ -1,0 +1,180 @@
+//! Every Node CREATE gets the hold, as the kube-apiserver really calls the
+//! webhook: through a MutatingWebhookConfiguration, over TLS.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{WEBHOOK_NAME, node, register_webhook, serve};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use testenv::ControlPlane;
+
+fn map(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn a_new_node_without_annotations_or_labels_is_stored_held_and_marked() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+
+    nodes
+        .create(&PostParams::default(), &node("bare"))
+        .await
+        .unwrap();
+    let stored = nodes.get("bare").await.unwrap();
+    assert_eq!(
+        stored.metadata.annotations,
+        map(&[
+            ("karpenter.sh/do-not-disrupt", "true"),
+            ("node-holder.dev/hold-keys", "karpenter.sh/do-not-disrupt")
+        ])
+    );
+    assert_eq!(
+        stored.metadata.labels,
+        map(&[("node-holder.dev/held", "true")])
+    );
+}
+
+#[tokio::test]
+async fn existing_annotations_and_labels_are_kept_beside_the_hold() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--hold-preset=karpenter-v1,cluster-autoscaler"]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+
+    let mut n = node("dressed");
+    n.metadata.annotations = map(&[("example.com/owner", "team-a"), ("note", "kept")]);
+    n.metadata.labels = map(&[("kubernetes.io/hostname", "dressed")]);
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+
+    let stored = nodes.get("dressed").await.unwrap().metadata;
+    let annotations = stored.annotations.unwrap();
+    assert_eq!(annotations["example.com/owner"], "team-a");
+    assert_eq!(annotations["note"], "kept");
+    assert_eq!(annotations["karpenter.sh/do-not-disrupt"], "true");
+    assert_eq!(
+        annotations["cluster-autoscaler.kubernetes.io/scale-down-disabled"],
+        "true"
+    );
+    let labels = stored.labels.unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "dressed");
+    assert_eq!(labels["node-holder.dev/held"], "true");
+}
+
+#[tokio::test]
+async fn a_dry_run_create_returns_the_held_node_and_stores_nothing() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let returned = nodes.create(&dry, &node("dry")).await.unwrap();
+    assert_eq!(
+        returned.metadata.annotations.unwrap()["karpenter.sh/do-not-disrupt"],
+        "true"
+    );
+    assert!(
+        nodes.get_opt("dry").await.unwrap().is_none(),
+        "a dry run stores nothing"
+    );
+}
+
+#[tokio::test]
+async fn out_of_scope_nodes_are_created_untouched() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--node-selector=karpenter.sh/nodepool"]).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    // Registration probes with an in-scope node.
+    let configs: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(cp.admin_client().await.unwrap());
+    configs
+        .create(
+            &PostParams::default(),
+            &common::webhook_configuration(served.webhook_port, served.ca_pem()),
+        )
+        .await
+        .unwrap();
+    let mut in_scope = node("pooled");
+    in_scope.metadata.labels = map(&[("karpenter.sh/nodepool", "default")]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let probe = nodes.create(&dry, &in_scope).await.unwrap();
+        if probe.metadata.annotations.is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "webhook never called");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    nodes
+        .create(&PostParams::default(), &node("static"))
+        .await
+        .unwrap();
+    let stored = nodes.get("static").await.unwrap();
+    assert!(
+        stored.metadata.annotations.is_none(),
+        "{:?}",
+        stored.metadata.annotations
+    );
+    assert!(stored.metadata.labels.is_none());
+}
+
+#[tokio::test]
+async fn the_audit_log_shows_the_webhooks_annotations_and_the_mutation() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    nodes
+        .create(&PostParams::default(), &node("audited"))
+        .await
+        .unwrap();
+
+    let events = cp
+        .wait_for_audit_events(|e| {
+            e["verb"] == "create"
+                && e["objectRef"]["name"] == "audited"
+                && e["stage"] == "ResponseComplete"
+        })
+        .await
+        .unwrap();
+    let annotations = &events[0]["annotations"];
+    assert_eq!(annotations[format!("{WEBHOOK_NAME}/decision")], "held");
+    assert_eq!(
+        annotations[format!("{WEBHOOK_NAME}/holds-added")],
+        "karpenter.sh/do-not-disrupt=true"
+    );
+    let mutation: serde_json::Value = serde_json::from_str(
+        annotations["mutation.webhook.admission.k8s.io/round_0_index_0"]
+            .as_str()
+            .expect("mutation annotation"),
+    )
+    .unwrap();
+    assert_eq!(mutation["webhook"], WEBHOOK_NAME);
+    assert_eq!(mutation["mutated"], true);
+    // Request level records the patch itself.
+    let patch = annotations["patch.webhook.admission.k8s.io/round_0_index_0"]
+        .as_str()
+        .expect("patch annotation");
+    assert!(
+        patch.contains("karpenter.sh~1do-not-disrupt") || patch.contains("/metadata/annotations"),
+        "{patch}"
+    );
+}
