@@ -16,6 +16,7 @@ use rcgen::{
 use time::OffsetDateTime;
 
 use crate::cli::CertsArgs;
+use crate::core::holds::is_dns_subdomain;
 
 /// PEM texts of a development CA and a serving certificate it signed.
 pub struct DevCertificates {
@@ -81,20 +82,6 @@ pub fn generate(dns_names: &[String], validity: Duration) -> Result<DevCertifica
     })
 }
 
-/// An RFC 1123 subdomain, as Kubernetes Service DNS names are.
-fn is_dns_subdomain(name: &str) -> bool {
-    let label_ok = |label: &str| {
-        !label.is_empty()
-            && label.len() <= 63
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    };
-    name.len() <= 253 && name.split('.').all(label_ok)
-}
-
 /// Writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600) into `dir`, the names
 /// of a `kubernetes.io/tls` Secret's keys.
 pub fn write(certs: &DevCertificates, dir: &Path) -> Result<()> {
@@ -134,7 +121,7 @@ pub fn run(args: &CertsArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_dns_subdomain;
+    use crate::core::holds::is_dns_subdomain;
 
     #[test]
     fn service_dns_names_are_valid_and_odd_ones_are_not() {

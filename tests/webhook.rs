@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{WEBHOOK_NAME, node, register_webhook, serve};
+use common::{WEBHOOK_NAME, node, register_webhook, register_webhook_probing, serve};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
@@ -97,31 +97,9 @@ async fn out_of_scope_nodes_are_created_untouched() {
     let cp = ControlPlane::start().await.unwrap();
     let served = serve(&cp, &["--node-selector=karpenter.sh/nodepool"]).await;
     let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
-    // Registration probes with an in-scope node.
-    let configs: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
-        Api::all(cp.admin_client().await.unwrap());
-    configs
-        .create(
-            &PostParams::default(),
-            &common::webhook_configuration(served.webhook_port, served.ca_pem()),
-        )
-        .await
-        .unwrap();
     let mut in_scope = node("pooled");
     in_scope.metadata.labels = map(&[("karpenter.sh/nodepool", "default")]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let dry = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let probe = nodes.create(&dry, &in_scope).await.unwrap();
-        if probe.metadata.annotations.is_some() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "webhook never called");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    register_webhook_probing(&cp, &served, in_scope).await;
 
     nodes
         .create(&PostParams::default(), &node("static"))

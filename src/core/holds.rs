@@ -129,17 +129,7 @@ pub fn is_qualified_name(key: &str) -> bool {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    let prefix_ok = prefix.is_none_or(|p| {
-        p.len() <= 253
-            && p.split('.').all(|label| {
-                !label.is_empty()
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
-    });
+    let prefix_ok = prefix.is_none_or(is_dns_subdomain);
     let name_ok = !name.is_empty()
         && name.len() <= 63
         && name
@@ -148,6 +138,20 @@ pub fn is_qualified_name(key: &str) -> bool {
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
     prefix_ok && name_ok
+}
+
+/// An RFC 1123 subdomain: annotation-key prefixes and Service DNS names.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    name.len() <= 253 && name.split('.').all(label_ok)
 }
 
 #[cfg(test)]

@@ -175,6 +175,11 @@ pub fn node(name: &str) -> Node {
 /// Registers the webhook and waits until the API server calls it: a dry-run
 /// create comes back held.
 pub async fn register_webhook(cp: &ControlPlane, served: &Served) {
+    register_webhook_probing(cp, served, node("webhook-probe")).await;
+}
+
+/// As [`register_webhook`], probing with `probe`, a node in scope.
+pub async fn register_webhook_probing(cp: &ControlPlane, served: &Served, probe: Node) {
     let client = cp.admin_client().await.unwrap();
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     configs
@@ -191,11 +196,8 @@ pub async fn register_webhook(cp: &ControlPlane, served: &Served) {
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let probe = nodes
-            .create(&dry_run, &node("webhook-probe"))
-            .await
-            .unwrap();
-        if probe
+        let returned = nodes.create(&dry_run, &probe).await.unwrap();
+        if returned
             .metadata
             .annotations
             .is_some_and(|a| a.contains_key("karpenter.sh/do-not-disrupt"))
