@@ -79,16 +79,7 @@ async fn audit_log_records_the_node_create() {
         .await
         .unwrap();
 
-    let events = cp
-        .wait_for_audit_events(|e| {
-            e["verb"] == "create"
-                && e["objectRef"]["resource"] == "nodes"
-                && e["objectRef"]["name"] == "audited"
-                && e["stage"] == "ResponseComplete"
-        })
-        .await
-        .unwrap();
-    let event = &events[0];
+    let event = cp.wait_for_node_create_event("audited").await.unwrap();
     assert_eq!(event["user"]["username"], ADMIN_USER);
     assert_eq!(event["responseStatus"]["code"], 201);
     // The policy records Node CREATEs at Request level: the body is there.

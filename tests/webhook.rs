@@ -125,15 +125,8 @@ async fn the_audit_log_shows_the_webhooks_annotations_and_the_mutation() {
         .await
         .unwrap();
 
-    let events = cp
-        .wait_for_audit_events(|e| {
-            e["verb"] == "create"
-                && e["objectRef"]["name"] == "audited"
-                && e["stage"] == "ResponseComplete"
-        })
-        .await
-        .unwrap();
-    let annotations = &events[0]["annotations"];
+    let event = cp.wait_for_node_create_event("audited").await.unwrap();
+    let annotations = &event["annotations"];
     assert_eq!(annotations[format!("{WEBHOOK_NAME}/decision")], "held");
     assert_eq!(
         annotations[format!("{WEBHOOK_NAME}/holds-added")],

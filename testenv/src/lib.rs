@@ -263,6 +263,19 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+
+    /// Waits for the completed create of Node `name` in the audit log.
+    pub async fn wait_for_node_create_event(&self, name: &str) -> Result<Value> {
+        let mut events = self
+            .wait_for_audit_events(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["objectRef"]["name"] == name
+                    && e["stage"] == "ResponseComplete"
+            })
+            .await?;
+        Ok(events.swap_remove(0))
+    }
 }
 
 impl Drop for ControlPlane {
