@@ -5,10 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
 use crate::core::holds::{Hold, Preset};
+use crate::core::window::Mode;
 use crate::telemetry::LogFormat;
 
 /// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
@@ -29,6 +30,10 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at start; boxing buys nothing"
+)]
 pub enum Command {
     /// Serve the admission webhook and run the hold window.
     Serve(ServeArgs),
@@ -73,6 +78,18 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
 
+    #[command(flatten)]
+    pub window: WindowArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+
+    #[command(flatten)]
+    pub patching: PatchingArgs,
+
     /// Budget of one webhook request, reading the body included; keep it well
     /// under the webhook configuration's timeoutSeconds.
     #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -97,7 +114,7 @@ pub struct ServeArgs {
 }
 
 /// Which nodes are held, and with what.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct PolicyArgs {
     /// Well-known holds to place (karpenter-v1 when neither this nor
     /// --hold-annotation is given).
@@ -118,11 +135,102 @@ pub struct PolicyArgs {
     pub node_selector: String,
 }
 
-#[derive(Debug, Args)]
-pub struct StatusArgs {}
+/// How long holds last.
+#[derive(Debug, Clone, Args)]
+pub struct WindowArgs {
+    /// How long each new node holds: in `cluster` scope the window lasts until
+    /// the last new node's creation plus this (`90s`, `20m`, `2h`).
+    #[arg(long, env = "NODE_HOLDER_HOLD_DURATION", default_value = "20m", value_parser = humantime::parse_duration)]
+    pub hold_duration: Duration,
+
+    /// Longest a window stays open, counted from when it opened, however many
+    /// nodes keep arriving; `0` for no cap.
+    #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
+    pub max_hold: Duration,
+
+    /// `cluster`: while the window is open every node in scope carries the
+    /// hold; `node`: only new nodes are held, each for the hold duration.
+    #[arg(long, env = "NODE_HOLDER_SCOPE", value_enum, default_value_t = Mode::Cluster)]
+    pub scope: Mode,
+}
+
+/// Where node-holder keeps its Lease and its window record.
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// Namespace of node-holder's Lease and window record (its release namespace).
+    #[arg(long, env = "NODE_HOLDER_NAMESPACE", default_value = "node-holder")]
+    pub namespace: String,
+}
+
+/// Leader election among the replicas.
+#[derive(Debug, Clone, Args)]
+pub struct LeaderArgs {
+    /// This replica's name in the Lease (the pod name); the host name when empty.
+    #[arg(long, env = "NODE_HOLDER_IDENTITY", default_value = "")]
+    pub identity: String,
+
+    /// How long a leader's Lease lasts without renewal: a standby takes over
+    /// at most this long after the leader died (whole seconds, at least 2s).
+    #[arg(long, env = "NODE_HOLDER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+}
+
+/// Bounds of the bulk node patching of the window task.
+#[derive(Debug, Clone, Args)]
+pub struct PatchingArgs {
+    /// Node PATCH requests per second at most.
+    #[arg(long, env = "NODE_HOLDER_API_QPS", default_value_t = 250)]
+    pub api_qps: u32,
+
+    /// Node PATCH requests in flight at most.
+    #[arg(long, env = "NODE_HOLDER_API_MAX_IN_FLIGHT", default_value_t = 16)]
+    pub api_max_in_flight: usize,
+
+    /// A burst of node changes is handled in one pass once this long passes
+    /// without another change...
+    #[arg(long, env = "NODE_HOLDER_COALESCE_IDLE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub coalesce_idle: Duration,
+
+    /// ...or this long after its first change (Karpenter closes its batches
+    /// after 1s idle or 10s in all).
+    #[arg(long, env = "NODE_HOLDER_COALESCE_MAX", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub coalesce_max: Duration,
+}
+
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A readable summary and table.
+    Text,
+    /// One JSON document.
+    Json,
+}
 
 #[derive(Debug, Args)]
-pub struct ReleaseArgs {}
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// Output format.
+    #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub patching: PatchingArgs,
+
+    /// How long to wait for a running leader to finish the release.
+    #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
 
 #[derive(Debug, Args)]
 pub struct CertsArgs {

@@ -4,6 +4,7 @@
 //! - [`cli`]: the command line (every flag also reads an environment variable).
 //! - [`core`]: the pure core (holds, scope, patches, admission decisions).
 //! - [`server`]: the HTTPS webhook and the admin port; [`serve`] runs them.
+//! - [`controller`]: the hold window task (leader only).
 //! - [`cluster`]: the Kubernetes client.
 //! - [`certs`]: development certificates for the webhook.
 //! - [`telemetry`]: text or JSON logs.
@@ -11,12 +12,14 @@
 pub mod certs;
 pub mod cli;
 pub mod cluster;
+pub mod controller;
 pub mod core;
+pub mod metrics;
+pub mod release;
 pub mod serve;
 pub mod server;
+pub mod status;
 pub mod telemetry;
-
-use anyhow::bail;
 
 use crate::cli::{Cli, Command};
 
@@ -25,11 +28,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Certs(args) => certs::run(&args),
         Command::Serve(args) => serve::run(args).await,
-        Command::Status(_) => {
-            bail!("`node-holder status` is not built yet: it arrives with the hold window")
-        }
-        Command::Release(_) => {
-            bail!("`node-holder release` is not built yet: it arrives with the hold window")
-        }
+        Command::Status(args) => status::run(&args).await,
+        Command::Release(args) => release::run(&args).await,
     }
 }

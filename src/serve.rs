@@ -5,21 +5,52 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{PolicyArgs, ServeArgs};
+use crate::controller;
 use crate::core::admission::AdmissionPolicy;
 use crate::core::holds::Holds;
 use crate::core::selector::NodeScope;
-use crate::server::metrics::Metrics;
+use crate::core::window::WindowConfig;
+use crate::metrics::Metrics;
 use crate::server::tls::ReloadingCert;
 use crate::server::{
     Limits, Readiness, WebhookState, admin_router, serve_admin, serve_tls, webhook_router,
 };
+
+/// The window task's configuration the flags describe.
+pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<controller::Config> {
+    if args.window.hold_duration.is_zero() {
+        bail!("--hold-duration must be longer than 0");
+    }
+    if args.leader.lease_duration < Duration::from_secs(2) {
+        bail!("--lease-duration must be at least 2s");
+    }
+    Ok(controller::Config {
+        window: WindowConfig {
+            hold: args.window.hold_duration,
+            max_hold: (!args.window.max_hold.is_zero()).then_some(args.window.max_hold),
+            mode: args.window.scope,
+        },
+        policy,
+        namespace: args.record.namespace.clone(),
+        identity: if args.leader.identity.is_empty() {
+            controller::default_identity()
+        } else {
+            args.leader.identity.clone()
+        },
+        lease_duration: args.leader.lease_duration,
+        qps: args.patching.api_qps,
+        max_in_flight: args.patching.api_max_in_flight,
+        coalesce_idle: args.patching.coalesce_idle,
+        coalesce_max: args.patching.coalesce_max,
+    })
+}
 
 /// The admission policy the flags describe.
 pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
@@ -33,6 +64,7 @@ pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
 
 pub async fn run(args: ServeArgs) -> Result<()> {
     let policy = policy(&args.policy)?;
+    let controller_config = controller_config(&args, policy.clone())?;
     let cert = Arc::new(ReloadingCert::load(
         &args.tls_cert_file,
         &args.tls_key_file,
@@ -48,7 +80,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     cert.spawn_reloader(args.tls_reload_interval);
 
     let readiness = Arc::new(Readiness::default());
-    spawn_api_probe(client, Arc::clone(&readiness));
+    spawn_api_probe(client.clone(), Arc::clone(&readiness));
     let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
     tracing::info!(
         webhook = %webhook_listener.local_addr()?,
@@ -66,6 +98,13 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         max_concurrent: args.max_concurrent_requests,
     };
 
+    let stop_window = CancellationToken::new();
+    let window = tokio::spawn(controller::run(
+        client,
+        controller_config,
+        state.metrics.window.clone(),
+        stop_window.clone(),
+    ));
     let stop_webhook = CancellationToken::new();
     let stop_admin = CancellationToken::new();
     let webhook = tokio::spawn(serve_tls(
@@ -83,6 +122,16 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 
     shutdown_signal().await?;
     readiness.shutting_down.store(true, Ordering::Relaxed);
+    // The window task stops first and hands its lease over; the webhook keeps
+    // serving through the grace period.
+    stop_window.cancel();
+    match window.await.context("hold window task")? {
+        Ok(()) => {}
+        Err(err) => tracing::error!(
+            error = format!("{err:#}"),
+            "hold window task ended with an error"
+        ),
+    }
     tracing::info!(grace = ?args.shutdown_grace, "shutting down: not ready, still serving during the grace period");
     tokio::time::sleep(args.shutdown_grace).await;
     stop_webhook.cancel();

@@ -6,6 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{WEBHOOK_NAME, node, register_webhook, register_webhook_probing, serve};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
@@ -147,5 +148,130 @@ async fn the_audit_log_shows_the_webhooks_annotations_and_the_mutation() {
     assert!(
         patch.contains("karpenter.sh~1do-not-disrupt") || patch.contains("/metadata/annotations"),
         "{patch}"
+    );
+}
+
+#[tokio::test]
+async fn every_decision_writes_one_structured_audit_line() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    nodes
+        .create(&PostParams::default(), &node("logged"))
+        .await
+        .unwrap();
+
+    let lines: Vec<_> = served
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["target"] == "node_holder::audit" && l["node"] == "logged")
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", served.log());
+    let line = &lines[0];
+    assert_eq!(line["message"], "admission decision");
+    assert_eq!(line["operation"], "CREATE");
+    assert_eq!(line["kind"], "Node");
+    assert_eq!(line["user"], testenv::ADMIN_USER);
+    assert_eq!(line["dry_run"], false);
+    assert_eq!(line["decision"], "held");
+    assert_eq!(line["patched"], true);
+    assert_eq!(line["holds"], "karpenter.sh/do-not-disrupt=true");
+    assert!(line["latency_us"].is_u64(), "{line}");
+    // The uid ties the line to the API server's audit event.
+    let event = cp.wait_for_node_create_event("logged").await.unwrap();
+    assert!(
+        line["uid"].as_str().is_some_and(|uid| !uid.is_empty()),
+        "{line}"
+    );
+    assert_eq!(event["objectRef"]["name"], "logged");
+    // The probe's dry run is logged as such.
+    assert!(
+        served
+            .log_lines()
+            .iter()
+            .any(|l| l["node"] == "webhook-probe" && l["dry_run"] == true),
+        "{}",
+        served.log()
+    );
+}
+
+#[tokio::test]
+async fn with_the_webhook_down_nodes_register_unheld_and_the_audit_log_shows_the_fail_open() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    register_webhook(&cp, &served).await;
+    drop(served);
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+
+    nodes
+        .create(&PostParams::default(), &node("unheld"))
+        .await
+        .expect("failurePolicy Ignore: the create succeeds");
+    let stored = nodes.get("unheld").await.unwrap();
+    assert!(stored.metadata.annotations.is_none());
+
+    let event = cp.wait_for_node_create_event("unheld").await.unwrap();
+    let failed_open =
+        event["annotations"]["failed-open.mutation.webhook.admission.k8s.io/round_0_index_0"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fail-open annotation in {event}"));
+    assert_eq!(failed_open, WEBHOOK_NAME);
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_from_a_new_ca_is_served_without_a_restart() {
+    let cp = ControlPlane::start().await.unwrap();
+    let mut served = serve(&cp, &["--tls-reload-interval=200ms"]).await;
+    register_webhook(&cp, &served).await;
+    let client = cp.admin_client().await.unwrap();
+    let pid = served.child.id();
+
+    // Rotate: a new CA and serving pair in place, then the new caBundle.
+    common::make_certs(&served.cert_dir());
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let mut config = configs.get("node-holder").await.unwrap();
+    config.webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
+        Some(k8s_openapi::ByteString(served.ca_pem()));
+    configs
+        .replace("node-holder", &PostParams::default(), &config)
+        .await
+        .unwrap();
+
+    let nodes: Api<Node> = Api::all(client);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    while nodes
+        .create(&dry_run, &node("rotated"))
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API server never trusted the rotated certificate"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    nodes
+        .create(&PostParams::default(), &node("rotated"))
+        .await
+        .unwrap();
+    let stored = nodes.get("rotated").await.unwrap();
+    assert_eq!(
+        stored.metadata.annotations.unwrap()["karpenter.sh/do-not-disrupt"],
+        "true"
+    );
+    assert!(served.child.try_wait().unwrap().is_none(), "still running");
+    assert_eq!(served.child.id(), pid);
+    assert!(
+        served.log().contains("serving certificate reloaded"),
+        "{}",
+        served.log()
     );
 }

@@ -1,7 +1,10 @@
 //! The pure core: what a hold is, which nodes are in scope, the patches that
-//! add a hold, and the admission decision. No I/O happens here.
+//! add and release holds, the admission decision, the hold window and the
+//! plan that brings nodes to it. No I/O happens here.
 
 pub mod admission;
 pub mod holds;
 pub mod patch;
+pub mod plan;
 pub mod selector;
+pub mod window;

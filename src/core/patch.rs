@@ -1,18 +1,21 @@
-//! The one patch builder: JSON Patches that put holds on a node.
+//! The one patch builder: JSON Patches that put holds on a node and take
+//! node-holder's holds off again.
 //!
 //! JSON Patch pitfalls handled here: `add` to `/metadata/annotations/<key>`
 //! fails when the map is absent, and adding the whole map when it exists would
 //! wipe the other keys; keys are escaped as JSON Pointer tokens (`/` -> `~1`,
-//! `~` -> `~0`).
+//! `~` -> `~0`). Patches on existing nodes carry `test` operations, so the API
+//! server rejects the whole patch when the node changed since it was read.
 
 use std::collections::BTreeMap;
 
+use clap::ValueEnum;
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::holds::{HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE};
+use super::holds::{HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, PREFIX, Preset};
 
 /// The patch that adds every configured hold the node lacks, marks the node as
 /// held by node-holder and records which hold keys node-holder added. A hold
@@ -63,6 +66,108 @@ pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
     (Patch(ops), missing)
 }
 
+/// [`add_holds`] for a node that already exists (the backstop and `cluster`
+/// mode), guarded by `test /metadata/resourceVersion`: its `add`s overwrite a
+/// key or a whole map that appeared since the node was read, and JSON Patch
+/// cannot test that a key is absent, so only the version proves nothing did.
+pub fn hold_existing(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
+    let (Patch(mut ops), added) = add_holds(meta, holds);
+    if let (false, Some(version)) = (ops.is_empty(), &meta.resource_version) {
+        ops.insert(
+            0,
+            test(
+                PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+                version,
+            ),
+        );
+    }
+    (Patch(ops), added)
+}
+
+/// The patch that takes node-holder's holds off a node, and what it does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Release {
+    pub patch: Patch,
+    /// Hold keys removed.
+    pub removed: Vec<String>,
+    /// Hold keys node-holder added whose value someone changed since: they are
+    /// theirs now, left in place; only node-holder's record of them goes.
+    pub left: Vec<String>,
+}
+
+/// The patch that removes the holds node-holder recorded in
+/// `node-holder.dev/hold-keys` whose value is still the one it set, then that
+/// record and the marker label. Every value removed or relied on is `test`ed
+/// first, so a concurrent edit makes the API server reject the whole patch
+/// (the caller reads the node again). A hold node-holder did not record is
+/// never touched, whatever its value. Empty when the node carries nothing of
+/// node-holder's.
+pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
+    let annotations = meta.annotations.as_ref();
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key));
+    let mut ops = Vec::new();
+    let (mut removed, mut left) = (Vec::new(), Vec::new());
+    if let Some(record) = annotation(HELD_KEYS_ANNOTATION) {
+        for key in recorded_keys(record) {
+            // Already gone: nothing to remove, and nothing to test for.
+            let Some(current) = annotation(key) else {
+                continue;
+            };
+            let path = PointerBuf::from_tokens(["metadata", "annotations", key]);
+            ops.push(test(path.clone(), current));
+            if value_set_by_node_holder(key, holds).as_deref() == Some(current.as_str()) {
+                ops.push(remove(path));
+                removed.push(key.to_string());
+            } else {
+                left.push(key.to_string());
+            }
+        }
+        let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_KEYS_ANNOTATION]);
+        ops.push(test(path.clone(), record));
+        ops.push(remove(path));
+    }
+    if let Some(marker) = meta.labels.as_ref().and_then(|l| l.get(MARKER_LABEL)) {
+        let path = PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]);
+        ops.push(test(path.clone(), marker));
+        ops.push(remove(path));
+    }
+    Release {
+        patch: Patch(ops),
+        removed,
+        left,
+    }
+}
+
+/// The keys of a `hold-keys` record, each once. node-holder's own keys are
+/// skipped: removing the record twice would make the patch fail forever.
+fn recorded_keys(record: &str) -> Vec<&str> {
+    let mut keys: Vec<&str> = Vec::new();
+    for key in record.split(',').map(str::trim) {
+        let own = key
+            .split_once('/')
+            .is_some_and(|(prefix, _)| prefix == PREFIX);
+        if !key.is_empty() && !own && !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
+/// The value node-holder puts under `key`: the configured one, else a
+/// preset's (so holds placed before the configuration moved to another preset,
+/// e.g. Karpenter v0 to v1, are still released). `None`: unknown, leave it.
+fn value_set_by_node_holder(key: &str, holds: &Holds) -> Option<String> {
+    let configured = holds.iter().find(|h| h.key == key).cloned();
+    configured
+        .or_else(|| {
+            Preset::value_variants()
+                .iter()
+                .map(|p| p.hold())
+                .find(|h| h.key == key)
+        })
+        .map(|h| h.value)
+}
+
 /// Operations that set `entries` in `/metadata/<map>`: one `add` per key when
 /// the map exists, one `add` of a new map when it does not.
 fn map_entries(map: &str, exists: bool, entries: BTreeMap<String, String>) -> Vec<PatchOperation> {
@@ -90,6 +195,17 @@ fn map_entries(map: &str, exists: bool, entries: BTreeMap<String, String>) -> Ve
 
 fn add(path: PointerBuf, value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation { path, value })
+}
+
+fn test(path: PointerBuf, value: &str) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path,
+        value: Value::String(value.to_string()),
+    })
+}
+
+fn remove(path: PointerBuf) -> PatchOperation {
+    PatchOperation::Remove(RemoveOperation { path })
 }
 
 #[cfg(test)]
@@ -205,6 +321,200 @@ mod tests {
         assert_eq!(
             result["annotations"]["node-holder.dev/hold-keys"],
             "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+        );
+    }
+
+    fn try_apply(meta_json: Value, patch: &Patch) -> Result<Value, json_patch::PatchError> {
+        let mut doc = json!({ "metadata": meta_json });
+        json_patch::patch(&mut doc, patch)?;
+        Ok(doc["metadata"].take())
+    }
+
+    /// A node as the webhook leaves it, plus its own other keys.
+    fn held_node() -> Value {
+        let original = json!({"name": "n1", "resourceVersion": "7",
+            "annotations": {"a/b": "1"}, "labels": {"kubernetes.io/hostname": "n1"}});
+        let (patch, _) = add_holds(&meta(original.clone()), &default_holds());
+        apply(original, &patch)
+    }
+
+    #[test]
+    fn release_takes_off_exactly_what_add_put_on() {
+        let node = held_node();
+        let release = release_holds(&meta(node.clone()), &default_holds());
+        assert_eq!(release.removed, ["karpenter.sh/do-not-disrupt"]);
+        assert!(release.left.is_empty());
+        assert_eq!(
+            serde_json::to_value(&release.patch).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/annotations/karpenter.sh~1do-not-disrupt", "value": "true"},
+                {"op": "remove", "path": "/metadata/annotations/karpenter.sh~1do-not-disrupt"},
+                {"op": "test", "path": "/metadata/annotations/node-holder.dev~1hold-keys", "value": "karpenter.sh/do-not-disrupt"},
+                {"op": "remove", "path": "/metadata/annotations/node-holder.dev~1hold-keys"},
+                {"op": "test", "path": "/metadata/labels/node-holder.dev~1held", "value": "true"},
+                {"op": "remove", "path": "/metadata/labels/node-holder.dev~1held"},
+            ])
+        );
+        assert_eq!(
+            apply(node, &release.patch),
+            json!({"name": "n1", "resourceVersion": "7",
+                "annotations": {"a/b": "1"}, "labels": {"kubernetes.io/hostname": "n1"}})
+        );
+    }
+
+    #[test]
+    fn a_hold_whose_value_a_human_changed_is_left_and_only_the_record_goes() {
+        let mut node = held_node();
+        node["annotations"]["karpenter.sh/do-not-disrupt"] = json!("forever");
+        let release = release_holds(&meta(node.clone()), &default_holds());
+        assert!(release.removed.is_empty());
+        assert_eq!(release.left, ["karpenter.sh/do-not-disrupt"]);
+        assert_eq!(
+            apply(node, &release.patch),
+            json!({"name": "n1", "resourceVersion": "7",
+                "annotations": {"a/b": "1", "karpenter.sh/do-not-disrupt": "forever"},
+                "labels": {"kubernetes.io/hostname": "n1"}})
+        );
+    }
+
+    #[test]
+    fn a_hold_node_holder_did_not_record_is_never_touched() {
+        let node = json!({"name": "n1",
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"}, "labels": {}});
+        let release = release_holds(&meta(node), &default_holds());
+        assert!(release.patch.0.is_empty());
+        assert!(release.removed.is_empty() && release.left.is_empty());
+        // Only node-holder's record goes when a human set the same hold on a
+        // node node-holder marked but added nothing to.
+        let node = json!({"name": "n1",
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+            "labels": {"node-holder.dev/held": "true"}});
+        let release = release_holds(&meta(node.clone()), &default_holds());
+        assert_eq!(
+            apply(node, &release.patch),
+            json!({"name": "n1",
+                "annotations": {"karpenter.sh/do-not-disrupt": "true"}, "labels": {}})
+        );
+    }
+
+    #[test]
+    fn the_release_is_rejected_when_the_node_changed_since_it_was_read() {
+        let node = held_node();
+        let release = release_holds(&meta(node.clone()), &default_holds());
+        for (path, value) in [
+            ("/annotations/karpenter.sh~1do-not-disrupt", json!("false")),
+            ("/annotations/node-holder.dev~1hold-keys", json!("x")),
+            ("/labels/node-holder.dev~1held", json!("no")),
+        ] {
+            let mut changed = node.clone();
+            *changed.pointer_mut(path).unwrap() = value;
+            assert!(try_apply(changed, &release.patch).is_err(), "{path}");
+        }
+        let mut gone = node.clone();
+        gone["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove("karpenter.sh/do-not-disrupt");
+        assert!(try_apply(gone, &release.patch).is_err());
+    }
+
+    #[test]
+    fn release_handles_partial_and_odd_records() {
+        let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
+        // A recorded hold already removed, a duplicate, a blank and
+        // node-holder's own key in the record; no marker label.
+        let node = json!({"name": "n1", "annotations": {
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+            "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,,cluster-autoscaler.kubernetes.io/scale-down-disabled,node-holder.dev/hold-keys,cluster-autoscaler.kubernetes.io/scale-down-disabled"}});
+        let release = release_holds(&meta(node.clone()), &holds);
+        assert_eq!(
+            release.removed,
+            ["cluster-autoscaler.kubernetes.io/scale-down-disabled"]
+        );
+        assert_eq!(
+            apply(node, &release.patch),
+            json!({"name": "n1", "annotations": {}})
+        );
+        assert!(
+            release_holds(&meta(json!({"name": "n1"})), &holds)
+                .patch
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn holds_of_a_preset_no_longer_configured_are_released_others_left() {
+        let mut node = held_node();
+        // Placed under the Karpenter v1 preset and an explicit hold; the
+        // configuration has since moved to Cluster Autoscaler only.
+        node["annotations"]["example.com/freeze"] = json!("yes");
+        node["annotations"]["node-holder.dev/hold-keys"] =
+            json!("karpenter.sh/do-not-disrupt,example.com/freeze");
+        let holds = Holds::new(&[Preset::ClusterAutoscaler], &[]).unwrap();
+        let release = release_holds(&meta(node.clone()), &holds);
+        assert_eq!(release.removed, ["karpenter.sh/do-not-disrupt"]);
+        assert_eq!(release.left, ["example.com/freeze"]);
+        let result = apply(node, &release.patch);
+        assert_eq!(
+            result["annotations"],
+            json!({"a/b": "1", "example.com/freeze": "yes"})
+        );
+    }
+
+    #[test]
+    fn hold_then_release_round_trips_with_other_holds_kept() {
+        let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
+        let original = json!({"name": "n1", "resourceVersion": "3",
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"}});
+        let (patch, _) = hold_existing(&meta(original.clone()), &holds);
+        let held = apply(original.clone(), &patch);
+        let release = release_holds(&meta(held.clone()), &holds);
+        assert_eq!(
+            release.removed,
+            ["cluster-autoscaler.kubernetes.io/scale-down-disabled"]
+        );
+        // The human's Karpenter hold stays; the labels map node-holder
+        // created stays, empty.
+        let mut expected = original;
+        expected["labels"] = json!({});
+        assert_eq!(apply(held, &release.patch), expected);
+    }
+
+    #[test]
+    fn holding_an_existing_node_is_conditional_on_its_version() {
+        let original = json!({"name": "n1", "resourceVersion": "42"});
+        let (patch, added) = hold_existing(&meta(original.clone()), &default_holds());
+        assert_eq!(added, vec![Preset::KarpenterV1.hold()]);
+        let ops = serde_json::to_value(&patch).unwrap();
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+        assert_eq!(
+            ops.as_array().unwrap()[1..],
+            serde_json::to_value(add_holds(&meta(original.clone()), &default_holds()).0)
+                .unwrap()
+                .as_array()
+                .unwrap()[..]
+        );
+        let held = apply(original.clone(), &patch);
+        assert_eq!(held["annotations"]["karpenter.sh/do-not-disrupt"], "true");
+        // Someone added annotations since the read: the whole-map add would
+        // have wiped them; the version test rejects it instead.
+        let changed = json!({"name": "n1", "resourceVersion": "43",
+            "annotations": {"karpenter.sh/do-not-disrupt": "false"}});
+        assert!(try_apply(changed, &patch).is_err());
+    }
+
+    #[test]
+    fn holding_a_held_node_again_is_an_empty_patch() {
+        let (patch, added) = hold_existing(&meta(held_node()), &default_holds());
+        assert!(patch.0.is_empty() && added.is_empty());
+        let (patch, _) = hold_existing(&meta(json!({"name": "n1"})), &default_holds());
+        assert!(
+            serde_json::to_value(&patch).unwrap()[0]["op"] == "add",
+            "no version, no test"
         );
     }
 }

@@ -34,6 +34,11 @@ impl NodeScope {
     pub fn selects_all(&self) -> bool {
         self.selector.selects_all()
     }
+
+    /// The selector as given (kubectl syntax; empty for every node).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
 }
 
 impl std::fmt::Display for NodeScope {

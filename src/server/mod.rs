@@ -1,6 +1,5 @@
 //! HTTP layers: the HTTPS admission webhook and the plain-HTTP admin port.
 
-pub mod metrics;
 pub mod tls;
 
 use std::sync::Arc;
@@ -15,18 +14,19 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::core::admission::{AdmissionPolicy, Outcome, decide, review_body};
-use metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Largest AdmissionReview accepted, as controller-runtime does.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -82,7 +82,7 @@ async fn mutate(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if !content_type.starts_with("application/json") {
-        tracing::warn!(content_type, "webhook request refused: not JSON");
+        tracing::warn!(content_type, error = "not JSON", "webhook request refused");
         return (
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!("expected Content-Type application/json, got {content_type:?}\n"),
@@ -202,13 +202,17 @@ pub async fn serve_tls(
 ) -> Result<()> {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's timeouts need a timer; without one the first HTTP/1.1 request
+    // panics the connection task.
     builder
         .http1()
+        .timer(TokioTimer::new())
         .keep_alive(true)
         .header_read_timeout(Some(Duration::from_secs(10)));
+    builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
     loop {
-        let (tcp, peer) = tokio::select! {
+        let (mut tcp, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -225,18 +229,27 @@ pub async fn serve_tls(
         let builder = Arc::clone(&builder);
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(err)) => {
-                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
+            let handshake = async {
+                if refused_plain_http(&mut tcp).await? {
+                    return Ok(None);
+                }
+                acceptor.accept(tcp).await.map(Some)
+            };
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                Ok(Ok(Some(tls))) => tls,
+                Ok(Ok(None)) => {
+                    tracing::debug!(%peer, "plain HTTP on the TLS port refused");
+                    return;
+                }
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
             let service = TowerToHyperService::new(router);
             let connection = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(err) = watcher.watch(connection.into_owned()).await {
@@ -251,6 +264,28 @@ pub async fn serve_tls(
     }
     Ok(())
 }
+
+/// How long a client may take to send its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS connection opens with a handshake record (content type 0x16); a
+/// plain-HTTP request opens with the letters of its method. Such a client gets
+/// a readable 400, as Go's servers answer it, instead of a TLS alert it cannot
+/// read. Returns whether the connection was refused.
+async fn refused_plain_http(tcp: &mut TcpStream) -> std::io::Result<bool> {
+    let mut first = [0u8; 1];
+    if tcp.peek(&mut first).await? == 0 || !first[0].is_ascii_uppercase() {
+        return Ok(false);
+    }
+    tcp.write_all(PLAIN_HTTP_REFUSAL).await?;
+    tcp.shutdown().await?;
+    Ok(true)
+}
+
+const PLAIN_HTTP_REFUSAL: &[u8] = b"HTTP/1.0 400 Bad Request\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Connection: close\r\n\r\n\
+Client sent an HTTP request to an HTTPS server.\n";
 
 /// Serves the admin router over plain HTTP until `stop` is cancelled.
 pub async fn serve_admin(

@@ -27,7 +27,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A `node-holder serve` process; killed on drop.
+/// A `node-holder serve` process; killed on drop. Its JSON log goes to a file
+/// in its directory, printed when a test fails.
 pub struct Served {
     pub child: Child,
     pub webhook_port: u16,
@@ -39,6 +40,9 @@ impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("node-holder serve's log:\n{}", self.log());
+        }
     }
 }
 
@@ -49,6 +53,28 @@ impl Served {
 
     pub fn ca_pem(&self) -> Vec<u8> {
         std::fs::read(self.certs.path().join("ca.crt")).unwrap()
+    }
+
+    /// Everything the process has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.certs.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// The JSON log lines so far, parsed.
+    pub fn log_lines(&self) -> Vec<serde_json::Value> {
+        self.log()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Sends SIGTERM, as the kubelet does to a terminating pod.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 }
 
@@ -65,13 +91,16 @@ pub fn make_certs(dir: &std::path::Path) {
     );
 }
 
-/// Starts `node-holder serve` as node-holder's restricted identity.
+/// Starts `node-holder serve` as node-holder's restricted identity, with the
+/// RBAC of `webhook-config/rbac.yaml`.
 pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
+    install_node_holder_rbac(cp).await;
     let certs = tempfile::tempdir().unwrap();
     make_certs(certs.path());
     let (webhook_port, admin_port) = (free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_node-holder"))
         .args(["serve", "--log-format", "json"])
+        .arg(format!("--identity=serve-{webhook_port}"))
         .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
         .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
         .arg(format!(
@@ -85,16 +114,15 @@ pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
         .args(extra)
         .env("KUBECONFIG", cp.node_holder_kubeconfig())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(std::fs::File::create(certs.path().join("serve.log")).unwrap())
         .spawn()
         .expect("node-holder serve starts");
-    let served = Served {
+    let mut served = Served {
         child,
         webhook_port,
         admin_port,
         certs,
     };
-    let mut served = served;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok((200, _)) = http_get(admin_port, "/readyz").await {
@@ -210,4 +238,213 @@ pub async fn register_webhook_probing(cp: &ControlPlane, served: &Served, probe:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A TLS client configuration that trusts `ca_pem` only and offers `alpn`.
+pub fn tls_connector(ca_pem: &[u8], alpn: &[&str]) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// A TLS connection to the webhook port, verified for `localhost`.
+pub async fn tls_connect(
+    served: &Served,
+    alpn: &[&str],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    tls_connector(&served.ca_pem(), alpn)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the webhook")
+}
+
+/// A request to send to the webhook port.
+pub fn request(
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> hyper::Request<http_body_util::Full<hyper::body::Bytes>> {
+    let mut builder = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
+    if let Some(content_type) = content_type {
+        builder = builder.header("content-type", content_type);
+    }
+    builder
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+        .unwrap()
+}
+
+/// A response's status, headers and whole body.
+pub struct Reply {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    async fn read(response: hyper::Response<hyper::body::Incoming>) -> Reply {
+        use http_body_util::BodyExt;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Reply {
+            status,
+            headers,
+            body: body.to_vec(),
+        }
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection to the webhook over TLS.
+pub struct Http1 {
+    sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>>,
+    pub connection: tokio::task::JoinHandle<hyper::Result<()>>,
+}
+
+impl Http1 {
+    pub async fn connect(served: &Served) -> Http1 {
+        let tls = tls_connect(served, &["http/1.1"]).await;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+        Http1 {
+            sender,
+            connection: tokio::spawn(connection),
+        }
+    }
+
+    /// Sends `request` on this connection.
+    pub async fn send(
+        &mut self,
+        request: hyper::Request<http_body_util::Full<hyper::body::Bytes>>,
+    ) -> hyper::Result<Reply> {
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        Ok(Reply::read(response).await)
+    }
+}
+
+/// One request on a fresh HTTP/1.1 TLS connection.
+pub async fn https(
+    served: &Served,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> Reply {
+    Http1::connect(served)
+        .await
+        .send(request(method, path, content_type, body))
+        .await
+        .unwrap()
+}
+
+/// One request over h2 (ALPN-negotiated).
+pub async fn https_h2(served: &Served, body: Vec<u8>) -> Reply {
+    let tls = tls_connect(served, &["h2"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let mut request = request("POST", "/mutate", Some("application/json"), body);
+    *request.uri_mut() = "https://localhost/mutate".parse().unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    Reply::read(response).await
+}
+
+/// An AdmissionReview of `kind` (`operation`) as the API server sends it.
+pub fn review(kind: &str, operation: &str, object: serde_json::Value) -> serde_json::Value {
+    let (group, version, resource) = match kind {
+        "Node" => ("", "v1", "nodes"),
+        "Pod" => ("", "v1", "pods"),
+        other => panic!("no review fixture for {other}"),
+    };
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": kind},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": object["metadata"]["name"],
+            "operation": operation,
+            "userInfo": {"username": "system:node:probe", "groups": ["system:nodes"]},
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+/// Creates every object of a multi-document YAML manifest (those that exist
+/// already are left as they are).
+pub async fn apply_manifests(client: &kube::Client, yaml: &str) {
+    use kube::api::{DynamicObject, GroupVersionKind};
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).unwrap();
+    for document in documents.into_iter().filter(|d| !d.is_null()) {
+        let object: DynamicObject = serde_json::from_value(document).unwrap();
+        let types = object.types.clone().expect("apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).unwrap();
+        let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+        let api: Api<DynamicObject> = match (&capabilities.scope, &object.metadata.namespace) {
+            (kube::discovery::Scope::Namespaced, Some(namespace)) => {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => panic!("creating {} {:?}: {err}", types.kind, object.metadata.name),
+        }
+    }
+}
+
+/// node-holder's namespace and exactly the RBAC of `webhook-config/rbac.yaml`,
+/// bound to node-holder's restricted identity.
+pub async fn install_node_holder_rbac(cp: &ControlPlane) {
+    let client = cp.admin_client().await.unwrap();
+    apply_manifests(
+        &client,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n",
+            testenv::NODE_HOLDER_NAMESPACE
+        ),
+    )
+    .await;
+    apply_manifests(&client, include_str!("../../webhook-config/rbac.yaml")).await;
 }

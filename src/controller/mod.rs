@@ -1,0 +1,414 @@
+//! The hold window task: on the elected leader only, it watches Node metadata,
+//! drives the window record forward and converges the nodes to the plan the
+//! pure core computes (hold while open, release when closed). Level-triggered:
+//! every pass starts from the watched state and the record, so running it
+//! again, or after a crash, changes nothing more.
+
+mod events;
+pub mod patcher;
+pub mod record;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::{MARKER_LABEL, MARKER_VALUE};
+use crate::core::plan::{NodePatch, NodeView, plan};
+use crate::core::window::{Observed, Window, WindowConfig};
+use crate::metrics::WindowMetrics;
+use events::{EventSink, HoldEvent};
+use patcher::{PatchResult, Patcher};
+use record::{RecordStore, Settings};
+
+/// Everything the window task runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub window: WindowConfig,
+    pub policy: AdmissionPolicy,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub qps: u32,
+    pub max_in_flight: usize,
+    pub coalesce_idle: Duration,
+    pub coalesce_max: Duration,
+}
+
+impl Config {
+    /// What the record keeps of this configuration, for `status` and `release`.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            scope: self.window.mode,
+            hold_duration: self.window.hold,
+            max_hold: self.window.max_hold,
+            holds: self.policy.holds.iter().map(ToString::to_string).collect(),
+            node_selector: self.policy.scope.text().to_string(),
+        }
+    }
+}
+
+/// This replica's default name in the Lease: the pod's host name.
+pub fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("node-holder-{}", std::process::id()))
+}
+
+/// Competes for the Lease until `stop`; while leader, runs the window task.
+pub async fn run(
+    client: kube::Client,
+    config: Config,
+    metrics: WindowMetrics,
+    stop: CancellationToken,
+) -> Result<()> {
+    let duration = config.lease_duration.as_secs().max(2);
+    let manager = LeaseManagerBuilder::new(client.clone(), record::NAME)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(duration)
+        .with_grace((duration / 3).max(1))
+        .with_field_manager(record::FIELD_MANAGER)
+        .build()
+        .await
+        .context("setting up leader election")?;
+    let (mut is_leader, lease_task) = manager.watch().await;
+    tracing::info!(identity = %config.identity, lease = record::NAME, namespace = %config.namespace, "competing for the hold window's lease");
+    let events = EventSink::spawn(client.clone(), &config.identity, stop.clone());
+
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            changed = is_leader.wait_for(|leader| *leader) => {
+                changed.context("leader election ended")?;
+            }
+        }
+        tracing::info!(identity = %config.identity, "leading the hold window");
+        metrics.leader.set(1);
+        let mut task = WindowTask::new(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            events.clone(),
+        );
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => None,
+            lost = is_leader.wait_for(|leader| !*leader) => {
+                lost.context("leader election ended")?;
+                tracing::warn!(identity = %config.identity, "lost the hold window's lease");
+                None
+            }
+            result = task.lead() => Some(result),
+        };
+        metrics.leader.set(0);
+        if let Some(Err(err)) = outcome {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "hold window task failed; starting again"
+            );
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+    // Dropping the receiver makes the lease task release the Lease, so a
+    // standby takes over at once instead of after the lease duration.
+    drop(is_leader);
+    match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+        Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
+        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "releasing the lease failed"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
+        Err(_) => tracing::warn!("releasing the lease timed out"),
+    }
+    Ok(())
+}
+
+/// The leader's state between passes.
+struct WindowTask {
+    client: kube::Client,
+    config: Config,
+    metrics: WindowMetrics,
+    events: EventSink,
+    store: RecordStore,
+    patcher: Patcher,
+    /// The window as last saved.
+    saved: Option<Window>,
+    window: Window,
+    /// A release request not handled yet.
+    release_request: Option<Timestamp>,
+    failures: u32,
+}
+
+/// What one pass asks of the next.
+struct PassOutcome {
+    /// When the next pass must run at the latest.
+    wake: Option<Instant>,
+}
+
+impl WindowTask {
+    fn new(
+        client: kube::Client,
+        config: Config,
+        metrics: WindowMetrics,
+        events: EventSink,
+    ) -> Self {
+        WindowTask {
+            store: RecordStore::new(client.clone(), &config.namespace),
+            patcher: Patcher::new(client.clone(), config.qps, config.max_in_flight),
+            client,
+            config,
+            metrics,
+            events,
+            saved: None,
+            window: Window::default(),
+            release_request: None,
+            failures: 0,
+        }
+    }
+
+    /// Runs the window until an error; the caller stops it on lost leadership.
+    async fn lead(&mut self) -> Result<()> {
+        let record = self.store.load().await?;
+        self.window = record.window.clone();
+        self.saved = record.exists.then_some(record.window);
+        self.release_request = record.release_requested_at.filter(|&at| {
+            self.window
+                .closed_through()
+                .is_none_or(|through| through < at)
+        });
+
+        let (nodes, writer) = reflector::store::<PartialObjectMeta<Node>>();
+        // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
+        let node_api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
+        let node_events = reflector::reflector(
+            writer,
+            watcher::watcher(node_api, watcher::Config::default()),
+        )
+        .default_backoff();
+        let record_api: Api<PartialObjectMeta<ConfigMap>> =
+            Api::namespaced(self.client.clone(), &self.config.namespace);
+        let record_events = watcher::watcher(
+            record_api,
+            watcher::Config::default().fields(&format!("metadata.name={}", record::NAME)),
+        )
+        .default_backoff()
+        .applied_objects();
+        futures::pin_mut!(node_events, record_events);
+
+        let mut synced = false;
+        // The burst being coalesced: (first change, latest change).
+        let mut burst: Option<(Instant, Instant)> = None;
+        let mut wake: Option<Instant> = None;
+        loop {
+            let burst_end = burst.map(|(first, last)| {
+                (last + self.config.coalesce_idle).min(first + self.config.coalesce_max)
+            });
+            let next = match (burst_end, wake) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let sleep = async {
+                match next {
+                    Some(at) if synced => tokio::time::sleep_until(at.into()).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = node_events.next() => match event {
+                    Some(Ok(Event::InitDone)) => {
+                        synced = true;
+                        // The first pass after (re)listing runs at once.
+                        burst = Some((Instant::now() - self.config.coalesce_max, Instant::now()));
+                    }
+                    Some(Ok(Event::Apply(_) | Event::Delete(_))) => {
+                        let now = Instant::now();
+                        burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
+                    }
+                    Some(Ok(Event::Init | Event::InitApply(_))) => {}
+                    Some(Err(err)) => tracing::warn!(error = %err, "node watch failed; retrying"),
+                    None => bail!("the node watch ended"),
+                },
+                event = record_events.try_next() => match event {
+                    Ok(Some(config_map)) => {
+                        if let Some(at) = record::release_requested_at(&config_map.metadata)
+                            && self.window.closed_through().is_none_or(|through| through < at)
+                            && self.release_request != Some(at)
+                        {
+                            tracing::info!(requested_at = %at, "release requested");
+                            self.release_request = Some(at);
+                            burst = Some((Instant::now() - self.config.coalesce_max, Instant::now()));
+                        }
+                    }
+                    Ok(None) => bail!("the record watch ended"),
+                    Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
+                },
+                _ = sleep => {
+                    burst = None;
+                    let started = Instant::now();
+                    let outcome = self.pass(&nodes).await;
+                    self.metrics.reconcile.observe(started.elapsed().as_secs_f64());
+                    wake = match outcome {
+                        Ok(outcome) => outcome.wake,
+                        Err(err) => {
+                            self.failures += 1;
+                            tracing::warn!(error = format!("{err:#}"), "hold window pass failed");
+                            Some(Instant::now() + self.backoff())
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    fn backoff(&self) -> Duration {
+        Duration::from_millis(500 * 2u64.pow(self.failures.min(6))).min(Duration::from_secs(30))
+    }
+
+    /// One pass: the window forward, the record saved, the nodes converged.
+    async fn pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Result<PassOutcome> {
+        let now = Timestamp::now();
+        let views: Vec<NodeView> = nodes
+            .state()
+            .iter()
+            .filter_map(|node| NodeView::from_meta(&node.metadata))
+            .collect();
+        let cfg = &self.config.window;
+
+        if let Some(at) = self.release_request.take() {
+            let was_open = self.window.release_now(at.min(now));
+            tracing::info!(requested_at = %at, was_open, "hold window released on request");
+        }
+        let in_scope: Vec<&NodeView> = views
+            .iter()
+            .filter(|node| self.config.policy.scope.matches(&node.labels))
+            .collect();
+        let was_open = self.window.open().is_some();
+        let observed = self
+            .window
+            .observe_all(in_scope.iter().map(|node| node.creation), now, cfg);
+        let deadline = self.window.open().map(|open| open.deadline);
+        for (node, observed) in in_scope.iter().zip(observed) {
+            if matches!(observed, Observed::Opened | Observed::Extended) {
+                tracing::info!(
+                    node = %node.name,
+                    created = %node.creation,
+                    deadline = %deadline.map_or_else(String::new, |d| d.to_string()),
+                    "hold window {}", observed.label()
+                );
+                self.events
+                    .send(HoldEvent::counted(node, observed, deadline));
+            }
+        }
+        if was_open && self.window.open().is_none() {
+            tracing::info!(
+                closed_through = %self.window.closed_through().map_or_else(String::new, |t| t.to_string()),
+                "hold window closed"
+            );
+        }
+        // The record first: a crash after holding nodes must still find the
+        // window that releases them.
+        if self.saved.as_ref() != Some(&self.window) {
+            self.store
+                .save(&self.window, &self.config.settings())
+                .await?;
+            self.saved = Some(self.window.clone());
+        }
+        self.metrics.deadline.set(
+            self.window
+                .open()
+                .map_or(0.0, |open| open.deadline.as_millisecond() as f64 / 1000.0),
+        );
+
+        let plan = plan(
+            &self.window,
+            cfg,
+            &self.config.policy.scope,
+            &self.config.policy.holds,
+            &views,
+            now,
+        );
+        let marked = views
+            .iter()
+            .filter(|n| {
+                n.labels
+                    .get(MARKER_LABEL)
+                    .is_some_and(|v| v == MARKER_VALUE)
+            })
+            .count() as i64;
+        let (held, hold_failures) = self.apply("hold", plan.hold).await;
+        let (released, release_failures) = self.apply("release", plan.release).await;
+        self.metrics.held_nodes.set(marked + held - released);
+        let failures = hold_failures + release_failures;
+
+        let wake = if failures > 0 {
+            self.failures += 1;
+            Some(Instant::now() + self.backoff())
+        } else {
+            self.failures = 0;
+            plan.wake.map(|at| {
+                // A deadline already past wakes at once.
+                Instant::now() + Duration::try_from(at.duration_since(now)).unwrap_or_default()
+            })
+        };
+        Ok(PassOutcome { wake })
+    }
+
+    /// Applies the patches of one kind; returns (applied, failed).
+    async fn apply(&self, action: &'static str, patches: Vec<NodePatch>) -> (i64, usize) {
+        if patches.is_empty() {
+            return (0, 0);
+        }
+        let total = patches.len();
+        tracing::info!(nodes = total, action, "patching nodes");
+        let started = Instant::now();
+        let deadline = self.window.open().map(|open| open.deadline);
+        let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
+        for (patch, result) in self.patcher.apply(patches).await {
+            match result {
+                PatchResult::Applied if action == "hold" => {
+                    applied += 1;
+                    self.metrics.holds_applied.inc();
+                    self.events.send(HoldEvent::held(&patch, deadline));
+                }
+                PatchResult::Applied => {
+                    applied += 1;
+                    self.metrics.holds_released.inc();
+                    self.events.send(HoldEvent::released(&patch));
+                }
+                PatchResult::Gone => {}
+                PatchResult::Changed(code) => {
+                    changed += 1;
+                    self.metrics.patch_error(code);
+                }
+                PatchResult::Failed(code) => {
+                    failed += 1;
+                    self.metrics.patch_error(code);
+                }
+            }
+        }
+        tracing::info!(
+            action,
+            nodes = total,
+            applied,
+            changed_meanwhile = changed,
+            failed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "nodes patched"
+        );
+        (applied, changed + failed)
+    }
+}

@@ -1,0 +1,92 @@
+//! Bulk node patching within bounds: at most `max_in_flight` requests at once
+//! and `qps` per second. kube's client already retries 429/503/504 with
+//! backoff, so a failure here is reported, not retried: the next pass re-plans
+//! from fresh state, and retries never stack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use json_patch::Patch;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch as KubePatch, PatchParams};
+use tokio::sync::Mutex;
+use tokio::time::{Interval, MissedTickBehavior};
+
+use super::record::FIELD_MANAGER;
+use crate::core::plan::NodePatch;
+
+/// How one node PATCH ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchResult {
+    Applied,
+    /// The node is gone (404): nothing to do.
+    Gone,
+    /// A precondition failed (409, or 422 from a JSON Patch `test`): the node
+    /// changed since it was read; the next pass decides again.
+    Changed(u16),
+    /// Any other failure, with its HTTP status (0: no response).
+    Failed(u16),
+}
+
+/// Sends node PATCHes within the configured bounds.
+#[derive(Clone)]
+pub struct Patcher {
+    api: Api<Node>,
+    max_in_flight: usize,
+    // One shared pacer: each request waits for its tick. tokio's Interval is
+    // the token bucket here (burst after idle time, then `qps` per second).
+    pacer: Arc<Mutex<Interval>>,
+}
+
+impl Patcher {
+    pub fn new(client: kube::Client, qps: u32, max_in_flight: usize) -> Self {
+        let period = Duration::from_secs(1) / qps.max(1);
+        let mut pacer = tokio::time::interval(period);
+        pacer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Patcher {
+            api: Api::all(client),
+            max_in_flight: max_in_flight.max(1),
+            pacer: Arc::new(Mutex::new(pacer)),
+        }
+    }
+
+    /// Applies every patch; returns each with its result, in input order.
+    pub async fn apply(&self, patches: Vec<NodePatch>) -> Vec<(NodePatch, PatchResult)> {
+        futures::stream::iter(patches)
+            .map(|patch| async move {
+                self.pacer.lock().await.tick().await;
+                let result = self.patch_one(&patch.name, &patch.patch).await;
+                (patch, result)
+            })
+            .buffered(self.max_in_flight)
+            .collect()
+            .await
+    }
+
+    async fn patch_one(&self, name: &str, patch: &Patch) -> PatchResult {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match self
+            .api
+            .patch_metadata(name, &params, &KubePatch::<()>::Json(patch.clone()))
+            .await
+        {
+            Ok(_) => PatchResult::Applied,
+            Err(kube::Error::Api(status)) => match status.code {
+                404 => PatchResult::Gone,
+                409 | 422 => PatchResult::Changed(status.code),
+                code => {
+                    tracing::warn!(node = name, code, message = %status.message, "node patch failed");
+                    PatchResult::Failed(code)
+                }
+            },
+            Err(err) => {
+                tracing::warn!(node = name, error = %err, "node patch failed");
+                PatchResult::Failed(0)
+            }
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The window record: a ConfigMap in node-holder's namespace that keeps what
+//! the cluster cannot tell after a restart (deleted nodes' contributions, where
+//! the cap started, what a release consumed) and what `status` shows. Only the
+//! leader writes its data; `release` writes only a request annotation.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, anyhow};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde::{Deserialize, Serialize};
+
+use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::selector::NodeScope;
+use crate::core::window::{Mode, Window, WindowConfig};
+
+/// Name of the record's ConfigMap (and of the Lease beside it).
+pub const NAME: &str = "node-holder-window";
+/// Field manager of node-holder's writes.
+pub const FIELD_MANAGER: &str = "node-holder";
+const WINDOW_KEY: &str = "window.json";
+const SETTINGS_KEY: &str = "settings.json";
+
+/// Annotation through which `release` asks the leader to close the window:
+/// the RFC 3339 time of the request.
+pub fn release_request_annotation() -> String {
+    format!("{PREFIX}/release-requested-at")
+}
+
+/// The settings the leader runs with, kept beside the window so that `status`
+/// and `release` need no flags of their own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    pub scope: Mode,
+    #[serde(with = "human_duration")]
+    pub hold_duration: std::time::Duration,
+    /// `None`: no cap.
+    #[serde(with = "human_duration_opt", default)]
+    pub max_hold: Option<std::time::Duration>,
+    /// The hold annotations, as `key=value`.
+    pub holds: Vec<String>,
+    /// The node selector, kubectl syntax; empty for every node.
+    pub node_selector: String,
+}
+
+/// What the record's ConfigMap holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Record {
+    pub window: Window,
+    pub settings: Option<Settings>,
+    /// When `release` last asked for the window to close.
+    pub release_requested_at: Option<Timestamp>,
+    /// Whether the ConfigMap exists.
+    pub exists: bool,
+}
+
+/// Reads and writes the record in one namespace.
+#[derive(Clone)]
+pub struct RecordStore {
+    api: Api<ConfigMap>,
+}
+
+impl RecordStore {
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        RecordStore {
+            api: Api::namespaced(client, namespace),
+        }
+    }
+
+    /// The record; an empty one when the ConfigMap does not exist yet.
+    pub async fn load(&self) -> Result<Record> {
+        let Some(config_map) = self
+            .api
+            .get_opt(NAME)
+            .await
+            .with_context(|| format!("reading ConfigMap {NAME}"))?
+        else {
+            return Ok(Record::default());
+        };
+        Record::from_config_map(&config_map)
+    }
+
+    /// Writes the window and settings (creating the ConfigMap if needed).
+    /// Only the leader calls this: a merge patch of `data` leaves the release
+    /// annotation alone.
+    pub async fn save(&self, window: &Window, settings: &Settings) -> Result<()> {
+        let data = BTreeMap::from([
+            (
+                WINDOW_KEY.to_string(),
+                serde_json::to_string(window).context("serialising the window")?,
+            ),
+            (
+                SETTINGS_KEY.to_string(),
+                serde_json::to_string(settings).context("serialising the settings")?,
+            ),
+        ]);
+        let patch = serde_json::json!({ "data": data });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match self.api.patch(NAME, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(NAME.to_string()),
+                        labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/name".to_string(),
+                            "node-holder".to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(data),
+                    ..ConfigMap::default()
+                };
+                self.api
+                    .create(&PostParams::default(), &config_map)
+                    .await
+                    .with_context(|| format!("creating ConfigMap {NAME}"))?;
+                Ok(())
+            }
+            Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
+        }
+    }
+
+    /// Asks the leader to close the window now; returns the request's time.
+    pub async fn request_release(&self, now: Timestamp) -> Result<Timestamp> {
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {release_request_annotation(): now.to_string()}}
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match self.api.patch(NAME, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(now),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(NAME.to_string()),
+                        annotations: Some(BTreeMap::from([(
+                            release_request_annotation(),
+                            now.to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                };
+                self.api
+                    .create(&PostParams::default(), &config_map)
+                    .await
+                    .with_context(|| format!("creating ConfigMap {NAME}"))?;
+                Ok(now)
+            }
+            Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
+        }
+    }
+}
+
+impl Record {
+    pub fn from_config_map(config_map: &ConfigMap) -> Result<Record> {
+        let data = config_map.data.clone().unwrap_or_default();
+        let window = match data.get(WINDOW_KEY) {
+            Some(text) => serde_json::from_str(text)
+                .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
+            None => Window::default(),
+        };
+        let settings = match data.get(SETTINGS_KEY) {
+            Some(text) => Some(serde_json::from_str(text).with_context(|| {
+                format!("ConfigMap {NAME}: {SETTINGS_KEY} is not node-holder's settings")
+            })?),
+            None => None,
+        };
+        Ok(Record {
+            window,
+            settings,
+            release_requested_at: release_requested_at(&config_map.metadata),
+            exists: true,
+        })
+    }
+}
+
+/// The release request in `meta`'s annotations, if any and well-formed.
+pub fn release_requested_at(meta: &ObjectMeta) -> Option<Timestamp> {
+    meta.annotations
+        .as_ref()?
+        .get(&release_request_annotation())?
+        .parse()
+        .ok()
+}
+
+/// Durations as humantime text (`20m`, `2h`): readable with `kubectl get -o yaml`.
+mod human_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+mod human_duration_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::human_duration::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl Settings {
+    /// The window arithmetic these settings describe.
+    pub fn window_config(&self) -> WindowConfig {
+        WindowConfig {
+            hold: self.hold_duration,
+            max_hold: self.max_hold,
+            mode: self.scope,
+        }
+    }
+
+    /// The holds and node scope these settings describe.
+    pub fn policy(&self) -> Result<AdmissionPolicy> {
+        let explicit = self
+            .holds
+            .iter()
+            .map(|h| h.parse())
+            .collect::<Result<Vec<Hold>, String>>()
+            .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?;
+        Ok(AdmissionPolicy {
+            holds: Holds::new(&[], &explicit).map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
+            scope: NodeScope::parse(&self.node_selector)
+                .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
+        })
+    }
+}

@@ -1,0 +1,625 @@
+//! The hold window: when the cluster (or, in `node` mode, each new node) is
+//! held, kept as a small record that nodes' creation times drive forward.
+//!
+//! The record is what a restart cannot rebuild from the cluster: the
+//! contributions of nodes deleted since, where the cap started and what a
+//! `release` consumed. Everything here is a pure function of the record, the
+//! creation times and the caller's `now`; the caller lists and watches nodes,
+//! stores the record and sleeps until [`Window::next_wake`].
+//!
+//! The semantics are those of a replay in creation order: observing a node
+//! first closes a window that ended before the node was created, then counts
+//! it. So a live stream of observations and a restart that replays the
+//! current nodes over the stored record reach the same record; a derivation
+//! from the nodes alone differs only by what deleted nodes and releases did.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// What an open window holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every node in scope carries the hold while the window is open.
+    #[default]
+    Cluster,
+    /// Only new nodes are held, each until its own creation + hold.
+    Node,
+}
+
+/// How long holds last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// How long each new node holds (the window, in `cluster` mode).
+    pub hold: Duration,
+    /// Cap of a window, from when it opened; `None` for no cap.
+    pub max_hold: Option<Duration>,
+    pub mode: Mode,
+}
+
+impl WindowConfig {
+    /// One node's hold: `hold`, or `max_hold` when that is shorter.
+    pub fn node_hold(&self) -> Duration {
+        self.max_hold.map_or(self.hold, |max| max.min(self.hold))
+    }
+
+    /// Where a window opened at `opened_at` must end. Only `cluster` mode caps
+    /// the window: in `node` mode a stream of nodes holds only those nodes.
+    fn cap(&self, opened_at: Timestamp) -> Option<Timestamp> {
+        match self.mode {
+            Mode::Cluster => self.max_hold.map(|max| plus(opened_at, max)),
+            Mode::Node => None,
+        }
+    }
+}
+
+/// The record of the hold window, stored as JSON (camelCase) between
+/// restarts and shown by `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Window {
+    /// The window, while it is open (until [`Window::tick`] closes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    open: Option<OpenWindow>,
+    /// Nodes created at or before this are consumed: they belong to a window
+    /// that closed (or was released) and never open one again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    closed_through: Option<Timestamp>,
+    /// Creation times that were in the future when first seen (clock skew),
+    /// and when that was: such a node counts as created then, however often
+    /// it is seen again, so it holds no longer than one that was not skewed.
+    /// Dropped once consumed; empty when the clocks agree.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    future_creations: BTreeMap<Timestamp, Timestamp>,
+}
+
+/// An open window. Its deadline may already be past until `tick` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenWindow {
+    /// Creation (clamped to now) of the node that opened it; the cap's start.
+    pub opened_at: Timestamp,
+    /// When it ends: in `cluster` mode the cluster is held until then, in
+    /// `node` mode it is the latest node's hold end (for `status`).
+    pub deadline: Timestamp,
+    /// What closing consumes: the latest creation counted, or the cap once
+    /// reached (a node created before the cap would have been capped too).
+    /// Not the deadline: a node created just before the deadline but seen
+    /// after it still extends, as a new window.
+    pub counted_through: Timestamp,
+}
+
+/// What observing one node did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Created at or before the end of a closed or released window.
+    Consumed,
+    /// Opened a new window.
+    Opened,
+    /// Moved the deadline later.
+    Extended,
+    /// Counted, but the window already lasts as long (seen before, or capped).
+    Unchanged,
+    /// Opened or extended a window that has already ended by `now`: there is
+    /// nothing to hold (a node seen long after its creation).
+    Expired,
+}
+
+impl Observed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Observed::Consumed => "consumed",
+            Observed::Opened => "opened",
+            Observed::Extended => "extended",
+            Observed::Unchanged => "unchanged",
+            Observed::Expired => "expired",
+        }
+    }
+}
+
+impl Window {
+    /// The window rebuilt from the creation times of the nodes in scope, when
+    /// no record exists. Deleted nodes and past releases are lost, so a
+    /// stored record is preferred: see [`Window::observe_all`].
+    pub fn derive(
+        creations: impl IntoIterator<Item = Timestamp>,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Window {
+        let mut window = Window::default();
+        window.observe_all(creations, now, cfg);
+        window
+    }
+
+    /// Catches the record up with every node in scope (each reconcile, or
+    /// after a restart): replays them in the order they count as created,
+    /// then closes what ended by `now`. Nodes the record already counted
+    /// change nothing. Returns what each did, in the order given.
+    pub fn observe_all(
+        &mut self,
+        creations: impl IntoIterator<Item = Timestamp>,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Vec<Observed> {
+        let creations: Vec<Timestamp> = creations.into_iter().collect();
+        let mut order: Vec<usize> = (0..creations.len()).collect();
+        order.sort_by_key(|&i| self.effective_creation(creations[i], now));
+        let mut observed = vec![Observed::Unchanged; creations.len()];
+        for i in order {
+            observed[i] = self.observe(creations[i], now, cfg);
+        }
+        self.tick(now);
+        observed
+    }
+
+    /// Counts one node in scope created at `creation`. Observing a node again
+    /// changes nothing.
+    ///
+    /// A creation in the future (clock skew) counts as the `now` it was first
+    /// seen, so no window opens later than now and the cap bounds it.
+    pub fn observe(&mut self, creation: Timestamp, now: Timestamp, cfg: &WindowConfig) -> Observed {
+        let raw = creation;
+        let creation = self.effective_creation(raw, now);
+        if raw > creation {
+            self.future_creations.entry(raw).or_insert(creation);
+        }
+        // A window that ended before this node appeared is over, tick or not.
+        self.tick(creation);
+        if self.closed_through.is_some_and(|t| creation <= t) {
+            return Observed::Consumed;
+        }
+        let opened = self.open.is_none();
+        let open = self.open.get_or_insert(OpenWindow {
+            opened_at: creation,
+            deadline: creation,
+            counted_through: creation,
+        });
+        let before = open.deadline;
+        open.deadline = open.deadline.max(plus(creation, cfg.node_hold()));
+        open.counted_through = open.counted_through.max(creation);
+        if let Some(cap) = cfg.cap(open.opened_at)
+            && open.deadline >= cap
+        {
+            open.deadline = cap;
+            open.counted_through = cap;
+        }
+        let changed = opened || open.deadline > before;
+        if changed && open.deadline <= now {
+            Observed::Expired
+        } else if opened {
+            Observed::Opened
+        } else if changed {
+            Observed::Extended
+        } else {
+            Observed::Unchanged
+        }
+    }
+
+    /// Closes the window if its deadline is at or before `now`; returns
+    /// whether it did.
+    pub fn tick(&mut self, now: Timestamp) -> bool {
+        match self.open {
+            Some(open) if open.deadline <= now => {
+                self.open = None;
+                self.consume_through(open.counted_through);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn consume_through(&mut self, t: Timestamp) {
+        self.closed_through = self.closed_through.max(Some(t));
+        // A remembered creation at or before this is consumed as it is.
+        self.future_creations.retain(|&raw, _| raw > t);
+    }
+
+    /// When the node created at `creation` counts as created: then, or when
+    /// it was first seen, if that was earlier (clock skew).
+    fn effective_creation(&self, creation: Timestamp, now: Timestamp) -> Timestamp {
+        self.future_creations
+            .get(&creation)
+            .copied()
+            .unwrap_or(creation)
+            .min(now)
+    }
+
+    /// Closes the window now (the `release` command): every node created so
+    /// far is consumed, later ones open a new window. Returns whether a
+    /// window was open.
+    pub fn release_now(&mut self, now: Timestamp) -> bool {
+        self.consume_through(now);
+        self.open.take().is_some_and(|open| now < open.deadline)
+    }
+
+    /// Whether the window holds at `now` (the deadline may pass before `tick`).
+    pub fn is_open(&self, now: Timestamp) -> bool {
+        self.open.is_some_and(|open| now < open.deadline)
+    }
+
+    /// When the caller should call [`Window::tick`] next.
+    pub fn next_wake(&self) -> Option<Timestamp> {
+        self.open.map(|open| open.deadline)
+    }
+
+    /// The open window, if any (its deadline may be past until `tick`).
+    pub fn open(&self) -> Option<&OpenWindow> {
+        self.open.as_ref()
+    }
+
+    /// Creations at or before this are consumed.
+    pub fn closed_through(&self) -> Option<Timestamp> {
+        self.closed_through
+    }
+
+    /// In `node` mode, when the node created at `creation` stops being held:
+    /// its creation (as [`Window::observe`] counts it) + hold, or `None` when
+    /// it was consumed (by a `release`). Held while `now` is before it.
+    pub fn node_hold_end(
+        &self,
+        creation: Timestamp,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Option<Timestamp> {
+        let creation = self.effective_creation(creation, now);
+        if self.closed_through.is_some_and(|t| creation <= t) {
+            return None;
+        }
+        Some(plus(creation, cfg.node_hold()))
+    }
+}
+
+/// `t + d`, saturating at the end of time instead of failing.
+fn plus(t: Timestamp, d: Duration) -> Timestamp {
+    // Only spans with calendar units can fail; a Duration saturates.
+    t.saturating_add(d).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60;
+
+    /// Minute `m` of the test's timeline.
+    fn t(m: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + m * MIN).unwrap()
+    }
+
+    fn cfg(hold: u64, max_hold: Option<u64>, mode: Mode) -> WindowConfig {
+        WindowConfig {
+            hold: Duration::from_secs(hold * 60),
+            max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
+            mode,
+        }
+    }
+
+    fn cluster(hold: u64, max_hold: Option<u64>) -> WindowConfig {
+        cfg(hold, max_hold, Mode::Cluster)
+    }
+
+    fn deadline(w: &Window) -> Option<Timestamp> {
+        w.open().map(|o| o.deadline)
+    }
+
+    #[test]
+    fn the_first_node_opens_and_later_ones_extend() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        assert!(!w.is_open(t(0)));
+        assert_eq!(w.observe(t(0), t(0), &cfg), Observed::Opened);
+        assert_eq!(w.open().unwrap().opened_at, t(0));
+        assert_eq!(deadline(&w), Some(t(10)));
+        assert_eq!(w.observe(t(4), t(4), &cfg), Observed::Extended);
+        assert_eq!(deadline(&w), Some(t(14)));
+        assert_eq!(w.open().unwrap().opened_at, t(0));
+        assert!(w.is_open(t(13)) && !w.is_open(t(14)));
+        assert_eq!(w.next_wake(), Some(t(14)));
+    }
+
+    #[test]
+    fn observing_a_node_again_changes_nothing() {
+        let cfg = cluster(10, Some(30));
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        w.observe(t(5), t(5), &cfg);
+        let before = w.clone();
+        assert_eq!(w.observe(t(0), t(7), &cfg), Observed::Unchanged);
+        assert_eq!(w.observe(t(5), t(8), &cfg), Observed::Unchanged);
+        assert_eq!(w, before);
+        assert!(w.tick(t(15)));
+        let closed = w.clone();
+        assert_eq!(w.observe(t(5), t(20), &cfg), Observed::Consumed);
+        assert_eq!(w, closed);
+    }
+
+    #[test]
+    fn an_earlier_node_seen_late_does_not_move_the_start() {
+        let cfg = cluster(10, Some(30));
+        let mut w = Window::default();
+        w.observe(t(5), t(5), &cfg);
+        assert_eq!(w.observe(t(3), t(6), &cfg), Observed::Unchanged);
+        assert_eq!(w.open().unwrap().opened_at, t(5));
+        assert_eq!(deadline(&w), Some(t(15)));
+    }
+
+    #[test]
+    fn the_cap_ends_a_stream_of_nodes() {
+        let cfg = cluster(10, Some(30));
+        let mut w = Window::default();
+        assert_eq!(w.observe(t(0), t(0), &cfg), Observed::Opened);
+        for m in 1..=19 {
+            assert_eq!(w.observe(t(m), t(m), &cfg), Observed::Extended, "{m}");
+        }
+        assert_eq!(deadline(&w), Some(t(29)));
+        assert_eq!(w.observe(t(20), t(20), &cfg), Observed::Extended);
+        assert_eq!(deadline(&w), Some(t(30)), "capped at opened + maxHold");
+        for m in 21..30 {
+            assert_eq!(w.observe(t(m), t(m), &cfg), Observed::Unchanged, "{m}");
+        }
+        assert!(w.is_open(t(29)) && !w.is_open(t(30)));
+        assert!(w.tick(t(30)));
+        assert_eq!(w.closed_through(), Some(t(30)));
+    }
+
+    #[test]
+    fn nodes_created_before_a_capped_close_never_reopen() {
+        let cfg = cluster(10, Some(15));
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        w.observe(t(8), t(8), &cfg);
+        assert!(w.tick(t(15)));
+        // Seen again, or for the first time, after the close: consumed, even
+        // though 12 + 10 is still ahead.
+        assert_eq!(w.observe(t(8), t(16), &cfg), Observed::Consumed);
+        assert_eq!(w.observe(t(12), t(16), &cfg), Observed::Consumed);
+        assert_eq!(w.observe(t(15), t(16), &cfg), Observed::Consumed);
+        assert!(!w.is_open(t(16)));
+    }
+
+    #[test]
+    fn a_node_created_after_the_close_reopens() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert!(!w.tick(t(9)));
+        assert!(w.tick(t(10)));
+        assert!(!w.tick(t(11)), "closing happens once");
+        assert_eq!(w.observe(t(12), t(12), &cfg), Observed::Opened);
+        assert_eq!(w.open().unwrap().opened_at, t(12));
+        assert_eq!(deadline(&w), Some(t(22)));
+    }
+
+    #[test]
+    fn a_node_created_after_the_deadline_closes_the_old_window_without_a_tick() {
+        let cfg = cluster(10, Some(30));
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert_eq!(w.observe(t(25), t(25), &cfg), Observed::Opened);
+        assert_eq!(w.open().unwrap().opened_at, t(25), "a new cap");
+        assert_eq!(w.closed_through(), Some(t(0)));
+    }
+
+    #[test]
+    fn a_node_created_just_before_the_deadline_but_seen_after_it_still_holds() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert!(w.tick(t(10)));
+        // Created at 9 (before the deadline), its watch event came late.
+        assert_eq!(w.observe(t(9), t(11), &cfg), Observed::Opened);
+        assert_eq!(deadline(&w), Some(t(19)));
+    }
+
+    #[test]
+    fn a_node_seen_after_its_hold_ended_opens_nothing_that_holds() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        assert_eq!(w.observe(t(0), t(30), &cfg), Observed::Expired);
+        assert!(!w.is_open(t(30)));
+        assert!(w.tick(t(30)));
+        assert_eq!(w.observe(t(0), t(31), &cfg), Observed::Consumed);
+    }
+
+    #[test]
+    fn a_future_creation_counts_as_when_it_was_first_seen() {
+        let cfg = cluster(10, Some(20));
+        let mut w = Window::default();
+        // The API server's clock runs an hour ahead.
+        assert_eq!(w.observe(t(60), t(0), &cfg), Observed::Opened);
+        assert_eq!(w.open().unwrap().opened_at, t(0));
+        assert_eq!(deadline(&w), Some(t(10)));
+        // Seen again later, even once its creation is past: no longer a hold.
+        assert_eq!(w.observe(t(60), t(5), &cfg), Observed::Unchanged);
+        assert_eq!(deadline(&w), Some(t(10)));
+        assert!(w.tick(t(10)));
+        assert_eq!(w.observe(t(60), t(19), &cfg), Observed::Consumed);
+        assert_eq!(w.observe(t(60), t(65), &cfg), Observed::Consumed);
+        assert_eq!(w.node_hold_end(t(60), t(65), &cfg), None);
+        // Another skewed node, created later, opens a window when it is seen.
+        assert_eq!(w.observe(t(80), t(20), &cfg), Observed::Opened);
+        assert_eq!(w.open().unwrap().opened_at, t(20));
+    }
+
+    #[test]
+    fn a_future_creation_is_forgotten_once_consumed() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(12), t(0), &cfg);
+        w.observe(t(30), t(1), &cfg);
+        let json = serde_json::to_value(&w).unwrap();
+        assert_eq!(
+            json["futureCreations"].as_object().map(|m| m.len()),
+            Some(2)
+        );
+        assert_eq!(serde_json::from_value::<Window>(json).unwrap(), w);
+        w.release_now(t(20));
+        assert_eq!(w.future_creations.keys().collect::<Vec<_>>(), [&t(30)]);
+        assert_eq!(w.observe(t(30), t(40), &cfg), Observed::Consumed);
+    }
+
+    #[test]
+    fn a_future_creation_in_node_mode_holds_from_when_it_was_first_seen() {
+        let cfg = cfg(10, None, Mode::Node);
+        let mut w = Window::default();
+        w.observe(t(60), t(0), &cfg);
+        assert_eq!(w.node_hold_end(t(60), t(3), &cfg), Some(t(10)));
+        assert_eq!(w.node_hold_end(t(60), t(61), &cfg), Some(t(10)));
+    }
+
+    #[test]
+    fn release_closes_now_and_consumes_every_node_so_far() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        w.observe(t(3), t(3), &cfg);
+        assert!(w.release_now(t(4)));
+        assert!(!w.is_open(t(4)));
+        assert_eq!(w.next_wake(), None);
+        assert_eq!(w.closed_through(), Some(t(4)));
+        assert_eq!(w.observe(t(3), t(5), &cfg), Observed::Consumed);
+        assert_eq!(w.observe(t(5), t(5), &cfg), Observed::Opened);
+        assert!(!Window::default().release_now(t(0)), "nothing was open");
+    }
+
+    #[test]
+    fn release_does_not_consume_nodes_created_later_even_in_a_capped_window() {
+        let cfg = cluster(10, Some(5));
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert_eq!(w.open().unwrap().counted_through, t(5));
+        w.release_now(t(1));
+        assert_eq!(w.closed_through(), Some(t(1)));
+        assert_eq!(w.observe(t(2), t(2), &cfg), Observed::Opened);
+    }
+
+    /// The record after a live history up to minute `until`: each node seen
+    /// when created, a tick every minute.
+    fn live(creations: &[i64], until: i64, cfg: &WindowConfig) -> Window {
+        let mut w = Window::default();
+        for m in 0..=until {
+            for &c in creations.iter().filter(|&&c| c == m) {
+                w.observe(t(c), t(m), cfg);
+            }
+            w.tick(t(m));
+        }
+        w
+    }
+
+    #[test]
+    fn a_restart_replaying_the_nodes_over_the_record_changes_nothing() {
+        let cfg = cluster(10, Some(25));
+        let creations = [0, 3, 9, 14, 22, 27, 31, 40, 41, 58, 60, 66];
+        for stop in [5, 20, 24, 30, 45, 62, 70, 90] {
+            let record = live(&creations, stop, &cfg);
+            let stored: Window =
+                serde_json::from_str(&serde_json::to_string(&record).unwrap()).unwrap();
+            let existing = creations.iter().filter(|&&c| c <= stop).map(|&c| t(c));
+            let mut restarted = stored;
+            restarted.observe_all(existing.clone(), t(stop), &cfg);
+            assert_eq!(restarted, record, "restart at {stop}");
+            // Even with some nodes deleted since.
+            let mut restarted = record.clone();
+            restarted.observe_all(existing.clone().step_by(2), t(stop), &cfg);
+            assert_eq!(restarted, record, "restart at {stop} after deletions");
+            // Without a record, the window is rebuilt from the nodes alone.
+            assert_eq!(
+                Window::derive(existing, t(stop), &cfg),
+                record,
+                "derive at {stop}"
+            );
+        }
+    }
+
+    #[test]
+    fn observe_all_reports_each_node_in_the_order_given() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        let observed = w.observe_all([t(4), t(0), t(2), t(30)], t(5), &cfg);
+        assert_eq!(
+            observed,
+            [
+                Observed::Extended,
+                Observed::Opened,
+                Observed::Extended,
+                Observed::Extended
+            ]
+        );
+        assert_eq!(deadline(&w), Some(t(15)));
+        assert_eq!(
+            w.observe_all([t(0), t(4)], t(6), &cfg),
+            [Observed::Unchanged; 2]
+        );
+    }
+
+    #[test]
+    fn derivation_ignores_the_order_of_the_nodes() {
+        let cfg = cluster(10, Some(25));
+        let mut shuffled = [31, 0, 66, 9, 41, 3].map(t);
+        let a = Window::derive(shuffled, t(70), &cfg);
+        shuffled.reverse();
+        assert_eq!(Window::derive(shuffled, t(70), &cfg), a);
+        assert_eq!(a, live(&[0, 3, 9, 31, 41, 66], 70, &cfg));
+    }
+
+    #[test]
+    fn derivation_without_nodes_is_closed_and_empty() {
+        let w = Window::derive([], t(0), &cluster(10, None));
+        assert_eq!(w, Window::default());
+        assert_eq!(serde_json::to_string(&w).unwrap(), "{}");
+    }
+
+    #[test]
+    fn node_mode_tracks_the_latest_hold_end_without_a_cap() {
+        let cfg = cfg(10, Some(15), Mode::Node);
+        let mut w = Window::default();
+        for m in 0..40 {
+            w.observe(t(m), t(m), &cfg);
+        }
+        assert_eq!(w.open().unwrap().opened_at, t(0));
+        assert_eq!(deadline(&w), Some(t(49)), "no cap in node mode");
+        assert_eq!(w.node_hold_end(t(30), t(35), &cfg), Some(t(40)));
+        w.release_now(t(41));
+        assert_eq!(w.node_hold_end(t(39), t(41), &cfg), None);
+        assert_eq!(w.node_hold_end(t(42), t(42), &cfg), Some(t(52)));
+    }
+
+    #[test]
+    fn a_max_hold_shorter_than_the_hold_bounds_each_node() {
+        let cfg = cfg(10, Some(4), Mode::Node);
+        assert_eq!(cfg.node_hold(), Duration::from_secs(4 * 60));
+        let w = Window::default();
+        assert_eq!(w.node_hold_end(t(0), t(0), &cfg), Some(t(4)));
+        assert_eq!(w.node_hold_end(t(9), t(0), &cfg), Some(t(4)), "clamped");
+    }
+
+    #[test]
+    fn the_record_is_small_camel_case_json() {
+        let cfg = cluster(10, Some(30));
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        w.tick(t(10));
+        w.observe(t(12), t(12), &cfg);
+        assert_eq!(
+            serde_json::to_value(&w).unwrap(),
+            serde_json::json!({
+                "open": {
+                    "openedAt": "2027-01-15T08:12:00Z",
+                    "deadline": "2027-01-15T08:22:00Z",
+                    "countedThrough": "2027-01-15T08:12:00Z",
+                },
+                "closedThrough": "2027-01-15T08:00:00Z",
+            })
+        );
+    }
+
+    #[test]
+    fn mode_parses_from_the_command_line() {
+        assert_eq!(Mode::from_str("node", false), Ok(Mode::Node));
+        assert_eq!(Mode::from_str("cluster", false), Ok(Mode::Cluster));
+    }
+}

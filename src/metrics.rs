@@ -1,0 +1,175 @@
+//! Prometheus metrics of the whole process, in one registry. The webhook's are
+//! named as controller-runtime names its webhook metrics, so the dashboards
+//! operators already have fit.
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: String,
+}
+
+/// Every metric node-holder exposes and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<CodeLabel, Counter>,
+    latency: Histogram,
+    in_flight: Gauge<i64, AtomicI64>,
+    mutations: Counter,
+    pub window: WindowMetrics,
+}
+
+/// The hold window's metrics, set by the leader's task.
+#[derive(Clone)]
+pub struct WindowMetrics {
+    /// Unix seconds of the window's deadline; 0 while closed.
+    pub deadline: Gauge<f64, AtomicU64>,
+    /// Nodes carrying node-holder's hold, as the last pass saw them.
+    pub held_nodes: Gauge<i64, AtomicI64>,
+    pub holds_applied: Counter,
+    pub holds_released: Counter,
+    patch_errors: Family<CodeLabel, Counter>,
+    /// 1 while this replica leads the hold window.
+    pub leader: Gauge<i64, AtomicI64>,
+    pub reconcile: Histogram,
+}
+
+impl WindowMetrics {
+    /// Counts a failed node PATCH by HTTP status (`0` for no response).
+    pub fn patch_error(&self, code: u16) {
+        self.patch_errors
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("node_holder");
+        let requests = Family::<CodeLabel, Counter>::default();
+        // 50 us .. ~1.6 s
+        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let in_flight = Gauge::<i64, AtomicI64>::default();
+        let mutations = Counter::default();
+        registry.register(
+            "webhook_requests",
+            "Webhook requests by HTTP status code",
+            requests.clone(),
+        );
+        registry.register(
+            "webhook_latency_seconds",
+            "Webhook request latency",
+            latency.clone(),
+        );
+        registry.register(
+            "webhook_requests_in_flight",
+            "Webhook requests being served",
+            in_flight.clone(),
+        );
+        registry.register(
+            "webhook_mutations",
+            "Node CREATEs the webhook put holds on",
+            mutations.clone(),
+        );
+
+        let window = WindowMetrics {
+            deadline: Gauge::default(),
+            held_nodes: Gauge::default(),
+            holds_applied: Counter::default(),
+            holds_released: Counter::default(),
+            patch_errors: Family::default(),
+            leader: Gauge::default(),
+            // 1 ms .. ~65 s
+            reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+        };
+        registry.register(
+            "window_deadline_seconds",
+            "Unix time the hold window closes; 0 while closed",
+            window.deadline.clone(),
+        );
+        registry.register(
+            "held_nodes",
+            "Nodes carrying node-holder's hold",
+            window.held_nodes.clone(),
+        );
+        registry.register(
+            "holds_applied",
+            "Holds node-holder's window task put on nodes",
+            window.holds_applied.clone(),
+        );
+        registry.register(
+            "holds_released",
+            "Holds node-holder's window task removed from nodes",
+            window.holds_released.clone(),
+        );
+        registry.register(
+            "patch_errors",
+            "Failed node PATCH requests by HTTP status code",
+            window.patch_errors.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica leads the hold window",
+            window.leader.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one pass of the hold window task",
+            window.reconcile.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            mutations,
+            window,
+        }
+    }
+}
+
+/// Counts a request as in flight until dropped.
+pub struct InFlight(Gauge<i64, AtomicI64>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Metrics {
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+
+    pub fn observe(&self, code: u16, latency: Duration) {
+        self.requests
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+        self.latency.observe(latency.as_secs_f64());
+    }
+
+    pub fn mutation(&self) {
+        self.mutations.inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}

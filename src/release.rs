@@ -1,0 +1,226 @@
+//! `node-holder release`: closes the hold window now and strips node-holder's
+//! holds. It asks through the record; a live leader does the work (the
+//! command waits and reports); with no live leader the command takes the Lease
+//! itself, so that no replica starting meanwhile races it, and does the same.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube_lease_manager::LeaseManagerBuilder;
+
+use crate::cli::ReleaseArgs;
+use crate::controller::default_identity;
+use crate::controller::patcher::{PatchResult, Patcher};
+use crate::controller::record::{self, RecordStore, Settings};
+use crate::core::plan::{NodeView, plan};
+use crate::core::window::{Mode, WindowConfig};
+use crate::status;
+
+/// The `release` subcommand.
+pub async fn run(args: &ReleaseArgs) -> Result<()> {
+    let client = crate::cluster::client().await?;
+    let namespace = &args.record.namespace;
+    let store = RecordStore::new(client.clone(), namespace);
+    let now = Timestamp::now();
+    let before = status::read(&client, namespace, now).await?;
+    let requested = store.request_release(now).await?;
+    println!(
+        "release requested at {requested}: window {}, {} node(s) carry node-holder's hold",
+        if before.open { "open" } else { "closed" },
+        before.held_nodes.len()
+    );
+    let mut leader_alive = before.leader.is_some_and(|leader| !leader.expired);
+    // The leader may die while we wait, or one may start while we take over:
+    // each hands the job to the other, a few times at most.
+    for _ in 0..3 {
+        let finished = if leader_alive {
+            wait_for_leader(&client, namespace, requested, args.timeout).await?
+        } else {
+            println!("no live leader: releasing here");
+            release_here(&client, args, requested).await?
+        };
+        if finished {
+            return Ok(());
+        }
+        leader_alive = !leader_alive;
+    }
+    bail!("leadership kept changing during the release; run release again")
+}
+
+/// Whether the release requested at `requested` is done: the record covers it
+/// and no node carries node-holder's hold, unless a window opened since.
+fn done(status: &status::Status, requested: Timestamp) -> bool {
+    status.closed_through.is_some_and(|t| t >= requested)
+        && (status.held_nodes.is_empty()
+            || status.opened_at.is_some_and(|opened| opened > requested))
+}
+
+/// Waits for the leader to handle the request; `false` when no live leader is
+/// left to do it.
+async fn wait_for_leader(
+    client: &kube::Client,
+    namespace: &str,
+    requested: Timestamp,
+    timeout: Duration,
+) -> Result<bool> {
+    let started = Instant::now();
+    let mut announced = None;
+    loop {
+        let status = status::read(client, namespace, Timestamp::now()).await?;
+        match &status.leader {
+            Some(leader) if !leader.expired && announced.as_ref() != Some(&leader.identity) => {
+                println!("waiting for the leader {} to release…", leader.identity);
+                announced = Some(leader.identity.clone());
+            }
+            Some(leader) if !leader.expired => {}
+            _ if !done(&status, requested) => return Ok(false),
+            _ => {}
+        }
+        if done(&status, requested) {
+            println!(
+                "released by {} in {:.1?}; {} node(s) still held{}",
+                status.leader.map_or("the leader".into(), |l| l.identity),
+                started.elapsed(),
+                status.held_nodes.len(),
+                if status.open {
+                    " by a window opened since"
+                } else {
+                    ""
+                }
+            );
+            return Ok(true);
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "the leader has not finished the release after {}: {} node(s) still held; see its log",
+                humantime::format_duration(timeout),
+                status.held_nodes.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Takes the lease and releases; `false` when a leader took the lease first.
+async fn release_here(
+    client: &kube::Client,
+    args: &ReleaseArgs,
+    requested: Timestamp,
+) -> Result<bool> {
+    let namespace = &args.record.namespace;
+    let manager = LeaseManagerBuilder::new(client.clone(), record::NAME)
+        .with_namespace(namespace)
+        .with_identity(format!("release-{}", default_identity()))
+        .with_duration(15)
+        .with_grace(5)
+        .with_field_manager(record::FIELD_MANAGER)
+        .build()
+        .await
+        .context("setting up the lease")?;
+    match tokio::time::timeout(Duration::from_secs(20), manager.changed()).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) | Err(_) => {
+            // Someone else took the lease meanwhile: it handles the request.
+            return Ok(false);
+        }
+        Ok(Err(err)) => return Err(err).context("taking the lease"),
+    }
+    let result = release_with_lease(client, args, requested).await;
+    if let Err(err) = manager.release().await {
+        eprintln!("warning: releasing the lease failed: {err}");
+    }
+    result.map(|()| true)
+}
+
+async fn release_with_lease(
+    client: &kube::Client,
+    args: &ReleaseArgs,
+    requested: Timestamp,
+) -> Result<()> {
+    let store = RecordStore::new(client.clone(), &args.record.namespace);
+    let record = store.load().await?;
+    let settings = match record.settings {
+        Some(settings) => settings,
+        None => Settings {
+            scope: Mode::Cluster,
+            hold_duration: Duration::from_secs(1),
+            max_hold: None,
+            holds: crate::serve::policy(&args.policy)?
+                .holds
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            node_selector: args.policy.node_selector.clone(),
+        },
+    };
+    let policy = settings.policy()?;
+    let cfg: WindowConfig = settings.window_config();
+    let mut window = record.window;
+    window.release_now(requested);
+    store.save(&window, &settings).await?;
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patcher = Patcher::new(
+        client.clone(),
+        args.patching.api_qps,
+        args.patching.api_max_in_flight,
+    );
+    let (mut released, mut left) = (Vec::new(), Vec::new());
+    for attempt in 1..=5 {
+        let listed = nodes
+            .list_metadata(&ListParams::default())
+            .await
+            .context("listing nodes")?;
+        let views: Vec<NodeView> = listed
+            .items
+            .iter()
+            .filter_map(|n| NodeView::from_meta(&n.metadata))
+            .collect();
+        let plan = plan(
+            &window,
+            &cfg,
+            &policy.scope,
+            &policy.holds,
+            &views,
+            Timestamp::now(),
+        );
+        if plan.release.is_empty() {
+            break;
+        }
+        let mut retry = 0;
+        for (patch, result) in patcher.apply(plan.release).await {
+            match result {
+                PatchResult::Applied => {
+                    left.extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
+                    released.push(patch.name);
+                }
+                PatchResult::Gone => {}
+                PatchResult::Changed(_) => retry += 1,
+                PatchResult::Failed(code) => {
+                    retry += 1;
+                    eprintln!("node {}: PATCH failed with HTTP {code}", patch.name);
+                }
+            }
+        }
+        if retry == 0 {
+            break;
+        }
+        if attempt == 5 {
+            bail!(
+                "{retry} node(s) could not be released after {attempt} attempts; run release again"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("released {} node(s)", released.len());
+    for name in &released {
+        println!("  {name}");
+    }
+    for key in &left {
+        println!("  left in place (changed by someone else): {key}");
+    }
+    Ok(())
+}

@@ -1,0 +1,377 @@
+//! `node-holder status`: the hold window, its leader and the held nodes, read
+//! from the cluster (the record, the Lease, the nodes' marker) and printed as
+//! a readable summary or as JSON.
+
+use anyhow::{Context, Result};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use crate::cli::{Output, StatusArgs};
+use crate::controller::record::{self, RecordStore, Settings};
+use crate::core::holds::{HELD_KEYS_ANNOTATION, MARKER_LABEL, MARKER_VALUE};
+
+/// Everything `status` shows.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub open: bool,
+    pub opened_at: Option<Timestamp>,
+    pub deadline: Option<Timestamp>,
+    /// Where the cap closes the window (`cluster` scope with a max hold).
+    pub cap: Option<Timestamp>,
+    /// Nodes created at or before this belong to a closed window.
+    pub closed_through: Option<Timestamp>,
+    pub release_requested_at: Option<Timestamp>,
+    pub settings: Option<Settings>,
+    pub leader: Option<Leader>,
+    pub held_nodes: Vec<HeldNode>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Leader {
+    pub identity: String,
+    pub renewed_at: Option<Timestamp>,
+    /// Whether the lease ran out without renewal (no live leader).
+    pub expired: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldNode {
+    pub name: String,
+    /// The hold keys node-holder added.
+    pub holds: Vec<String>,
+    pub created: Option<Timestamp>,
+}
+
+/// Reads the status from the cluster.
+pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Result<Status> {
+    let record = RecordStore::new(client.clone(), namespace).load().await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let lease = leases
+        .get_opt(record::NAME)
+        .await
+        .with_context(|| format!("reading Lease {}", record::NAME))?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let marked = nodes
+        .list_metadata(&ListParams::default().labels(&format!("{MARKER_LABEL}={MARKER_VALUE}")))
+        .await
+        .context("listing held nodes")?;
+
+    let open = record.window.open().copied();
+    let cap = match (&open, &record.settings) {
+        (Some(open), Some(settings)) if settings.scope == crate::core::window::Mode::Cluster => {
+            settings
+                .max_hold
+                .map(|max| open.opened_at.checked_add(max).unwrap_or(Timestamp::MAX))
+        }
+        _ => None,
+    };
+    let mut held_nodes: Vec<HeldNode> = marked
+        .items
+        .into_iter()
+        .map(|node| HeldNode {
+            holds: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
+                .map(|keys| {
+                    keys.split(',')
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            created: node.metadata.creation_timestamp.map(|t| t.0),
+            name: node.metadata.name.unwrap_or_default(),
+        })
+        .collect();
+    held_nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Status {
+        open: open.is_some_and(|open| now < open.deadline),
+        opened_at: open.map(|o| o.opened_at),
+        deadline: open.map(|o| o.deadline),
+        cap,
+        closed_through: record.window.closed_through(),
+        release_requested_at: record.release_requested_at,
+        settings: record.settings,
+        leader: lease.and_then(|lease| leader(&lease, now)),
+        held_nodes,
+    })
+}
+
+/// The Lease's holder, if any.
+pub fn leader(lease: &Lease, now: Timestamp) -> Option<Leader> {
+    let spec = lease.spec.as_ref()?;
+    let identity = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    let renewed_at = spec.renew_time.as_ref().map(|t| t.0);
+    let duration = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
+    let expired = renewed_at.is_none_or(|renewed| renewed + duration < now);
+    Some(Leader {
+        identity,
+        renewed_at,
+        expired,
+    })
+}
+
+/// `14m 32s` for a duration, rounded to seconds.
+fn human(d: SignedDuration) -> String {
+    let secs = d.as_secs().unsigned_abs();
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+/// "in 4m 2s" or "3s ago".
+fn relative(at: Timestamp, now: Timestamp) -> String {
+    let d = at.duration_since(now);
+    if d.is_negative() {
+        format!("{} ago", human(d))
+    } else {
+        format!("in {}", human(d))
+    }
+}
+
+/// The readable form.
+pub fn render_text(status: &Status, now: Timestamp) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, value: String| {
+        out.push_str(&format!("{label:<13}{value}\n"));
+    };
+    let scope = status.settings.as_ref().map_or_else(
+        || "no leader has run yet".to_string(),
+        |s| {
+            let nodes = if s.node_selector.is_empty() {
+                "all nodes".to_string()
+            } else {
+                s.node_selector.clone()
+            };
+            let cap = s.max_hold.map_or("no cap".to_string(), |m| {
+                format!("max {}", humantime::format_duration(m))
+            });
+            format!(
+                "{:?} scope, {nodes}, hold {}, {cap}",
+                s.scope,
+                humantime::format_duration(s.hold_duration)
+            )
+            .to_lowercase()
+        },
+    );
+    match (status.open, status.opened_at, status.deadline) {
+        (true, Some(opened), Some(deadline)) => {
+            line("Window:", format!("open ({scope})"));
+            line("Opened:", format!("{opened} ({})", relative(opened, now)));
+            line(
+                "Deadline:",
+                format!("{deadline} ({})", relative(deadline, now)),
+            );
+            if let Some(cap) = status.cap {
+                line("Cap:", format!("{cap} ({})", relative(cap, now)));
+            }
+        }
+        _ => {
+            line("Window:", format!("closed ({scope})"));
+            if let Some(deadline) = status.deadline {
+                line(
+                    "Deadline:",
+                    format!(
+                        "{deadline} ({}; the leader closes it at its next pass)",
+                        relative(deadline, now)
+                    ),
+                );
+            }
+            if let Some(through) = status.closed_through {
+                line(
+                    "Last closed:",
+                    format!("covers nodes created up to {through}"),
+                );
+            }
+        }
+    }
+    if let Some(at) = status.release_requested_at {
+        line(
+            "Release:",
+            format!("requested {at} ({})", relative(at, now)),
+        );
+    }
+    match &status.leader {
+        Some(leader) if !leader.expired => line(
+            "Leader:",
+            format!(
+                "{}{}",
+                leader.identity,
+                leader
+                    .renewed_at
+                    .map(|r| format!(" (renewed {})", relative(r, now)))
+                    .unwrap_or_default()
+            ),
+        ),
+        Some(leader) => line(
+            "Leader:",
+            format!("none (lease of {} expired)", leader.identity),
+        ),
+        None => line("Leader:", "none".to_string()),
+    }
+    line("Held nodes:", status.held_nodes.len().to_string());
+    if !status.held_nodes.is_empty() {
+        let width = status
+            .held_nodes
+            .iter()
+            .map(|n| n.name.len())
+            .max()
+            .unwrap_or(0)
+            .max("NODE".len());
+        out.push('\n');
+        out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
+        for node in &status.held_nodes {
+            let age = node.created.map_or("-".to_string(), |c| {
+                human(now.duration_since(c)).replace(' ', "")
+            });
+            out.push_str(&format!(
+                "{:<width$}  {:<9}  {}\n",
+                node.name,
+                age,
+                node.holds.join(",")
+            ));
+        }
+    }
+    out
+}
+
+/// The `status` subcommand.
+pub async fn run(args: &StatusArgs) -> Result<()> {
+    let client = crate::cluster::client().await?;
+    let now = Timestamp::now();
+    let status = read(&client, &args.record.namespace, now).await?;
+    match args.output {
+        Output::Text => print!("{}", render_text(&status, now)),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&status).context("serialising the status")?
+        ),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::window::Mode;
+    use std::time::Duration;
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            scope: Mode::Cluster,
+            hold_duration: Duration::from_secs(1200),
+            max_hold: Some(Duration::from_secs(7200)),
+            holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
+            node_selector: String::new(),
+        }
+    }
+
+    #[test]
+    fn an_open_window_reads_as_a_summary_and_a_table() {
+        let now = at("2026-11-22T12:10:00Z");
+        let status = Status {
+            open: true,
+            opened_at: Some(at("2026-11-22T12:00:00Z")),
+            deadline: Some(at("2026-11-22T12:24:30Z")),
+            cap: Some(at("2026-11-22T14:00:00Z")),
+            closed_through: None,
+            release_requested_at: None,
+            settings: Some(settings()),
+            leader: Some(Leader {
+                identity: "node-holder-abc".into(),
+                renewed_at: Some(at("2026-11-22T12:09:57Z")),
+                expired: false,
+            }),
+            held_nodes: vec![
+                HeldNode {
+                    name: "ip-10-0-1-7".into(),
+                    holds: vec!["karpenter.sh/do-not-disrupt".into()],
+                    created: Some(at("2026-11-22T12:04:30Z")),
+                },
+                HeldNode {
+                    name: "n2".into(),
+                    holds: vec![],
+                    created: None,
+                },
+            ],
+        };
+        assert_eq!(
+            render_text(&status, now),
+            "Window:      open (cluster scope, all nodes, hold 20m, max 2h)\n\
+             Opened:      2026-11-22T12:00:00Z (10m ago)\n\
+             Deadline:    2026-11-22T12:24:30Z (in 14m 30s)\n\
+             Cap:         2026-11-22T14:00:00Z (in 1h 50m)\n\
+             Leader:      node-holder-abc (renewed 3s ago)\n\
+             Held nodes:  2\n\
+             \n\
+             NODE         AGE        HOLDS\n\
+             ip-10-0-1-7  5m30s      karpenter.sh/do-not-disrupt\n\
+             n2           -          \n"
+        );
+    }
+
+    #[test]
+    fn a_closed_window_without_a_leader_says_so() {
+        let now = at("2026-11-22T12:10:00Z");
+        let status = Status {
+            open: false,
+            opened_at: None,
+            deadline: None,
+            cap: None,
+            closed_through: Some(at("2026-11-22T11:00:00Z")),
+            release_requested_at: Some(at("2026-11-22T11:00:00Z")),
+            settings: None,
+            leader: Some(Leader {
+                identity: "gone".into(),
+                renewed_at: Some(at("2026-11-22T11:00:00Z")),
+                expired: true,
+            }),
+            held_nodes: vec![],
+        };
+        let text = render_text(&status, now);
+        assert!(
+            text.starts_with("Window:      closed (no leader has run yet)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Last closed: covers nodes created up to 2026-11-22T11:00:00Z\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Release:     requested 2026-11-22T11:00:00Z (1h 10m ago)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Leader:      none (lease of gone expired)\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("Held nodes:  0\n"), "{text}");
+    }
+
+    #[test]
+    fn a_lease_without_holder_or_past_its_duration_has_no_live_leader() {
+        let now = at("2026-11-22T12:00:00Z");
+        let mut lease = Lease::default();
+        assert!(leader(&lease, now).is_none());
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("a".into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                at("2026-11-22T11:59:50Z"),
+            )),
+            ..Default::default()
+        });
+        assert!(!leader(&lease, now).unwrap().expired);
+        assert!(leader(&lease, at("2026-11-22T12:00:06Z")).unwrap().expired);
+    }
+}

@@ -1,0 +1,466 @@
+//! The webhook port as any HTTPS client meets it: bad input gets a clear
+//! answer, plain HTTP and wrong certificates are refused, h2 works, metrics
+//! count what happened, and SIGTERM drains before the process exits.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Http1, Served, http_get, https, https_h2, make_certs, request, review, serve};
+use serde_json::{Value, json};
+use testenv::ControlPlane;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn node_json(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+}
+
+fn node_create(name: &str) -> Vec<u8> {
+    serde_json::to_vec(&review("Node", "CREATE", node_json(name))).unwrap()
+}
+
+async fn post_json(served: &Served, body: Vec<u8>) -> common::Reply {
+    https(served, "POST", "/mutate", Some("application/json"), body).await
+}
+
+#[tokio::test]
+async fn a_node_create_gets_a_base64_json_patch_in_an_admission_review() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let reply = post_json(&served, node_create("direct")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    let response = &body["response"];
+    assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    use base64::Engine;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(
+            response["patch"]
+                .as_str()
+                .expect("patch is a base64 string"),
+        )
+        .unwrap();
+    let patch: Value = serde_json::from_slice(&patch).unwrap();
+    assert_eq!(patch[0]["path"], "/metadata/annotations");
+    assert_eq!(
+        patch[0]["value"]["karpenter.sh/do-not-disrupt"], "true",
+        "{patch}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let mut wrong_version = review("Node", "CREATE", node_json("n"));
+    wrong_version["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let mut wrong_kind = review("Node", "CREATE", node_json("n"));
+    wrong_kind["kind"] = json!("ConversionReview");
+    let no_request = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+    // (method, path, content type, body, status, message)
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        Vec<u8>,
+        u16,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            b"{not json".to_vec(),
+            400,
+            "the body is not an AdmissionReview",
+        ),
+        (
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            b"[1,2,3]".to_vec(),
+            400,
+            "the body is not an AdmissionReview",
+        ),
+        (
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            serde_json::to_vec(&wrong_version).unwrap(),
+            400,
+            "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got apiVersion \"admission.k8s.io/v1beta1\"",
+        ),
+        (
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            serde_json::to_vec(&wrong_kind).unwrap(),
+            400,
+            "kind \"ConversionReview\"",
+        ),
+        (
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            serde_json::to_vec(&no_request).unwrap(),
+            400,
+            "the AdmissionReview has no request",
+        ),
+        (
+            "POST",
+            "/mutate",
+            Some("text/plain"),
+            node_create("n"),
+            415,
+            "expected Content-Type application/json, got \"text/plain\"",
+        ),
+        (
+            "POST",
+            "/mutate",
+            None,
+            node_create("n"),
+            415,
+            "expected Content-Type application/json",
+        ),
+        ("GET", "/mutate", None, Vec::new(), 405, ""),
+        (
+            "POST",
+            "/validate",
+            Some("application/json"),
+            node_create("n"),
+            404,
+            "",
+        ),
+    ];
+    for (method, path, content_type, body, status, message) in cases {
+        let reply = https(&served, method, path, content_type, body).await;
+        assert_eq!(
+            reply.status,
+            status,
+            "{method} {path} {content_type:?}: {}",
+            reply.text()
+        );
+        assert!(
+            reply.text().contains(message),
+            "{method} {path}: {:?} lacks {message:?}",
+            reply.text()
+        );
+    }
+    // Still serving, and the failures were logged with their reason.
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+    let refusals = served
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["message"] == "webhook request refused")
+        .count();
+    assert_eq!(refusals, 7, "{}", served.log());
+}
+
+#[tokio::test]
+async fn a_body_over_seven_mebibytes_is_refused_with_413() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let mut object = node_json("huge");
+    object["metadata"]["annotations"] = json!({"blob": "x".repeat(7 * 1024 * 1024)});
+    let body = serde_json::to_vec(&review("Node", "CREATE", object)).unwrap();
+    let reply = post_json(&served, body).await;
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+}
+
+#[tokio::test]
+async fn other_kinds_and_operations_are_allowed_untouched() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let pod =
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d"}});
+    for body in [
+        review("Pod", "CREATE", pod),
+        review("Node", "UPDATE", node_json("n")),
+        review("Node", "DELETE", node_json("n")),
+    ] {
+        let reply = post_json(&served, serde_json::to_vec(&body).unwrap()).await;
+        assert_eq!(reply.status, 200);
+        let response = &reply.json()["response"];
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response.get("patch").is_none(), "{response}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_create_without_its_object_is_answered_as_an_invalid_request() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let mut body = review("Node", "CREATE", node_json("n"));
+    body["request"]["object"] = Value::Null;
+    let reply = post_json(&served, serde_json::to_vec(&body).unwrap()).await;
+    assert_eq!(reply.status, 200, "the API server expects a review back");
+    let response = &reply.json()["response"];
+    assert_eq!(response["uid"], body["request"]["uid"]);
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["reason"], "InvalidRequest");
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("without its object"),
+        "{response}"
+    );
+}
+
+#[tokio::test]
+async fn h2_is_negotiated_and_served() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let reply = https_h2(&served, node_create("over-h2")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["response"]["patchType"], "JSONPatch");
+}
+
+#[tokio::test]
+async fn plain_http_on_the_tls_port_gets_a_readable_refusal() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
+        .await
+        .unwrap();
+    tcp.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.0 400 Bad Request"), "{answer}");
+    assert!(
+        answer.ends_with("Client sent an HTTP request to an HTTPS server.\n"),
+        "{answer}"
+    );
+    // Garbage that is neither TLS nor HTTP: the connection just closes.
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
+        .await
+        .unwrap();
+    tcp.write_all(&[0x01, 0x02, 0x03, 0x04, 0x05, 0x06])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), tcp.read_to_end(&mut rest))
+        .await
+        .expect("the server closes the connection");
+    assert!(
+        read.is_err() || !rest.starts_with(b"HTTP"),
+        "no HTTP answer to garbage: {rest:?}"
+    );
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_trust_the_ca_cannot_complete_the_handshake() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let other = tempfile::tempdir().unwrap();
+    make_certs(other.path());
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
+        .await
+        .unwrap();
+    let err = common::tls_connector(&std::fs::read(other.path().join("ca.crt")).unwrap(), &[])
+        .connect(
+            rustls_pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .expect_err("a certificate from another CA is not trusted");
+    // Both CAs share a name, so rustls finds the issuer and the signature fails.
+    assert!(
+        err.to_string().contains("invalid peer certificate"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_body_times_out_with_408_within_the_request_timeout() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--request-timeout=1s"]).await;
+    let mut tls = common::tls_connect(&served, &["http/1.1"]).await;
+    tls.write_all(
+        b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"apiVersion\"",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut answer))
+        .await
+        .expect("answered before the API server's timeout")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    assert_eq!(post_json(&served, node_create("m1")).await.status, 200);
+    assert_eq!(post_json(&served, node_create("m2")).await.status, 200);
+    assert_eq!(post_json(&served, b"nope".to_vec()).await.status, 400);
+
+    let (status, metrics) = http_get(served.admin_port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    for line in [
+        "node_holder_webhook_requests_total{code=\"200\"} 2",
+        "node_holder_webhook_requests_total{code=\"400\"} 1",
+        "node_holder_webhook_latency_seconds_count 3",
+        "node_holder_webhook_requests_in_flight 0",
+        "node_holder_webhook_mutations_total 2",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing from\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("node_holder_webhook_latency_seconds_bucket{le="));
+}
+
+#[tokio::test]
+async fn sigterm_turns_not_ready_keeps_serving_through_the_grace_then_drains_and_exits_0() {
+    let cp = ControlPlane::start().await.unwrap();
+    let mut served = serve(&cp, &["--shutdown-grace=2s", "--drain-timeout=5s"]).await;
+    let mut keep_alive = Http1::connect(&served).await;
+    let reply = keep_alive
+        .send(request(
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            node_create("k1"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+
+    served.terminate();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        if let Ok((503, _)) = http_get(served.admin_port, "/readyz").await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still ready after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // During the grace the open connection and new ones are still served.
+    let reply = keep_alive
+        .send(request(
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            node_create("k2"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(post_json(&served, node_create("k3")).await.status, 200);
+
+    // After the grace the server closes the idle keep-alive connection and exits 0.
+    let closed = tokio::time::timeout(Duration::from_secs(5), keep_alive.connection)
+        .await
+        .expect("the keep-alive connection is closed by the server");
+    assert!(closed.unwrap().is_ok());
+    let exit = wait_exit(&mut served, Duration::from_secs(10));
+    assert_eq!(exit.code(), Some(0), "{}", served.log());
+    let log = served.log();
+    assert!(log.contains("SIGTERM received"), "{log}");
+    assert!(log.contains("all webhook connections drained"), "{log}");
+}
+
+fn wait_exit(served: &mut Served, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "node-holder did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `serve` with the given certificate and key paths; it must refuse to start.
+fn refused_start(cert: &std::path::Path, key: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
+        .args([
+            "serve",
+            "--webhook-addr=127.0.0.1:0",
+            "--admin-addr=127.0.0.1:0",
+        ])
+        .arg(format!("--tls-cert-file={}", cert.display()))
+        .arg(format!("--tls-key-file={}", key.display()))
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_usable_certificate_and_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    let other = dir.path().join("other");
+    make_certs(&good);
+    make_certs(&other);
+    let (cert, key) = (good.join("tls.crt"), good.join("tls.key"));
+    let missing = dir.path().join("missing.crt");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+
+    let stderr = refused_start(&missing, &key);
+    assert!(
+        stderr.contains(&format!(
+            "reading certificate file {}: No such file",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+    let stderr = refused_start(&cert, &dir.path().join("missing.key"));
+    assert!(stderr.contains("reading key file"), "{stderr}");
+    let stderr = refused_start(dir.path(), &key);
+    assert!(
+        stderr.contains(&format!(
+            "reading certificate file {}",
+            dir.path().display()
+        )),
+        "a directory is not readable as a file: {stderr}"
+    );
+    let stderr = refused_start(&garbage, &key);
+    assert!(
+        stderr.contains(&format!(
+            "certificate file {} holds no certificate",
+            garbage.display()
+        )),
+        "{stderr}"
+    );
+    let stderr = refused_start(&cert, &garbage);
+    assert!(
+        stderr.contains(&format!(
+            "key file {} holds no PEM private key",
+            garbage.display()
+        )),
+        "{stderr}"
+    );
+    let stderr = refused_start(&cert, &other.join("tls.key"));
+    assert!(
+        stderr.contains("does not belong to certificate file"),
+        "{stderr}"
+    );
+}
