@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::admission::AdmissionPolicy;
 use crate::core::holds::{MARKER_LABEL, MARKER_VALUE};
 use crate::core::plan::{NodePatch, NodeView, plan};
-use crate::core::window::{Observed, Window, WindowConfig};
+use crate::core::window::{Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use events::{EventSink, HoldEvent};
 use patcher::{PatchResult, Patcher};
@@ -303,6 +303,11 @@ impl WindowTask {
         let deadline = self.window.open().map(|open| open.deadline);
         for (node, observed) in in_scope.iter().zip(observed) {
             if matches!(observed, Observed::Opened | Observed::Extended) {
+                // In `node` scope each node is held until its own end.
+                let deadline = match cfg.mode {
+                    Mode::Cluster => deadline,
+                    Mode::Node => self.window.node_hold_end(node.creation, now, cfg),
+                };
                 tracing::info!(
                     node = %node.name,
                     created = %node.creation,
@@ -375,7 +380,11 @@ impl WindowTask {
         let total = patches.len();
         tracing::info!(nodes = total, action, "patching nodes");
         let started = Instant::now();
-        let deadline = self.window.open().map(|open| open.deadline);
+        // In `node` scope each node's hold ends at its own time.
+        let deadline = match self.config.window.mode {
+            Mode::Cluster => self.window.open().map(|open| open.deadline),
+            Mode::Node => None,
+        };
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
         for (patch, result) in self.patcher.apply(patches).await {
             match result {

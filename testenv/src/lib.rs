@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -30,7 +31,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
-use process::ManagedChild;
+pub use process::ManagedChild;
 
 /// The namespace node-holder's restricted identity belongs to.
 pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";
@@ -40,6 +41,8 @@ pub const NODE_HOLDER_USER: &str = "system:serviceaccount:node-holder:node-holde
 pub const ADMIN_USER: &str = "testenv-admin";
 
 const AUDIT_POLICY: &str = include_str!("../../docs/audit-policy.yaml");
+const NODE_HOLDER_RBAC: &str = include_str!("../../webhook-config/rbac.yaml");
+const LOCAL_WEBHOOK: &str = include_str!("../../webhook-config/webhook-local.yaml");
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running etcd + kube-apiserver pair. Dropping it stops both and removes
@@ -264,6 +267,19 @@ impl ControlPlane {
         }
     }
 
+    /// node-holder's namespace and exactly the RBAC of
+    /// `webhook-config/rbac.yaml`, which binds node-holder's restricted
+    /// identity ([`NODE_HOLDER_USER`]). Safe to call again.
+    pub async fn install_node_holder_rbac(&self) -> Result<()> {
+        let client = self.admin_client().await?;
+        apply_manifests(
+            &client,
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NODE_HOLDER_NAMESPACE}\n"),
+        )
+        .await?;
+        apply_manifests(&client, NODE_HOLDER_RBAC).await
+    }
+
     /// Waits for the completed create of Node `name` in the audit log.
     pub async fn wait_for_node_create_event(&self, name: &str) -> Result<Value> {
         let mut events = self
@@ -355,6 +371,65 @@ fn write_kubeconfig(path: &Path, url: &str, ca: &Path, user: &str, token: &str) 
     });
     fs::write(path, serde_json::to_vec_pretty(&config)?)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `webhook-config/webhook-local.yaml`, the url-based registration of local
+/// development, pointed at `https://127.0.0.1:{port}/mutate` and trusting
+/// `ca_pem`.
+pub fn local_webhook_configuration(
+    port: u16,
+    ca_pem: &[u8],
+) -> Result<MutatingWebhookConfiguration> {
+    let mut documents = parse_manifests(LOCAL_WEBHOOK)?;
+    let mut config: MutatingWebhookConfiguration =
+        serde_json::from_value(documents.remove(0)).context("webhook-local.yaml")?;
+    for webhook in config.webhooks.iter_mut().flatten() {
+        webhook.client_config.url = Some(format!("https://127.0.0.1:{port}/mutate"));
+        webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.to_vec()));
+    }
+    Ok(config)
+}
+
+/// The objects of a multi-document YAML manifest.
+pub fn parse_manifests(yaml: &str) -> Result<Vec<Value>> {
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(yaml).context("parsing a YAML manifest")?;
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// Creates every object of a multi-document YAML manifest; objects that exist
+/// already are left as they are.
+pub async fn apply_manifests(client: &kube::Client, yaml: &str) -> Result<()> {
+    use kube::api::{Api, DynamicObject, GroupVersionKind, PostParams};
+    use kube::discovery::Scope;
+    for document in parse_manifests(yaml)? {
+        let object: DynamicObject =
+            serde_json::from_value(document).context("a manifest object")?;
+        let types = object
+            .types
+            .clone()
+            .context("a manifest object without apiVersion and kind")?;
+        let gvk = GroupVersionKind::try_from(&types)?;
+        let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .with_context(|| format!("discovering {}", types.kind))?;
+        let api: Api<DynamicObject> = match (&capabilities.scope, &object.metadata.namespace) {
+            (Scope::Namespaced, Some(namespace)) => {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => {
+                return Err(err).with_context(|| {
+                    format!("creating {} {:?}", types.kind, object.metadata.name)
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A client for the kubeconfig at `path`.

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 /// A started program whose output goes to a log file. Dropping it kills it.
-pub(crate) struct ManagedChild {
+pub struct ManagedChild {
     name: &'static str,
     child: Child,
     log: PathBuf,
@@ -21,14 +21,18 @@ impl ManagedChild {
         args: &[String],
         log: &Path,
     ) -> Result<Self> {
+        let mut command = Command::new(program);
+        command.args(args);
+        Self::spawn_command(name, command, log)
+    }
+
+    /// Starts `command` (its program, arguments and environment as given),
+    /// writing its output to `log`.
+    pub fn spawn_command(name: &'static str, mut command: Command, log: &Path) -> Result<Self> {
+        let program = command.get_program().to_owned();
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
+        command.stdin(Stdio::null()).stdout(out).stderr(err);
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no
         // memory of the parent; it is the only call made between fork and exec.
         // The kernel then kills the child when the thread that spawned it ends,
@@ -43,7 +47,7 @@ impl ManagedChild {
         }
         let child = command
             .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
+            .with_context(|| format!("starting {}", program.to_string_lossy()))?;
         Ok(ManagedChild {
             name,
             child,
@@ -52,7 +56,7 @@ impl ManagedChild {
     }
 
     /// Fails with the end of the program's log if it has exited.
-    pub(crate) fn check_running(&mut self) -> Result<()> {
+    pub fn check_running(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "{} exited early ({status}):\n{}",
@@ -63,12 +67,12 @@ impl ManagedChild {
         Ok(())
     }
 
-    pub(crate) fn id(&self) -> u32 {
+    pub fn id(&self) -> u32 {
         self.child.id()
     }
 
     /// The last lines of the program's log.
-    pub(crate) fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         let text = fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")

@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tempfile::TempDir;
@@ -159,35 +156,9 @@ pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
-/// The url-based webhook configuration for Node CREATEs, as local development uses.
+/// `webhook-config/webhook-local.yaml` for the webhook on `port`.
 pub fn webhook_configuration(port: u16, ca_pem: Vec<u8>) -> MutatingWebhookConfiguration {
-    MutatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some("node-holder".into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![MutatingWebhook {
-            name: WEBHOOK_NAME.into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}/mutate")),
-                ca_bundle: Some(ByteString(ca_pem)),
-                service: None,
-            },
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["".into()]),
-                api_versions: Some(vec!["v1".into()]),
-                operations: Some(vec!["CREATE".into()]),
-                resources: Some(vec!["nodes".into()]),
-                scope: Some("Cluster".into()),
-            }]),
-            failure_policy: Some("Ignore".into()),
-            side_effects: "None".into(),
-            timeout_seconds: Some(5),
-            reinvocation_policy: Some("IfNeeded".into()),
-            ..MutatingWebhook::default()
-        }]),
-    }
+    testenv::local_webhook_configuration(port, &ca_pem).unwrap()
 }
 
 pub fn node(name: &str) -> Node {
@@ -410,41 +381,8 @@ pub fn review(kind: &str, operation: &str, object: serde_json::Value) -> serde_j
     })
 }
 
-/// Creates every object of a multi-document YAML manifest (those that exist
-/// already are left as they are).
-pub async fn apply_manifests(client: &kube::Client, yaml: &str) {
-    use kube::api::{DynamicObject, GroupVersionKind};
-    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).unwrap();
-    for document in documents.into_iter().filter(|d| !d.is_null()) {
-        let object: DynamicObject = serde_json::from_value(document).unwrap();
-        let types = object.types.clone().expect("apiVersion and kind");
-        let gvk = GroupVersionKind::try_from(&types).unwrap();
-        let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-        let api: Api<DynamicObject> = match (&capabilities.scope, &object.metadata.namespace) {
-            (kube::discovery::Scope::Namespaced, Some(namespace)) => {
-                Api::namespaced_with(client.clone(), namespace, &resource)
-            }
-            _ => Api::all_with(client.clone(), &resource),
-        };
-        match api.create(&PostParams::default(), &object).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(err) => panic!("creating {} {:?}: {err}", types.kind, object.metadata.name),
-        }
-    }
-}
-
 /// node-holder's namespace and exactly the RBAC of `webhook-config/rbac.yaml`,
 /// bound to node-holder's restricted identity.
 pub async fn install_node_holder_rbac(cp: &ControlPlane) {
-    let client = cp.admin_client().await.unwrap();
-    apply_manifests(
-        &client,
-        &format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n",
-            testenv::NODE_HOLDER_NAMESPACE
-        ),
-    )
-    .await;
-    apply_manifests(&client, include_str!("../../webhook-config/rbac.yaml")).await;
+    cp.install_node_holder_rbac().await.unwrap();
 }

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use testenv::ControlPlane;
+
+mod demo;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -19,15 +20,15 @@ struct Cli {
 enum Task {
     /// Build the control plane, check formatting and lints, run every test.
     Test,
-    /// Start a local control plane and print how to reach it (Ctrl-C stops it).
-    Demo,
+    /// The local demo: a real control plane, node-holder, nodes held and released.
+    Demo(demo::DemoArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Test => test(),
-        Task::Demo => demo().await,
+        Task::Demo(args) => demo::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -119,25 +120,5 @@ fn cargo(args: &[&str]) -> Result<()> {
     if !status.success() {
         bail!("`cargo {}` exited with {status}", args.join(" "));
     }
-    Ok(())
-}
-
-async fn demo() -> Result<()> {
-    let started = Instant::now();
-    eprintln!("demo: starting etcd and kube-apiserver on loopback…");
-    let cp = ControlPlane::start().await?;
-    eprintln!(
-        "demo: control plane ready in {:.1?} at {}\n\
-         demo: try   kubectl --kubeconfig {} get nodes\n\
-         demo: files and logs are in {}; Ctrl-C stops everything and removes them",
-        started.elapsed(),
-        cp.url(),
-        cp.admin_kubeconfig().display(),
-        cp.dir().display(),
-    );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    eprintln!("demo: stopping");
     Ok(())
 }
