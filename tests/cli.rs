@@ -78,3 +78,36 @@ fn certs_rejects_an_invalid_dns_name_with_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("invalid DNS name"), "{stderr}");
 }
+
+#[test]
+fn the_configuration_reference_matches_the_cli() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+    let generated = node_holder::cli::reference_markdown();
+    if std::env::var_os("NODE_HOLDER_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        written == generated,
+        "docs/configuration.md is out of date: run NODE_HOLDER_UPDATE_DOCS=1 cargo test --test cli"
+    );
+}
+
+#[test]
+fn every_flag_reads_an_environment_variable() {
+    use clap::CommandFactory;
+    let cli = node_holder::cli::Cli::command();
+    let mut missing = Vec::new();
+    for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if !matches!(id, "help" | "version") && arg.get_env().is_none() {
+                missing.push(format!("{} --{id}", command.get_name()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "flags without an environment variable: {missing:?}"
+    );
+}
