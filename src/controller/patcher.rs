@@ -16,6 +16,9 @@ use tokio::time::{Interval, MissedTickBehavior};
 use super::record::FIELD_MANAGER;
 use crate::core::plan::NodePatch;
 
+/// A progress line every this many nodes of a long run.
+pub const PROGRESS_EVERY: usize = 500;
+
 /// How one node PATCH ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchResult {
@@ -52,7 +55,10 @@ impl Patcher {
     }
 
     /// Applies every patch; returns each with its result, in input order.
+    /// Long runs log their progress every [`PROGRESS_EVERY`] nodes.
     pub async fn apply(&self, patches: Vec<NodePatch>) -> Vec<(NodePatch, PatchResult)> {
+        let total = patches.len();
+        let started = std::time::Instant::now();
         futures::stream::iter(patches)
             .map(|patch| async move {
                 self.pacer.lock().await.tick().await;
@@ -60,6 +66,19 @@ impl Patcher {
                 (patch, result)
             })
             .buffered(self.max_in_flight)
+            .enumerate()
+            .map(|(done, result)| {
+                let done = done + 1;
+                if done % PROGRESS_EVERY == 0 && done < total {
+                    tracing::info!(
+                        done,
+                        total,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "patching nodes: progress"
+                    );
+                }
+                result
+            })
             .collect()
             .await
     }
