@@ -14,6 +14,7 @@ use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
 
 pub fn free_port() -> u16 {
@@ -177,22 +178,30 @@ pub async fn register_webhook(cp: &ControlPlane, served: &Served) {
     register_webhook_probing(cp, served, node("webhook-probe")).await;
 }
 
-/// As [`register_webhook`], probing with `probe`, a node in scope.
-pub async fn register_webhook_probing(cp: &ControlPlane, served: &Served, probe: Node) {
+/// Creates the webhook configuration for `port` trusting `ca_pem`; returns
+/// the admin's Node API and the parameters of a dry-run create, to probe with.
+pub async fn create_webhook_configuration(
+    cp: &ControlPlane,
+    port: u16,
+    ca_pem: Vec<u8>,
+) -> (Api<Node>, PostParams) {
     let client = cp.admin_client().await.unwrap();
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     configs
-        .create(
-            &PostParams::default(),
-            &webhook_configuration(served.webhook_port, served.ca_pem()),
-        )
+        .create(&PostParams::default(), &webhook_configuration(port, ca_pem))
         .await
         .unwrap();
-    let nodes: Api<Node> = Api::all(client);
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
+    (Api::all(client), dry_run)
+}
+
+/// As [`register_webhook`], probing with `probe`, a node in scope.
+pub async fn register_webhook_probing(cp: &ControlPlane, served: &Served, probe: Node) {
+    let (nodes, dry_run) =
+        create_webhook_configuration(cp, served.webhook_port, served.ca_pem()).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let returned = nodes.create(&dry_run, &probe).await.unwrap();

@@ -1,0 +1,364 @@
+//! The hold window's fixtures: node-holder's marks on nodes, its window
+//! record, metrics and log, and its PATCHes in the API server's audit log.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::Value;
+use testenv::ControlPlane;
+
+use super::{Served, node};
+
+pub const HOLD: &str = "karpenter.sh/do-not-disrupt";
+pub const MARKER: &str = "node-holder.dev/held";
+
+/// A fresh control plane with the admin's view of its nodes and of
+/// node-holder's namespace, where the window record lives.
+pub struct Cluster {
+    pub cp: ControlPlane,
+    pub nodes: Api<Node>,
+    pub records: Api<ConfigMap>,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        let cp = ControlPlane::start().await.unwrap();
+        let admin = cp.admin_client().await.unwrap();
+        Cluster {
+            nodes: Api::all(admin.clone()),
+            records: Api::namespaced(admin, testenv::NODE_HOLDER_NAMESPACE),
+            cp,
+        }
+    }
+}
+
+/// Short windows, quick passes and a 3 s lease, plus `extra` flags.
+pub fn fast(hold: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        format!("--hold-duration={hold}"),
+        "--coalesce-idle=200ms".into(),
+        "--coalesce-max=1s".into(),
+        "--lease-duration=3s".into(),
+    ];
+    args.extend(extra.iter().map(ToString::to_string));
+    args
+}
+
+pub fn strs(list: &[String]) -> Vec<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Held by node-holder: its marker and the hold, both `true`.
+pub fn held(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(MARKER).is_some_and(|v| v == "true"))
+        && node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.get(HOLD).is_some_and(|v| v == "true"))
+}
+
+pub fn carries_anything_of_node_holders(node: &Node) -> bool {
+    let ours = |m: &Option<BTreeMap<String, String>>| {
+        m.as_ref()
+            .is_some_and(|m| m.keys().any(|k| k.starts_with("node-holder.dev/")))
+    };
+    ours(&node.metadata.labels) || ours(&node.metadata.annotations)
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes. (A failing
+/// test prints every live `Served`'s log as it drops.)
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    poll(what, limit, check, || {
+        format!(" (now {})", Timestamp::now())
+    })
+    .await;
+}
+
+/// As [`eventually`], with `served`'s log in the failure message.
+pub async fn eventually_logging<F, Fut>(what: &str, limit: Duration, served: &Served, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    poll(what, limit, check, || format!("\n{}", served.log())).await;
+}
+
+async fn poll<F, Fut>(what: &str, limit: Duration, mut check: F, detail: impl Fn() -> String)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}{}",
+            detail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn sleep_until(t: Timestamp) {
+    if let Ok(d) = Duration::try_from(t.duration_since(Timestamp::now())) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// Creates node `name` with `labels` and `annotations`.
+pub async fn create(
+    nodes: &Api<Node>,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> Node {
+    let map = |pairs: &[(&str, &str)]| {
+        (!pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    let mut n = node(name);
+    n.metadata.labels = map(labels);
+    n.metadata.annotations = map(annotations);
+    nodes.create(&PostParams::default(), &n).await.unwrap()
+}
+
+pub fn created(node: &Node) -> Timestamp {
+    node.metadata.creation_timestamp.as_ref().unwrap().0
+}
+
+/// Creates `names` (with `labels`) and waits until they are older than
+/// `hold`, so that they do not open a window themselves.
+pub async fn old_nodes(nodes: &Api<Node>, names: &[&str], labels: &[(&str, &str)], hold: Duration) {
+    let mut newest = Timestamp::UNIX_EPOCH;
+    for name in names {
+        newest = newest.max(created(&create(nodes, name, labels, &[]).await));
+    }
+    sleep_until(newest + hold + secs(1)).await;
+}
+
+pub async fn all_held(nodes: &Api<Node>, names: &[&str]) -> bool {
+    for name in names {
+        if !held(&nodes.get(name).await.unwrap()) {
+            return false;
+        }
+    }
+    true
+}
+
+pub async fn none_carries_anything(nodes: &Api<Node>, names: &[&str]) -> bool {
+    for name in names {
+        if carries_anything_of_node_holders(&nodes.get(name).await.unwrap()) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Sets annotation `key` of node `name` to `value`, as a human would.
+pub async fn annotate(nodes: &Api<Node>, name: &str, key: &str, value: &str) {
+    nodes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// SIGKILLs the process and reaps it.
+pub fn sigkill(served: &mut Served) {
+    served.child.kill().unwrap();
+    served.child.wait().unwrap();
+}
+
+/// The window record's `window.json`; `{}` while there is none.
+pub async fn window(records: &Api<ConfigMap>) -> Value {
+    records
+        .get_opt("node-holder-window")
+        .await
+        .unwrap()
+        .and_then(|cm| cm.data)
+        .and_then(|data| data.get("window.json").cloned())
+        .map_or(Value::Object(Default::default()), |text| {
+            serde_json::from_str(&text).unwrap()
+        })
+}
+
+/// A timestamp in the window record, by JSON pointer (`/open/deadline`).
+pub fn at(window: &Value, pointer: &str) -> Option<Timestamp> {
+    window.pointer(pointer)?.as_str()?.parse().ok()
+}
+
+/// [`at`] in the window record as it is now.
+pub async fn record_at(records: &Api<ConfigMap>, pointer: &str) -> Option<Timestamp> {
+    at(&window(records).await, pointer)
+}
+
+/// The admin port's `/metrics` page.
+pub async fn scrape(served: &Served) -> std::io::Result<String> {
+    let (_, body) = super::http_get(served.admin_port, "/metrics").await?;
+    Ok(body)
+}
+
+/// One metric's value from the admin port; `None` when unreachable.
+pub async fn metric(served: &Served, name: &str) -> Option<f64> {
+    scrape(served).await.ok()?.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Each replica's `node_holder_leader`.
+pub async fn leader_flags(replicas: &[Served]) -> Vec<Option<f64>> {
+    let mut flags = Vec::new();
+    for replica in replicas {
+        flags.push(metric(replica, "node_holder_leader").await);
+    }
+    flags
+}
+
+/// The process's JSON log lines with `message`.
+pub fn logged(served: &Served, message: &str) -> Vec<Value> {
+    served
+        .log_lines()
+        .into_iter()
+        .filter(|line| line["message"] == message)
+        .collect()
+}
+
+/// Nodes the process patched for `action` (`hold`, `release`), by its
+/// "nodes patched" log lines.
+pub fn patched(served: &Served, action: &str) -> u64 {
+    logged(served, "nodes patched")
+        .iter()
+        .filter(|line| line["action"] == action)
+        .map(|line| line["applied"].as_u64().unwrap())
+        .sum()
+}
+
+/// When the API server received node-holder's successful PATCHes of node
+/// `name`, in order.
+pub fn node_holder_patches(cp: &ControlPlane, name: &str) -> Vec<Timestamp> {
+    let mut times: Vec<Timestamp> = cp
+        .audit_events()
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["stage"] == "ResponseComplete"
+                && e["objectRef"]["resource"] == "nodes"
+                && e["objectRef"]["name"] == name
+                && e["user"]["username"] == testenv::NODE_HOLDER_USER
+                && e["responseStatus"]["code"] == 200
+        })
+        .map(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+/// Asserts node-holder never patched any of `names`.
+pub fn never_patched(cp: &ControlPlane, names: &[&str]) {
+    for name in names {
+        assert!(
+            node_holder_patches(cp, name).is_empty(),
+            "{name} was patched"
+        );
+    }
+}
+
+/// Waits (up to `limit`) until none of the nodes in `expect` carries anything
+/// of node-holder's and the audit log shows exactly the given number of
+/// node-holder PATCHes on each (its holds, then one release); returns each
+/// node's last PATCH, its release, as the API server received it.
+pub async fn releases(
+    cp: &ControlPlane,
+    nodes: &Api<Node>,
+    expect: &[(&str, usize)],
+    limit: Duration,
+) -> BTreeMap<String, Timestamp> {
+    let names: Vec<&str> = expect.iter().map(|(name, _)| *name).collect();
+    eventually("every hold released", limit, || {
+        none_carries_anything(nodes, &names)
+    })
+    .await;
+    // The audit event trails the response a little.
+    eventually("the releases in the audit log", secs(10), || async {
+        expect.iter().all(|&(name, count)| {
+            let patches = node_holder_patches(cp, name);
+            assert!(
+                patches.len() <= count,
+                "{name}: node-holder patched it {} times, expected {count}: {patches:?}",
+                patches.len()
+            );
+            patches.len() == count
+        })
+    })
+    .await;
+    expect
+        .iter()
+        .map(|&(name, _)| {
+            let patches = node_holder_patches(cp, name);
+            (name.to_string(), *patches.last().unwrap())
+        })
+        .collect()
+}
+
+/// Registers the webhook at a port nothing listens on (the API server fails
+/// open) and waits until the API server calls it: a dry-run create's audit
+/// event records the failed-open call.
+pub async fn register_unreachable_webhook(cp: &ControlPlane, served: &Served) {
+    let (nodes, dry_run) =
+        super::create_webhook_configuration(cp, super::free_port(), served.ca_pem()).await;
+    for attempt in 0..100 {
+        let probe = format!("unreachable-probe-{attempt}");
+        let returned = nodes.create(&dry_run, &node(&probe)).await.unwrap();
+        assert!(!carries_anything_of_node_holders(&returned));
+        let event = cp.wait_for_node_create_event(&probe).await.unwrap();
+        if failed_open(&event) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the API server never called the unreachable webhook");
+}
+
+/// Whether the API server's audit event records our webhook failing open.
+pub fn failed_open(audit_event: &Value) -> bool {
+    audit_event["annotations"].as_object().is_some_and(|a| {
+        a.iter().any(|(k, v)| {
+            k.starts_with("failed-open.mutation.webhook.admission.k8s.io/")
+                && v == super::WEBHOOK_NAME
+        })
+    })
+}

@@ -1,0 +1,492 @@
+//! The hold window through faults and variants, against the real API server:
+//! a SIGKILL mid-window (restarted before and after the deadline), the
+//! backstop for nodes the webhook missed, `node` scope, a label-selector
+//! scope, the maxHold cap, and two replicas with a failover.
+//!
+//! When a hold is released is read from the API server's audit log: the time
+//! it received node-holder's PATCH (microseconds), compared with deadlines
+//! computed from the nodes' creationTimestamps (whole seconds), on the same
+//! clock. So "not before the deadline" is exact, not sampled.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::window::{
+    Cluster, all_held, at, carries_anything_of_node_holders, create, created, eventually,
+    failed_open, fast, held, leader_flags, logged, metric, never_patched, none_carries_anything,
+    old_nodes, patched, record_at, register_unreachable_webhook, releases, secs, sigkill,
+    sleep_until, strs, window,
+};
+use common::{Served, node, register_webhook, register_webhook_probing, serve};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+use testenv::ControlPlane;
+
+const NODEPOOL: &str = "karpenter.sh/nodepool";
+/// How long after its deadline a release may come.
+const SLACK: Duration = Duration::from_secs(3);
+/// The nodes that are there before node-holder.
+const OLD: [&str; 2] = ["old-1", "old-2"];
+/// node-holder's PATCHes once a window over [`OLD`] and new-1 closes: each
+/// old node's hold and release, new-1's release (the webhook held it).
+const OLD_AND_NEW_1: [(&str, usize); 3] = [("old-1", 2), ("old-2", 2), ("new-1", 1)];
+
+/// Asserts each release came at or after `deadline` and within [`SLACK`] of it.
+fn on_time(released: &BTreeMap<String, Timestamp>, deadline: Timestamp) {
+    for (name, &at) in released {
+        assert!(
+            at >= deadline,
+            "{name} released at {at}, before the deadline {deadline}"
+        );
+        assert!(
+            at <= deadline + SLACK,
+            "{name} released at {at}, later than {SLACK:?} after the deadline {deadline}"
+        );
+    }
+}
+
+/// [`releases`] of `expect` (up to `limit`), each [`on_time`] for `deadline`.
+async fn released_on_time(
+    cp: &ControlPlane,
+    nodes: &Api<Node>,
+    expect: &[(&str, usize)],
+    limit: Duration,
+    deadline: Timestamp,
+) {
+    on_time(&releases(cp, nodes, expect, limit).await, deadline);
+}
+
+/// Creates new-1, held by the webhook, and waits until every [`OLD`] node is
+/// held.
+async fn new_1_holds_the_old(nodes: &Api<Node>) -> Node {
+    let new_1 = create(nodes, "new-1", &[], &[]).await;
+    assert!(held(&new_1), "held by the webhook");
+    eventually("every old node held", secs(10), || all_held(nodes, &OLD)).await;
+    new_1
+}
+
+/// The [`OLD`] nodes, node-holder serving with `args` behind the webhook, and
+/// a window new-1 opened with every old node held: the process and new-1.
+async fn window_over_old_and_new_1(
+    cp: &ControlPlane,
+    nodes: &Api<Node>,
+    hold: Duration,
+    args: &[String],
+) -> (Served, Node) {
+    old_nodes(nodes, &OLD, &[], hold).await;
+    let served = serve(cp, &strs(args)).await;
+    register_webhook(cp, &served).await;
+    (served, new_1_holds_the_old(nodes).await)
+}
+
+/// Asserts `who` took over before `deadline`, and says how long before.
+fn took_over_before(who: &str, deadline: Timestamp) {
+    eprintln!(
+        "{who} took over {:?} before the deadline",
+        deadline.duration_since(Timestamp::now())
+    );
+    assert!(
+        Timestamp::now() < deadline,
+        "{who} took over only after the deadline {deadline}"
+    );
+}
+
+#[tokio::test]
+async fn after_a_sigkill_mid_window_the_restart_reads_the_window_back_and_releases_on_time() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    let hold = secs(9);
+    let args = fast("9s", &[]);
+    let (mut first, new_1) = window_over_old_and_new_1(&cp, &nodes, hold, &args).await;
+    // A second new node, a whole second later at least, extends the window.
+    sleep_until(created(&new_1) + secs(2)).await;
+    let new_2 = create(&nodes, "new-2", &[], &[]).await;
+    let deadline = created(&new_2) + hold;
+    assert!(deadline > created(&new_1) + hold);
+    eventually("the record extended to new-2", secs(5), || async {
+        record_at(&records, "/open/deadline").await == Some(deadline)
+    })
+    .await;
+
+    sigkill(&mut first);
+    // While nobody runs, the node that set the deadline goes: the cluster
+    // alone now says the window ends at new-1's deadline, earlier; only the
+    // record still knows new-2's.
+    nodes
+        .delete("new-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = serve(&cp, &strs(&args)).await;
+    eventually(
+        "the restarted process leads with the recorded deadline",
+        secs(10),
+        || async {
+            metric(&second, "node_holder_leader").await == Some(1.0)
+                && metric(&second, "node_holder_window_deadline_seconds").await
+                    == Some(deadline.as_second() as f64)
+        },
+    )
+    .await;
+    took_over_before("the restarted process", deadline);
+
+    released_on_time(
+        &cp,
+        &nodes,
+        &OLD_AND_NEW_1,
+        Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap() + SLACK + secs(5),
+        deadline,
+    )
+    .await;
+    assert_eq!(
+        patched(&first, "release"),
+        0,
+        "the killed process released nothing"
+    );
+    assert_eq!(
+        patched(&second, "release"),
+        3,
+        "the restarted process released all"
+    );
+    let window = window(&records).await;
+    assert!(window.get("open").is_none(), "{window}");
+    assert_eq!(
+        at(&window, "/closedThrough"),
+        Some(created(&new_2)),
+        "the deleted node's contribution survived the restart: {window}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_restarted_after_the_deadline_it_missed_releases_at_once() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    let hold = secs(5);
+    let args = fast("5s", &[]);
+    let (mut first, new_1) = window_over_old_and_new_1(&cp, &nodes, hold, &args).await;
+    let deadline = created(&new_1) + hold;
+    sigkill(&mut first);
+    let killed = Timestamp::now();
+
+    // Past the deadline, and past the dead leader's lease (3 s).
+    sleep_until((deadline + secs(1)).max(killed + secs(4))).await;
+    assert!(
+        all_held(&nodes, &["old-1", "old-2", "new-1"]).await,
+        "nothing releases while no process runs"
+    );
+    let second = serve(&cp, &strs(&args)).await;
+    let restarted = Timestamp::now();
+    let released = releases(&cp, &nodes, &OLD_AND_NEW_1, secs(10)).await;
+    eprintln!("restarted at {restarted}, released: {released:?}");
+    for (name, &at) in &released {
+        assert!(at > deadline, "{name} released at {at}");
+        assert!(
+            at <= restarted + secs(5),
+            "{name} released at {at}, not at once after the restart at {restarted}"
+        );
+    }
+    assert_eq!(patched(&first, "release"), 0);
+    assert_eq!(patched(&second, "release"), 3);
+    assert!(
+        !logged(&second, "hold window closed").is_empty(),
+        "{}",
+        second.log()
+    );
+}
+
+#[tokio::test]
+async fn a_node_the_webhook_missed_is_held_late_and_opens_and_extends_the_window_like_any_other() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    let hold = secs(5);
+    old_nodes(&nodes, &["old-1"], &[], hold).await;
+    let served = serve(&cp, &strs(&fast("5s", &[]))).await;
+    register_unreachable_webhook(&cp, &served).await;
+
+    let missed_1 = create(&nodes, "missed-1", &[], &[]).await;
+    assert!(
+        !carries_anything_of_node_holders(&missed_1),
+        "the webhook failed open: {:?}",
+        missed_1.metadata
+    );
+    assert!(failed_open(
+        &cp.wait_for_node_create_event("missed-1").await.unwrap()
+    ));
+    eventually("the missed node and the old one held late", secs(5), || {
+        all_held(&nodes, &["missed-1", "old-1"])
+    })
+    .await;
+    let window_now = window(&records).await;
+    assert_eq!(
+        at(&window_now, "/open/openedAt"),
+        Some(created(&missed_1)),
+        "{window_now}"
+    );
+
+    sleep_until(created(&missed_1) + secs(2)).await;
+    let missed_2 = create(&nodes, "missed-2", &[], &[]).await;
+    assert!(!carries_anything_of_node_holders(&missed_2));
+    let deadline = created(&missed_2) + hold;
+    eventually("the second missed node held late", secs(5), || {
+        all_held(&nodes, &["missed-2"])
+    })
+    .await;
+    eventually("the window extended to the second", secs(5), || async {
+        record_at(&records, "/open/deadline").await == Some(deadline)
+    })
+    .await;
+    let counted = |message: &str| -> Vec<String> {
+        logged(&served, message)
+            .iter()
+            .map(|l| l["node"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(counted("hold window opened"), ["missed-1"]);
+    assert_eq!(counted("hold window extended"), ["missed-2"]);
+
+    released_on_time(
+        &cp,
+        &nodes,
+        &[("old-1", 2), ("missed-1", 2), ("missed-2", 2)],
+        secs(15),
+        deadline,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn in_node_scope_only_new_nodes_are_held_each_until_its_own_creation_plus_the_hold() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    let hold = secs(5);
+    old_nodes(&nodes, &OLD, &[], hold).await;
+    let served = serve(&cp, &strs(&fast("5s", &["--scope=node"]))).await;
+    register_webhook(&cp, &served).await;
+
+    let a = create(&nodes, "new-a", &[], &[]).await;
+    assert!(held(&a), "held by the webhook");
+    sleep_until(created(&a) + secs(3)).await;
+    let b = create(&nodes, "new-b", &[], &[]).await;
+    assert!(held(&b), "held by the webhook");
+    let (a_end, b_end) = (created(&a) + hold, created(&b) + hold);
+    assert!(b_end >= a_end + secs(3));
+    assert!(
+        none_carries_anything(&nodes, &OLD).await,
+        "old nodes are not held in node scope"
+    );
+
+    eventually("new-a released", secs(10), || async {
+        !carries_anything_of_node_holders(&nodes.get("new-a").await.unwrap())
+    })
+    .await;
+    if Timestamp::now() + Duration::from_millis(500) < b_end {
+        assert!(
+            held(&nodes.get("new-b").await.unwrap()),
+            "new-b still held after new-a's release"
+        );
+    }
+    let released = releases(&cp, &nodes, &[("new-a", 1), ("new-b", 1)], secs(15)).await;
+    on_time(
+        &BTreeMap::from([("new-a".into(), released["new-a"])]),
+        a_end,
+    );
+    on_time(
+        &BTreeMap::from([("new-b".into(), released["new-b"])]),
+        b_end,
+    );
+    assert!(
+        released["new-a"] < b_end,
+        "new-a released only at {}, with new-b",
+        released["new-a"]
+    );
+    for old in OLD {
+        never_patched(&cp, &[old]);
+        assert!(!carries_anything_of_node_holders(
+            &nodes.get(old).await.unwrap()
+        ));
+    }
+}
+
+#[tokio::test]
+async fn with_a_node_selector_only_nodes_in_scope_open_the_window_and_get_held() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    let hold = secs(5);
+    let in_scope = [(NODEPOOL, "default")];
+    create(&nodes, "old-out", &[], &[]).await;
+    old_nodes(&nodes, &["old-in"], &in_scope, hold).await;
+    let served = serve(
+        &cp,
+        &strs(&fast("5s", &[&format!("--node-selector={NODEPOOL}")])),
+    )
+    .await;
+    let mut probe = node("webhook-probe");
+    probe.metadata.labels = Some(BTreeMap::from([(NODEPOOL.into(), "default".into())]));
+    register_webhook_probing(&cp, &served, probe).await;
+
+    let out = create(&nodes, "new-out", &[], &[]).await;
+    assert!(!carries_anything_of_node_holders(&out), "out of scope");
+    // Several passes' time: nothing opens, nothing is held.
+    tokio::time::sleep(secs(2)).await;
+    let window_now = window(&records).await;
+    assert!(window_now.get("open").is_none(), "{window_now}");
+    assert!(none_carries_anything(&nodes, &["old-in", "old-out", "new-out"]).await);
+
+    sleep_until(created(&out) + secs(2)).await;
+    let new_in = create(&nodes, "new-in", &in_scope, &[]).await;
+    assert!(held(&new_in), "held by the webhook");
+    let deadline = created(&new_in) + hold;
+    eventually("the old node in scope held", secs(5), || {
+        all_held(&nodes, &["old-in"])
+    })
+    .await;
+    let window_now = window(&records).await;
+    assert_eq!(
+        at(&window_now, "/open/openedAt"),
+        Some(created(&new_in)),
+        "only the node in scope opened the window: {window_now}"
+    );
+    assert_eq!(at(&window_now, "/open/deadline"), Some(deadline));
+    assert!(none_carries_anything(&nodes, &["old-out", "new-out"]).await);
+
+    released_on_time(
+        &cp,
+        &nodes,
+        &[("old-in", 2), ("new-in", 1)],
+        secs(15),
+        deadline,
+    )
+    .await;
+    never_patched(&cp, &["old-out", "new-out"]);
+}
+
+#[tokio::test]
+async fn max_hold_ends_the_window_however_many_nodes_arrive_and_they_do_not_reopen_it() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    let (hold, max_hold) = (secs(4), secs(7));
+    old_nodes(&nodes, &["old-1"], &[], hold).await;
+    let served = serve(&cp, &strs(&fast("4s", &["--max-hold=7s"]))).await;
+    register_webhook(&cp, &served).await;
+
+    let first = create(&nodes, "burst-0", &[], &[]).await;
+    let opened = created(&first);
+    let cap = opened + max_hold;
+    let mut names = vec!["old-1".to_string(), "burst-0".to_string()];
+    let mut last = first;
+    // A node a second, for five seconds: uncapped, the window would last
+    // until the last one's creation + 4 s, two seconds past the cap.
+    for i in 1..=5 {
+        sleep_until(opened + secs(i)).await;
+        let name = format!("burst-{i}");
+        last = create(&nodes, &name, &[], &[]).await;
+        assert!(held(&last), "{name} held by the webhook");
+        names.push(name);
+    }
+    let last_end = created(&last) + hold;
+    assert!(created(&last) < cap && last_end > cap);
+    eventually("the record capped", secs(5), || async {
+        let w = window(&records).await;
+        at(&w, "/open/openedAt") == Some(opened)
+            && at(&w, "/open/deadline") == Some(cap)
+            && at(&w, "/open/countedThrough") == Some(cap)
+    })
+    .await;
+    eventually("the old node held", secs(5), || {
+        all_held(&nodes, &["old-1"])
+    })
+    .await;
+
+    let expect: Vec<(&str, usize)> = names
+        .iter()
+        .map(|n| (n.as_str(), if n == "old-1" { 2 } else { 1 }))
+        .collect();
+    released_on_time(&cp, &nodes, &expect, secs(15), cap).await;
+
+    // Until every node's own hold would have ended: no window reopens.
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    while Timestamp::now() < last_end + Duration::from_millis(500) {
+        let w = window(&records).await;
+        assert!(w.get("open").is_none(), "the window reopened: {w}");
+        assert_eq!(at(&w, "/closedThrough"), Some(cap), "{w}");
+        assert!(none_carries_anything(&nodes, &names).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A node created after the close opens a new window.
+    let after = create(&nodes, "after", &[], &[]).await;
+    eventually(
+        "a new window for the node after the close",
+        secs(5),
+        || async {
+            record_at(&records, "/open/openedAt").await == Some(created(&after))
+                && all_held(&nodes, &["old-1"]).await
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn of_two_replicas_both_answer_the_webhook_one_leads_and_a_failover_releases_on_time_once() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    let hold = secs(9);
+    let args = fast("9s", &[]);
+    old_nodes(&nodes, &OLD, &[], hold).await;
+    let args = strs(&args);
+    let (a, b) = tokio::join!(serve(&cp, &args), serve(&cp, &args));
+    let mut replicas = [a, b];
+
+    // Both answer the webhook...
+    for (i, replica) in replicas.iter().enumerate() {
+        let name = format!("direct-{i}");
+        let body = serde_json::to_vec(&common::review(
+            "Node",
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+        ))
+        .unwrap();
+        let reply = common::https(replica, "POST", "/mutate", Some("application/json"), body).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let response = &reply.json()["response"];
+        assert_eq!(response["allowed"], true);
+        assert_eq!(response["patchType"], "JSONPatch", "{response}");
+        assert!(
+            replica
+                .log_lines()
+                .iter()
+                .any(|l| l["message"] == "admission decision" && l["node"] == name.as_str()),
+            "replica {i} logged no audit line"
+        );
+    }
+    // ...exactly one leads.
+    eventually("a leader", secs(10), || async {
+        leader_flags(&replicas).await.contains(&Some(1.0))
+    })
+    .await;
+    let flags = leader_flags(&replicas).await;
+    let leader = flags.iter().position(|f| *f == Some(1.0)).unwrap();
+    let standby = 1 - leader;
+    assert_eq!(flags[standby], Some(0.0), "exactly one leader: {flags:?}");
+
+    register_webhook(&cp, &replicas[standby]).await;
+    let new_1 = new_1_holds_the_old(&nodes).await;
+    let deadline = created(&new_1) + hold;
+    // Only the leader patched.
+    assert_eq!(patched(&replicas[leader], "hold"), 2);
+    assert!(logged(&replicas[standby], "nodes patched").is_empty());
+    assert_eq!(record_at(&records, "/open/deadline").await, Some(deadline));
+
+    // The leader dies mid-window; the standby takes over within the lease.
+    sigkill(&mut replicas[leader]);
+    let killed = Instant::now();
+    eventually("the standby leads", secs(8), || async {
+        metric(&replicas[standby], "node_holder_leader").await == Some(1.0)
+    })
+    .await;
+    eprintln!("took over {:?} after the SIGKILL", killed.elapsed());
+    took_over_before("the standby", deadline);
+
+    released_on_time(&cp, &nodes, &OLD_AND_NEW_1, secs(15), deadline).await;
+    assert_eq!(patched(&replicas[leader], "release"), 0);
+    assert_eq!(
+        patched(&replicas[standby], "release"),
+        3,
+        "one release per node"
+    );
+    assert_eq!(patched(&replicas[standby], "hold"), 0, "nothing held twice");
+}
