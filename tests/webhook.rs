@@ -178,7 +178,8 @@ async fn every_decision_writes_one_structured_audit_line() {
     assert_eq!(line["patched"], true);
     assert_eq!(line["holds"], "karpenter.sh/do-not-disrupt=true");
     assert!(line["latency_us"].is_u64(), "{line}");
-    // The uid ties the line to the API server's audit event.
+    // The line carries the admission uid; the API server's audit event of the
+    // same create names the node.
     let event = cp.wait_for_node_create_event("logged").await.unwrap();
     assert!(
         line["uid"].as_str().is_some_and(|uid| !uid.is_empty()),

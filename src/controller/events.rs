@@ -35,9 +35,10 @@ fn until(deadline: Option<Timestamp>) -> String {
 impl HoldEvent {
     /// A new node in scope opened or extended the window.
     pub fn counted(node: &NodeView, observed: Observed, deadline: Option<Timestamp>) -> Self {
-        let (reason, verb) = match observed {
-            Observed::Opened => ("HoldWindowOpened", "opened"),
-            _ => ("HoldWindowExtended", "extended"),
+        let (reason, what) = match observed {
+            Observed::Opened => ("HoldWindowOpened", "opened node-holder's hold window"),
+            Observed::Extended => ("HoldWindowExtended", "extended node-holder's hold window"),
+            _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
         HoldEvent {
             node: node.name.clone(),
@@ -45,7 +46,7 @@ impl HoldEvent {
             reason,
             action: "Hold",
             note: format!(
-                "new node (created {}) {verb} node-holder's hold window: held {}",
+                "new node (created {}) {what}: held {}",
                 node.creation,
                 until(deadline)
             ),

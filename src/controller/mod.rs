@@ -8,6 +8,7 @@ mod events;
 pub mod patcher;
 pub mod record;
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -113,7 +114,10 @@ pub async fn run(
             }
             result = task.lead() => Some(result),
         };
+        // A standby reports nothing of a window it no longer runs.
         metrics.leader.set(0);
+        metrics.deadline.set(0.0);
+        metrics.held_nodes.set(0);
         if let Some(Err(err)) = outcome {
             tracing::error!(
                 error = format!("{err:#}"),
@@ -150,6 +154,8 @@ struct WindowTask {
     window: Window,
     /// A release request not handled yet.
     release_request: Option<Timestamp>,
+    /// New nodes of the current window whose Event was sent.
+    announced: HashSet<String>,
     failures: u32,
 }
 
@@ -176,6 +182,7 @@ impl WindowTask {
             saved: None,
             window: Window::default(),
             release_request: None,
+            announced: HashSet::new(),
             failures: 0,
         }
     }
@@ -301,22 +308,39 @@ impl WindowTask {
             .window
             .observe_all(in_scope.iter().map(|node| node.creation), now, cfg);
         let deadline = self.window.open().map(|open| open.deadline);
+        let opened_at = self.window.open().map(|open| open.opened_at);
         for (node, observed) in in_scope.iter().zip(observed) {
+            // In `node` scope each node is held until its own end.
+            let until = match cfg.mode {
+                Mode::Cluster => deadline,
+                Mode::Node => self
+                    .window
+                    .node_hold_end(node.creation, now, cfg)
+                    .filter(|&end| now < end),
+            };
+            let new_in_window = match cfg.mode {
+                Mode::Cluster => opened_at.is_some_and(|opened| node.creation >= opened),
+                Mode::Node => until.is_some(),
+            };
             if matches!(observed, Observed::Opened | Observed::Extended) {
-                // In `node` scope each node is held until its own end.
-                let deadline = match cfg.mode {
-                    Mode::Cluster => deadline,
-                    Mode::Node => self.window.node_hold_end(node.creation, now, cfg),
-                };
                 tracing::info!(
                     node = %node.name,
                     created = %node.creation,
-                    deadline = %deadline.map_or_else(String::new, |d| d.to_string()),
+                    deadline = %until.map_or_else(String::new, |d| d.to_string()),
                     "hold window {}", observed.label()
                 );
-                self.events
-                    .send(HoldEvent::counted(node, observed, deadline));
             }
+            // Each new node's Event says why it is held, once per leader.
+            let key = node.uid.clone().unwrap_or_else(|| node.name.clone());
+            if new_in_window
+                && !matches!(observed, Observed::Consumed | Observed::Expired)
+                && self.announced.insert(key)
+            {
+                self.events.send(HoldEvent::counted(node, observed, until));
+            }
+        }
+        if self.window.open().is_none() {
+            self.announced.clear();
         }
         if was_open && self.window.open().is_none() {
             tracing::info!(
@@ -387,6 +411,7 @@ impl WindowTask {
         };
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
         for (patch, result) in self.patcher.apply(patches).await {
+            tracing::debug!(node = %patch.name, action, ?result, keys = ?patch.keys, "node patch");
             match result {
                 PatchResult::Applied if action == "hold" => {
                     applied += 1;
