@@ -35,8 +35,20 @@ impl DevCertificates {
 /// Makes a new CA and a serving certificate valid for localhost, 127.0.0.1 and
 /// `dns_names`, both valid from an hour ago (clock skew) for `validity`.
 pub fn generate(dns_names: &[String], validity: Duration) -> Result<DevCertificates> {
-    let not_before = OffsetDateTime::now_utc() - time::Duration::hours(1);
-    let not_after = OffsetDateTime::now_utc() + validity;
+    generate_between(
+        dns_names,
+        OffsetDateTime::now_utc() - time::Duration::hours(1),
+        OffsetDateTime::now_utc() + validity,
+    )
+}
+
+/// As [`generate`], valid from `not_before` to `not_after` (tests make expired
+/// certificates with it).
+pub fn generate_between(
+    dns_names: &[String],
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> Result<DevCertificates> {
 
     let ca_key = KeyPair::generate().context("generating the CA key")?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;

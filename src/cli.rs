@@ -103,6 +103,10 @@ pub struct ServeArgs {
     )]
     pub max_concurrent_requests: usize,
 
+    /// Webhook connections open at once; more wait in the listen backlog.
+    #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
     /// On SIGTERM, how long to keep serving while not ready, so that the API
     /// server stops sending requests before connections close.
     #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]

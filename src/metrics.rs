@@ -17,6 +17,28 @@ struct CodeLabel {
     code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// The webhook port's TLS: failed handshakes and the certificate's expiry.
+#[derive(Clone, Default)]
+pub struct TlsMetrics {
+    handshake_errors: Family<ReasonLabel, Counter>,
+    /// Unix seconds of the serving certificate's notAfter.
+    pub not_after: Gauge<i64, AtomicI64>,
+}
+
+impl TlsMetrics {
+    /// Counts a connection that never completed its TLS handshake.
+    pub fn handshake_error(&self, reason: &'static str) {
+        self.handshake_errors
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}
+
 /// Every metric node-holder exposes and the registry that encodes them.
 pub struct Metrics {
     registry: Registry,
@@ -25,6 +47,7 @@ pub struct Metrics {
     in_flight: Gauge<i64, AtomicI64>,
     mutations: Counter,
     pub window: WindowMetrics,
+    pub tls: TlsMetrics,
 }
 
 /// The hold window's metrics, set by the leader's task.
@@ -127,6 +150,17 @@ impl Default for Metrics {
             "Duration of one pass of the hold window task",
             window.reconcile.clone(),
         );
+        let tls = TlsMetrics::default();
+        registry.register(
+            "tls_handshake_errors",
+            "Webhook connections that failed before TLS was up, by reason",
+            tls.handshake_errors.clone(),
+        );
+        registry.register(
+            "tls_certificate_not_after_seconds",
+            "Unix time the webhook's serving certificate expires",
+            tls.not_after.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -134,6 +168,7 @@ impl Default for Metrics {
             in_flight,
             mutations,
             window,
+            tls,
         }
     }
 }

@@ -20,7 +20,8 @@ use crate::core::window::WindowConfig;
 use crate::metrics::Metrics;
 use crate::server::tls::ReloadingCert;
 use crate::server::{
-    Limits, Readiness, WebhookState, admin_router, serve_admin, serve_tls, webhook_router,
+    Limits, Readiness, TlsServing, WebhookState, admin_router, serve_admin, serve_tls,
+    webhook_router,
 };
 
 /// The window task's configuration the flags describe.
@@ -77,7 +78,6 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let admin_listener = TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
-    cert.spawn_reloader(args.tls_reload_interval);
 
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
@@ -107,12 +107,20 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     ));
     let stop_webhook = CancellationToken::new();
     let stop_admin = CancellationToken::new();
+    cert.spawn_reloader(
+        args.tls_reload_interval,
+        state.metrics.tls.not_after.clone(),
+    );
     let webhook = tokio::spawn(serve_tls(
         webhook_listener,
         acceptor,
         webhook_router(Arc::clone(&state), limits),
         stop_webhook.clone(),
-        args.drain_timeout,
+        TlsServing {
+            drain: args.drain_timeout,
+            max_connections: args.max_connections,
+            metrics: state.metrics.tls.clone(),
+        },
     ));
     let admin = tokio::spawn(serve_admin(
         admin_listener,

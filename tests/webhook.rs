@@ -276,3 +276,87 @@ async fn a_rotated_certificate_from_a_new_ca_is_served_without_a_restart() {
         served.log()
     );
 }
+
+#[tokio::test]
+async fn an_expired_serving_certificate_fails_open_and_shows_in_metrics_and_logs() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(
+        &cp,
+        &[
+            "--tls-reload-interval=200ms",
+            "--coalesce-idle=200ms",
+            "--coalesce-max=1s",
+        ],
+    )
+    .await;
+    register_webhook(&cp, &served).await;
+    // The certificate rotates into one that expired yesterday, from a CA the
+    // API server is told to trust: only the expiry is wrong.
+    let day = time::Duration::days(1);
+    let now = time::OffsetDateTime::now_utc();
+    let expired = node_holder::certs::generate_between(&[], now - 2 * day, now - day).unwrap();
+    node_holder::certs::write(&expired, &served.cert_dir()).unwrap();
+    let client = cp.admin_client().await.unwrap();
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let mut config = configs.get("node-holder").await.unwrap();
+    config.webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
+        Some(k8s_openapi::ByteString(expired.ca_pem.into_bytes()));
+    configs
+        .replace("node-holder", &PostParams::default(), &config)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !served.log().contains("the serving certificate has expired") {
+        assert!(std::time::Instant::now() < deadline, "{}", served.log());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    // Nodes still register: the API server fails open.
+    let nodes: Api<Node> = Api::all(client);
+    let mut failed_open = false;
+    for attempt in 0..50 {
+        let name = format!("expired-{attempt}");
+        nodes
+            .create(&PostParams::default(), &node(&name))
+            .await
+            .unwrap();
+        let event = cp.wait_for_node_create_event(&name).await.unwrap();
+        if event["annotations"]["failed-open.mutation.webhook.admission.k8s.io/round_0_index_0"]
+            == WEBHOOK_NAME
+        {
+            failed_open = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(failed_open, "the API server never failed open");
+
+    let (_, metrics) = common::http_get(served.admin_port, "/metrics")
+        .await
+        .unwrap();
+    let not_after: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("node_holder_tls_certificate_not_after_seconds "))
+        .unwrap_or_else(|| panic!("no expiry metric in\n{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(not_after < (now - day + time::Duration::minutes(1)).unix_timestamp());
+    let rejected: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "node_holder_tls_handshake_errors_total{reason=\"certificate-rejected\"} ",
+            )
+        })
+        .unwrap_or_else(|| panic!("no rejected handshakes in\n{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(rejected >= 1);
+    assert!(
+        served
+            .log()
+            .contains("a client rejected the serving certificate"),
+        "{}",
+        served.log()
+    );
+}

@@ -464,3 +464,104 @@ fn serve_refuses_to_start_without_a_usable_certificate_and_names_the_file() {
         "{stderr}"
     );
 }
+
+/// A minimal ClientHello of TLS `minor` version (1 = TLS 1.0, 2 = TLS 1.1)
+/// with one cipher suite and no extensions, as an old client sends it.
+fn old_client_hello(minor: u8) -> Vec<u8> {
+    let mut body = vec![3, minor];
+    body.extend([0u8; 32]); // random
+    body.push(0); // session id
+    body.extend([0, 2, 0xc0, 0x13]); // TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA
+    body.extend([1, 0]); // no compression
+    let mut handshake = vec![1, 0, 0, body.len() as u8];
+    handshake.extend(body);
+    let mut record = vec![0x16, 3, 1, 0, handshake.len() as u8];
+    record.extend(handshake);
+    record
+}
+
+#[tokio::test]
+async fn tls_1_0_and_1_1_are_refused_with_a_fatal_alert_and_counted() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    for minor in [1u8, 2] {
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
+            .await
+            .unwrap();
+        tcp.write_all(&old_client_hello(minor)).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer))
+            .await
+            .expect("the server answers and closes")
+            .ok();
+        // An alert record, fatal (2): rustls answers handshake_failure (40).
+        assert!(answer.len() >= 7, "TLS 1.{}: {answer:?}", minor - 1);
+        assert_eq!(answer[0], 0x15, "an alert record: {answer:?}");
+        assert_eq!(
+            &answer[5..7],
+            &[2, 40],
+            "fatal handshake_failure: {answer:?}"
+        );
+    }
+    let (_, metrics) = http_get(served.admin_port, "/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l == "node_holder_tls_handshake_errors_total{reason=\"incompatible-client\"} 2"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_until_one_closes() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--max-connections=1"]).await;
+    let mut first = Http1::connect(&served).await;
+    let reply = first
+        .send(request(
+            "POST",
+            "/mutate",
+            Some("application/json"),
+            node_create("c1"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    // The second connection is accepted by the kernel but not served while
+    // the first holds the only slot...
+    let second = tokio::spawn({
+        let body = node_create("c2");
+        let port = served.webhook_port;
+        let ca = served.ca_pem();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            let tls = common::tls_connector(&ca, &["http/1.1"])
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let response = sender
+                .send_request(request("POST", "/mutate", Some("application/json"), body))
+                .await
+                .unwrap();
+            response.status().as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!second.is_finished(), "served beyond the connection limit");
+    // ...and is served once the first closes.
+    drop(first);
+    let status = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("served after a slot freed")
+        .unwrap();
+    assert_eq!(status, 200);
+}

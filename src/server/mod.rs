@@ -20,13 +20,14 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::core::admission::{AdmissionPolicy, Outcome, decide, review_body};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TlsMetrics};
 
 /// Largest AdmissionReview accepted, as controller-runtime does.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -190,6 +191,16 @@ pub fn admin_router(readiness: Arc<Readiness>, state: Arc<WebhookState>) -> Rout
         )
 }
 
+/// How the TLS port serves: its drain time, connection bound and metrics.
+#[derive(Clone)]
+pub struct TlsServing {
+    /// After `stop`, how long in-flight requests may take.
+    pub drain: Duration,
+    /// Connections open at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    pub metrics: TlsMetrics,
+}
+
 /// Serves `router` over TLS on `listener` until `stop` is cancelled, then
 /// stops accepting, lets in-flight requests finish (up to `drain`) and closes
 /// keep-alive connections.
@@ -198,7 +209,7 @@ pub async fn serve_tls(
     acceptor: TlsAcceptor,
     router: Router,
     stop: CancellationToken,
-    drain: Duration,
+    serving: TlsServing,
 ) -> Result<()> {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -211,7 +222,14 @@ pub async fn serve_tls(
         .header_read_timeout(Some(Duration::from_secs(10)));
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
+    // A flood of connections waits in the kernel's backlog instead of costing
+    // memory here; each connection holds a permit until it closes.
+    let connections = Arc::new(Semaphore::new(serving.max_connections.max(1)));
     loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = Arc::clone(&connections).acquire_owned() => permit.context("connection limit")?,
+        };
         let (mut tcp, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -228,7 +246,9 @@ pub async fn serve_tls(
         let router = router.clone();
         let builder = Arc::clone(&builder);
         let watcher = graceful.watcher();
+        let metrics = serving.metrics.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let handshake = async {
                 if refused_plain_http(&mut tcp).await? {
                     return Ok(None);
@@ -238,14 +258,24 @@ pub async fn serve_tls(
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                 Ok(Ok(Some(tls))) => tls,
                 Ok(Ok(None)) => {
+                    metrics.handshake_error("plain-http");
                     tracing::debug!(%peer, "plain HTTP on the TLS port refused");
                     return;
                 }
                 Ok(Err(err)) => {
-                    tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                    let reason = handshake_failure(&err);
+                    metrics.handshake_error(reason);
+                    if reason == "certificate-rejected" {
+                        // The API server refusing our certificate: expired, or
+                        // not signed by its caBundle. Worth an operator's eye.
+                        tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)");
+                    } else {
+                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                    }
                     return;
                 }
                 Err(_) => {
+                    metrics.handshake_error("timeout");
                     tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
@@ -258,11 +288,34 @@ pub async fn serve_tls(
         });
     }
     drop(listener);
+    let drain = serving.drain;
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all webhook connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "webhook connections still open after the drain timeout"),
     }
     Ok(())
+}
+
+/// The metric reason of a failed handshake: the client's alert about our
+/// certificate, a client the server cannot speak with, garbage, or anything
+/// else.
+fn handshake_failure(err: &std::io::Error) -> &'static str {
+    use rustls::{AlertDescription, Error as TlsError};
+    match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+        Some(TlsError::AlertReceived(
+            AlertDescription::BadCertificate
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked,
+        )) => "certificate-rejected",
+        // TLS 1.0/1.1 and SSL clients, or no cipher suite or signature
+        // scheme in common.
+        Some(TlsError::PeerIncompatible(_)) => "incompatible-client",
+        Some(TlsError::InvalidMessage(_)) => "not-tls",
+        _ => "other",
+    }
 }
 
 /// How long a client may take to send its TLS handshake.

@@ -4,10 +4,12 @@
 //! the bytes catches every rotation.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use prometheus_client::metrics::gauge::Gauge;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -26,12 +28,17 @@ pub struct ReloadingCert {
 struct Loaded {
     bytes: (Vec<u8>, Vec<u8>),
     key: Arc<CertifiedKey>,
+    /// Unix seconds of the leaf certificate's notAfter.
+    not_after: i64,
 }
 
 impl ReloadingCert {
-    /// Loads the pair or explains which file is wrong and how.
+    /// Loads the pair or explains which file is wrong and how. An expired
+    /// certificate loads (the API server then fails open and the window task
+    /// holds new nodes late) with an error in the log and the metric.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Self> {
         let loaded = load_pair(cert_path, key_path)?;
+        warn_if_expired(cert_path, loaded.not_after);
         Ok(ReloadingCert {
             cert_path: cert_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
@@ -53,6 +60,7 @@ impl ReloadingCert {
             return Ok(false);
         }
         let loaded = parse_pair(&self.cert_path, &self.key_path, bytes)?;
+        warn_if_expired(&self.cert_path, loaded.not_after);
         *self
             .current
             .write()
@@ -60,9 +68,18 @@ impl ReloadingCert {
         Ok(true)
     }
 
-    /// Polls the files every `interval` until the process ends.
-    pub fn spawn_reloader(self: &Arc<Self>, interval: Duration) {
+    /// Unix seconds of the current certificate's notAfter.
+    pub fn not_after(&self) -> Option<i64> {
+        self.current.read().ok().map(|loaded| loaded.not_after)
+    }
+
+    /// Polls the files every `interval` until the process ends, keeping
+    /// `not_after` (the expiry metric) current.
+    pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, not_after: Gauge<i64, AtomicI64>) {
         let this = Arc::clone(self);
+        if let Some(at) = this.not_after() {
+            not_after.set(at);
+        }
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.tick().await;
@@ -70,6 +87,9 @@ impl ReloadingCert {
                 ticker.tick().await;
                 match this.reload() {
                     Ok(true) => {
+                        if let Some(at) = this.not_after() {
+                            not_after.set(at);
+                        }
                         tracing::info!(cert = %this.cert_path.display(), "serving certificate reloaded")
                     }
                     Ok(false) => {}
@@ -140,8 +160,39 @@ fn parse_pair(cert_path: &Path, key_path: &Path, bytes: (Vec<u8>, Vec<u8>)) -> R
             cert_path.display()
         )
     })?;
+    let not_after = x509_parser::parse_x509_certificate(&chain_leaf(&certified))
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .map_err(|e| {
+            anyhow!(
+                "certificate file {}: the first certificate does not parse: {e}",
+                cert_path.display()
+            )
+        })?;
     Ok(Loaded {
         bytes,
         key: Arc::new(certified),
+        not_after,
     })
+}
+
+fn chain_leaf(certified: &CertifiedKey) -> Vec<u8> {
+    certified
+        .cert
+        .first()
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default()
+}
+
+fn warn_if_expired(cert_path: &Path, not_after: i64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if not_after <= now {
+        tracing::error!(
+            cert = %cert_path.display(),
+            not_after,
+            "the serving certificate has expired: the API server refuses it and fails open \
+             (nodes register without the hold; the window task holds them late)"
+        );
+    }
 }
