@@ -49,7 +49,6 @@ pub fn generate_between(
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
 ) -> Result<DevCertificates> {
-
     let ca_key = KeyPair::generate().context("generating the CA key")?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));

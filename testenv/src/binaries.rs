@@ -166,3 +166,194 @@ fn pins_digest(module: &Path) -> Result<String> {
     let digest = hasher.finalize();
     Ok(digest[..8].iter().map(|b| format!("{b:02x}")).collect())
 }
+
+// ---------------------------------------------------------------------------
+// Install tooling: helm (built from its Go module) and cert-manager's source
+// (its CRDs), pinned by the Go modules under `testenv/tools/`.
+
+const HELM_MODULE: &str = "helm.sh/helm/v4";
+const HELM_PKG: &str = "helm.sh/helm/v4/cmd/helm";
+const CERT_MANAGER_MODULE: &str = "github.com/cert-manager/cert-manager";
+
+/// One program to build from a tool module: its package, the file name of the
+/// binary and extra `-ldflags`.
+#[derive(Debug, Clone, Copy)]
+pub struct GoTool<'a> {
+    pub package: &'a str,
+    pub binary: &'a str,
+    pub ldflags: &'a str,
+}
+
+/// The Go module under `testenv/tools/` named `name`.
+pub fn tool_module_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tools")
+        .join(name)
+}
+
+/// Builds `tools` from the pinned Go module at `module` into
+/// `target/tools/<name>/<digest>/` (returned), once per pin: the digest covers
+/// go.mod, go.sum and the Go toolchain, as for the control plane, and a file
+/// lock lets concurrent test processes share one build.
+pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
+    let digest = pins_digest(module)?;
+    let root = target_dir().join("tools").join(name);
+    let out = root.join(&digest);
+    let complete = out.join(".complete");
+    if complete.exists() {
+        return Ok(out);
+    }
+
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let lock_path = root.join(".build.lock");
+    let lock =
+        File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
+    // Another process may have finished the build while this one waited.
+    if complete.exists() {
+        return Ok(out);
+    }
+
+    let started = Instant::now();
+    eprintln!("testenv: building {name} from {}", module.display());
+    let staging = root.join(format!("{digest}.partial"));
+    if staging.exists() {
+        fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    }
+    fs::create_dir_all(&staging)?;
+    for tool in tools {
+        go_build(
+            module,
+            tool.package,
+            tool.ldflags,
+            &staging.join(tool.binary),
+        )?;
+    }
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    fs::rename(&staging, &out).with_context(|| format!("moving build to {}", out.display()))?;
+    File::create(&complete)?;
+    eprintln!(
+        "testenv: {name} built in {:.0?} into {}",
+        started.elapsed(),
+        out.display()
+    );
+    Ok(out)
+}
+
+/// The version of `module_path` that the Go module at `module` requires,
+/// read from its go.mod.
+pub fn required_version(module: &Path, module_path: &str) -> Result<String> {
+    let path = module.join("go.mod");
+    let go_mod =
+        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let prefix = format!("{module_path} ");
+    go_mod
+        .lines()
+        .map(|line| line.trim().trim_start_matches("require").trim())
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .with_context(|| format!("no {module_path} requirement in {}", path.display()))
+}
+
+/// The Go module pinning helm (`testenv/tools/helm`).
+pub fn helm_module_dir() -> PathBuf {
+    tool_module_dir("helm")
+}
+
+/// Returns the path of the pinned helm, building it first if needed.
+pub fn ensure_helm_built() -> Result<PathBuf> {
+    let module = helm_module_dir();
+    let version = required_version(&module, HELM_MODULE)?;
+    // As helm's own Makefile stamps it, so `helm version` tells the pin.
+    let stamp = format!("-X {HELM_MODULE}/internal/version.version={version}");
+    let out = ensure_tools_built(
+        "helm",
+        &module,
+        &[GoTool {
+            package: HELM_PKG,
+            binary: "helm",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("helm"))
+}
+
+/// The Go module pinning cert-manager (`testenv/tools/cert-manager`).
+pub fn cert_manager_module_dir() -> PathBuf {
+    tool_module_dir("cert-manager")
+}
+
+/// The pinned cert-manager module's source in the Go module cache,
+/// downloaded (and checked against go.sum) if needed.
+pub fn cert_manager_source() -> Result<PathBuf> {
+    let module = cert_manager_module_dir();
+    let output = go_command(&module)
+        .args(["mod", "download", "-json", CERT_MANAGER_MODULE])
+        .output()
+        .context("running `go mod download` (is Go >= 1.26 on PATH?)")?;
+    let info: serde_json::Value = serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "`go mod download {CERT_MANAGER_MODULE}` printed no JSON: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+    })?;
+    if let Some(error) = info["Error"].as_str() {
+        bail!("`go mod download {CERT_MANAGER_MODULE}` failed: {error}");
+    }
+    if !output.status.success() {
+        bail!(
+            "`go mod download {CERT_MANAGER_MODULE}` failed with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let dir = info["Dir"]
+        .as_str()
+        .context("`go mod download -json` gave no Dir")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// cert-manager's CustomResourceDefinitions (`deploy/crds/*.yaml` of the
+/// pinned module), as one multi-document YAML manifest.
+pub fn cert_manager_crds() -> Result<String> {
+    let dir = cert_manager_source()?.join("deploy/crds");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    if files.is_empty() {
+        bail!("no CRDs in {}", dir.display());
+    }
+    let mut manifest = String::new();
+    for file in files {
+        let text =
+            fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        manifest.push_str("\n---\n");
+        manifest.push_str(&text);
+    }
+    Ok(manifest)
+}
+
+/// What the install tests need besides the control plane.
+#[derive(Debug, Clone)]
+pub struct InstallTools {
+    /// The pinned helm.
+    pub helm: PathBuf,
+    /// The pinned cert-manager module's source (its CRDs).
+    pub cert_manager_source: PathBuf,
+}
+
+/// Builds helm and fetches cert-manager's source if needed: what `cargo xtask
+/// test` prepares before the tests run.
+pub fn ensure_install_tools() -> Result<InstallTools> {
+    Ok(InstallTools {
+        helm: ensure_helm_built()?,
+        cert_manager_source: cert_manager_source()?,
+    })
+}

@@ -31,6 +31,11 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
+pub use binaries::{
+    GoTool, InstallTools, cert_manager_crds, cert_manager_module_dir, cert_manager_source,
+    ensure_helm_built, ensure_install_tools, ensure_tools_built, helm_module_dir, required_version,
+    tool_module_dir,
+};
 pub use process::ManagedChild;
 
 /// The namespace node-holder's restricted identity belongs to.
@@ -274,7 +279,9 @@ impl ControlPlane {
         let client = self.admin_client().await?;
         apply_manifests(
             &client,
-            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NODE_HOLDER_NAMESPACE}\n"),
+            &format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NODE_HOLDER_NAMESPACE}\n"
+            ),
         )
         .await?;
         apply_manifests(&client, NODE_HOLDER_RBAC).await
@@ -466,4 +473,83 @@ fn random_token() -> Result<String> {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
         .context("reading /dev/urandom")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The API of `object`'s kind, in its namespace when the kind is namespaced,
+/// found by discovery (retried for up to 10 s, so that a freshly created
+/// CustomResourceDefinition has time to be served).
+async fn dynamic_api(
+    client: &kube::Client,
+    object: &kube::api::DynamicObject,
+) -> Result<kube::Api<kube::api::DynamicObject>> {
+    use kube::api::{Api, GroupVersionKind};
+    use kube::discovery::Scope;
+    let types = object
+        .types
+        .clone()
+        .context("a manifest object without apiVersion and kind")?;
+    let gvk = GroupVersionKind::try_from(&types)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (resource, capabilities) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => {
+                return Err(err).with_context(|| format!("discovering {}", types.kind));
+            }
+        }
+    };
+    Ok(match (&capabilities.scope, &object.metadata.namespace) {
+        (Scope::Namespaced, Some(namespace)) => {
+            Api::namespaced_with(client.clone(), namespace, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    })
+}
+
+/// Creates every object in `objects` (JSON values of Kubernetes objects);
+/// objects that exist already are left as they are.
+pub async fn apply_objects(client: &kube::Client, objects: &[Value]) -> Result<()> {
+    use kube::api::{DynamicObject, PostParams};
+    for document in objects {
+        let object: DynamicObject =
+            serde_json::from_value(document.clone()).context("a manifest object")?;
+        let api = dynamic_api(client, &object).await?;
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => {
+                return Err(err).with_context(|| {
+                    format!("creating {:?} {:?}", object.types, object.metadata.name)
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates every object in `objects` as a server-side dry run (`?dryRun=All`):
+/// the API server decodes, defaults, validates and admits each one, and
+/// stores nothing. Fails on the first object it rejects.
+pub async fn dry_run_objects(client: &kube::Client, objects: &[Value]) -> Result<()> {
+    use kube::api::{DynamicObject, PostParams};
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for document in objects {
+        let object: DynamicObject =
+            serde_json::from_value(document.clone()).context("a manifest object")?;
+        let api = dynamic_api(client, &object).await?;
+        api.create(&dry_run, &object).await.with_context(|| {
+            format!(
+                "the API server rejected {} {:?} (dry run)",
+                object.types.as_ref().map_or("?", |t| t.kind.as_str()),
+                object.metadata.name
+            )
+        })?;
+    }
+    Ok(())
 }

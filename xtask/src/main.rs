@@ -44,6 +44,9 @@ fn test() -> Result<()> {
     step("building the control plane (kube-apiserver, etcd)", || {
         testenv::ensure_built().map(|_| ())
     })?;
+    step("building helm, fetching cert-manager's CRDs", || {
+        testenv::ensure_install_tools().map(|_| ())
+    })?;
     step("cargo fmt --check", || {
         cargo(&["fmt", "--all", "--", "--check"])
     })?;

@@ -1,0 +1,1196 @@
+//! The install: the Helm chart (`chart/`), the plain manifests
+//! (`webhook-config/`) and the Dockerfile, checked with the pinned helm (built
+//! from its Go module, `testenv/tools/helm`) and against the real API server:
+//! - `helm lint` passes and `helm template` renders each TLS mode;
+//! - every rendered object is accepted by the API server (server-side dry
+//!   run), cert-manager's kinds against the CRDs of the pinned cert-manager
+//!   module (`testenv/tools/cert-manager`), the pod under Pod Security
+//!   `restricted` enforcement;
+//! - the chart's RBAC is exactly `webhook-config/rbac.yaml`'s, and its webhook
+//!   settings exactly those of the plain manifests;
+//! - node-holder running with nothing but the rendered chart's RBAC and
+//!   configuration completes a whole hold and release, and is refused
+//!   anything outside it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{Served, free_port, http_get, make_certs, node, register_webhook};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testenv::ControlPlane;
+
+/// Release name and namespace: the ServiceAccount is then `node-holder` in
+/// `node-holder`, the identity the test control plane gives node-holder.
+const RELEASE: &str = "node-holder";
+const NAMESPACE: &str = "node-holder";
+const HOLD: &str = "karpenter.sh/do-not-disrupt";
+const WINDOW: &str = "node-holder-window";
+const CERT_MANAGER_GROUPS: [&str; 2] = ["cert-manager.io", "acme.cert-manager.io"];
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("chart")
+}
+
+/// The pinned helm, built once per pin (shared with every other test process
+/// through testenv's lock), with its own empty home directories.
+fn helm() -> Command {
+    static HELM: OnceLock<(PathBuf, tempfile::TempDir)> = OnceLock::new();
+    let (path, home) = HELM.get_or_init(|| {
+        // What `cargo xtask test` prepares: helm and cert-manager's source.
+        let tools = testenv::ensure_install_tools()
+            .expect("helm builds from testenv/tools/helm, cert-manager's module downloads");
+        (tools.helm, tempfile::tempdir().unwrap())
+    });
+    let mut cmd = Command::new(path);
+    cmd.env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        // `helm template` needs no cluster: make sure it never finds one.
+        .env("KUBECONFIG", home.path().join("no-kubeconfig"));
+    cmd
+}
+
+/// `helm template RELEASE chart --namespace NAMESPACE` with `args`, as the
+/// rendered objects, or helm's error.
+fn try_template(args: &[&str]) -> Result<Vec<Value>, String> {
+    let kube_version = testenv::kubernetes_version(&testenv::module_dir()).unwrap();
+    let out = helm()
+        .args(["template", RELEASE])
+        .arg(chart())
+        .args(["--namespace", NAMESPACE, "--kube-version", &kube_version])
+        .args(args)
+        .output()
+        .expect("helm runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    Ok(testenv::parse_manifests(&text).unwrap())
+}
+
+fn template(args: &[&str]) -> Vec<Value> {
+    try_template(args).unwrap_or_else(|err| panic!("helm template {args:?} failed:\n{err}"))
+}
+
+/// The values of each TLS mode, by name.
+fn tls_modes() -> Vec<(&'static str, Vec<String>)> {
+    let ca = tempfile::tempdir().unwrap();
+    make_certs(ca.path());
+    let ca_bundle = base64::engine::general_purpose::STANDARD
+        .encode(std::fs::read(ca.path().join("ca.crt")).unwrap());
+    vec![
+        ("cert-manager, self-signed CA", vec![]),
+        (
+            "cert-manager, given issuer",
+            vec![
+                "--set=tls.certManager.issuerRef.name=corp-ca".into(),
+                "--set=tls.certManager.issuerRef.kind=ClusterIssuer".into(),
+            ],
+        ),
+        (
+            "provided Secret and caBundle",
+            vec![
+                "--set=tls.mode=provided".into(),
+                "--set=tls.provided.secretName=node-holder-provided-tls".into(),
+                format!("--set=tls.provided.caBundle={ca_bundle}"),
+            ],
+        ),
+    ]
+}
+
+fn strs(list: &[String]) -> Vec<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+fn kind(object: &Value) -> &str {
+    object["kind"].as_str().unwrap_or_default()
+}
+
+fn name(object: &Value) -> &str {
+    object["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn all_of<'a>(objects: &'a [Value], k: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| kind(o) == k).collect()
+}
+
+fn one<'a>(objects: &'a [Value], k: &str) -> &'a Value {
+    let found = all_of(objects, k);
+    assert_eq!(found.len(), 1, "exactly one {k} expected");
+    found[0]
+}
+
+fn is_cert_manager(object: &Value) -> bool {
+    let group = object["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    CERT_MANAGER_GROUPS.contains(&group)
+}
+
+fn container(objects: &[Value]) -> &Value {
+    let deployment = one(objects, "Deployment");
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(containers.len(), 1);
+    &containers[0]
+}
+
+/// The Deployment's environment: literal values, and `fieldRef:<path>` for
+/// values taken from the pod.
+fn env_of(objects: &[Value]) -> BTreeMap<String, String> {
+    container(objects)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some(path) => format!("fieldRef:{path}"),
+                None => e["value"].as_str().unwrap().to_string(),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
+}
+
+/// Every environment variable `node-holder serve` reads (its flags' and the
+/// global flags'), from its own help.
+fn serve_env_vars() -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let vars: BTreeSet<String> = help
+        .split("[env: ")
+        .skip(1)
+        .map(|rest| rest.split(['=', ']']).next().unwrap().to_string())
+        .collect();
+    assert!(
+        vars.len() > 15,
+        "serve --help names its variables: {vars:?}"
+    );
+    vars
+}
+
+fn rules_of(object: &Value) -> Vec<PolicyRule> {
+    serde_json::from_value(object["rules"].clone()).unwrap()
+}
+
+fn webhook_of(objects: &[Value]) -> MutatingWebhook {
+    let config: MutatingWebhookConfiguration =
+        serde_json::from_value(one(objects, "MutatingWebhookConfiguration").clone()).unwrap();
+    let mut webhooks = config.webhooks.unwrap();
+    assert_eq!(webhooks.len(), 1);
+    webhooks.remove(0)
+}
+
+fn manifest(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap();
+    testenv::parse_manifests(&text).unwrap()
+}
+
+#[test]
+fn helm_lint_passes_for_each_tls_mode() {
+    for (mode, values) in tls_modes() {
+        let out = helm()
+            .args(["lint", "--strict"])
+            .arg(chart())
+            .args(strs(&values))
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "helm lint ({mode}):\n{text}");
+        assert!(text.contains("0 chart(s) failed"), "{mode}:\n{text}");
+        assert!(
+            !text.contains("[ERROR]") && !text.contains("[WARNING]"),
+            "{mode}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn helm_is_the_pinned_release() {
+    let out = helm().args(["version", "--short"]).output().unwrap();
+    let version = String::from_utf8(out.stdout).unwrap();
+    let pinned = testenv::required_version(&testenv::helm_module_dir(), "helm.sh/helm/v4").unwrap();
+    assert!(version.starts_with(&pinned), "{version} is not {pinned}");
+}
+
+#[test]
+fn each_tls_mode_renders_its_certificates_and_ca_bundle() {
+    for (mode, values) in tls_modes() {
+        let objects = template(&strs(&values));
+        let webhook = webhook_of(&objects);
+        let config = one(&objects, "MutatingWebhookConfiguration");
+        let inject = &config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+        let volume_secret = &one(&objects, "Deployment")["spec"]["template"]["spec"]["volumes"][0]
+            ["secret"]["secretName"];
+        let service = webhook.client_config.service.as_ref().unwrap();
+        assert_eq!(
+            (
+                service.name.as_str(),
+                service.namespace.as_str(),
+                service.path.as_deref(),
+                service.port
+            ),
+            (RELEASE, NAMESPACE, Some("/mutate"), Some(443)),
+            "{mode}"
+        );
+        assert!(webhook.client_config.url.is_none(), "{mode}");
+        // Every namespaced object lands in the release namespace.
+        for object in &objects {
+            let cluster_scoped = matches!(
+                kind(object),
+                "ClusterRole" | "ClusterRoleBinding" | "MutatingWebhookConfiguration"
+            );
+            assert_eq!(
+                object["metadata"]["namespace"].as_str(),
+                (!cluster_scoped).then_some(NAMESPACE),
+                "{mode}: {} {}",
+                kind(object),
+                name(object)
+            );
+        }
+        let certificates = all_of(&objects, "Certificate");
+        let issuers = all_of(&objects, "Issuer");
+        match mode {
+            "cert-manager, self-signed CA" => {
+                assert_eq!(inject, "node-holder/node-holder-serving");
+                assert!(webhook.client_config.ca_bundle.is_none());
+                assert_eq!(volume_secret, "node-holder-tls");
+                let names: BTreeSet<&str> = issuers.iter().map(|i| name(i)).collect();
+                assert_eq!(
+                    names,
+                    BTreeSet::from(["node-holder-selfsigned", "node-holder-ca"])
+                );
+                let selfsigned = issuers
+                    .iter()
+                    .find(|i| name(i) == "node-holder-selfsigned")
+                    .unwrap();
+                assert_eq!(selfsigned["spec"], json!({"selfSigned": {}}));
+                let ca_issuer = issuers
+                    .iter()
+                    .find(|i| name(i) == "node-holder-ca")
+                    .unwrap();
+                assert_eq!(ca_issuer["spec"]["ca"]["secretName"], "node-holder-ca");
+                assert_eq!(certificates.len(), 2);
+                let ca = certificates
+                    .iter()
+                    .find(|c| name(c) == "node-holder-ca")
+                    .unwrap();
+                assert_eq!(ca["spec"]["isCA"], true);
+                assert_eq!(ca["spec"]["secretName"], "node-holder-ca");
+                assert_eq!(ca["spec"]["issuerRef"]["name"], "node-holder-selfsigned");
+                let serving = certificates
+                    .iter()
+                    .find(|c| name(c) == "node-holder-serving")
+                    .unwrap();
+                assert_eq!(serving["spec"]["issuerRef"]["name"], "node-holder-ca");
+                assert_eq!(serving["spec"]["issuerRef"]["kind"], "Issuer");
+            }
+            "cert-manager, given issuer" => {
+                assert_eq!(inject, "node-holder/node-holder-serving");
+                assert!(webhook.client_config.ca_bundle.is_none());
+                assert!(issuers.is_empty(), "no issuer of the chart's own");
+                assert_eq!(certificates.len(), 1);
+                assert_eq!(
+                    certificates[0]["spec"]["issuerRef"],
+                    json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+                );
+            }
+            "provided Secret and caBundle" => {
+                assert!(inject.is_null());
+                assert!(
+                    objects.iter().all(|o| !is_cert_manager(o)),
+                    "no cert-manager objects"
+                );
+                assert_eq!(volume_secret, "node-holder-provided-tls");
+                let bundle = webhook.client_config.ca_bundle.unwrap().0;
+                assert!(
+                    String::from_utf8(bundle)
+                        .unwrap()
+                        .contains("BEGIN CERTIFICATE"),
+                    "the caBundle is the PEM CA"
+                );
+            }
+            other => unreachable!("{other}"),
+        }
+        if let Some(serving) = certificates
+            .iter()
+            .find(|c| name(c) == "node-holder-serving")
+        {
+            assert_eq!(serving["spec"]["secretName"], "node-holder-tls");
+            assert_eq!(
+                serving["spec"]["dnsNames"],
+                json!([
+                    "node-holder.node-holder.svc",
+                    "node-holder.node-holder.svc.cluster.local"
+                ]),
+                "{mode}: the Service's DNS names"
+            );
+            assert!(
+                serving["spec"]["usages"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("server auth"))
+            );
+        }
+    }
+}
+
+#[test]
+fn helm_template_refuses_incomplete_or_unsafe_values() {
+    for (values, says) in [
+        (vec!["--set=tls.mode=provided"], "tls.provided.caBundle"),
+        (
+            vec![
+                "--set=tls.mode=provided",
+                "--set=tls.provided.caBundle=Zm9v",
+            ],
+            "tls.provided.secretName",
+        ),
+        (vec!["--set=tls.mode=selfmade"], "tls.mode must be"),
+        (vec!["--set=config.scope=galaxy"], "config.scope must be"),
+        (
+            vec!["--set=tls.certManager.issuerRef.kind=ClusterIssuer"],
+            "issuerRef.name",
+        ),
+        // 5s + 10s: the kubelet would kill a replica still draining.
+        (
+            vec!["--set=terminationGracePeriodSeconds=15"],
+            "must be longer than",
+        ),
+        (
+            vec!["--set=config.drainTimeout=10 fortnights"],
+            "unknown duration unit",
+        ),
+        (
+            vec!["--set=webhook.timeoutSeconds=60"],
+            "webhook.timeoutSeconds",
+        ),
+    ] {
+        let err = try_template(&values).expect_err(&format!("{values:?} renders"));
+        assert!(err.contains(says), "{values:?}: {err}");
+    }
+}
+
+#[test]
+fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
+    // Every variable `node-holder serve` reads is set, and nothing else.
+    let objects = template(&[
+        "--set=config.holdPresets={karpenter-v1,cluster-autoscaler}",
+        "--set=config.holdAnnotations.example\\.com/hold=yes",
+        "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
+    ]);
+    let env = env_of(&objects);
+    let names: BTreeSet<String> = env.keys().cloned().collect();
+    assert_eq!(names, serve_env_vars(), "chart env vs `serve --help`");
+    assert_eq!(
+        env["NODE_HOLDER_HOLD_PRESETS"],
+        "karpenter-v1,cluster-autoscaler"
+    );
+    assert_eq!(
+        env["NODE_HOLDER_HOLD_ANNOTATIONS"],
+        "a.example.com/keep=please,example.com/hold=yes"
+    );
+    assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
+    assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
+    assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
+    assert_eq!(env["NODE_HOLDER_ADMIN_ADDR"], "0.0.0.0:8080");
+    assert_eq!(
+        env["NODE_HOLDER_TLS_CERT_FILE"],
+        "/etc/node-holder/tls/tls.crt"
+    );
+    assert_eq!(
+        env["NODE_HOLDER_TLS_KEY_FILE"],
+        "/etc/node-holder/tls/tls.key"
+    );
+
+    // Defaults: the flags' own defaults, but JSON logs; empty lists unset
+    // (serve refuses an empty list).
+    let objects = template(&[]);
+    let env = env_of(&objects);
+    for (var, value) in [
+        ("NODE_HOLDER_HOLD_DURATION", "20m"),
+        ("NODE_HOLDER_MAX_HOLD", "2h"),
+        ("NODE_HOLDER_SCOPE", "cluster"),
+        ("NODE_HOLDER_NODE_SELECTOR", ""),
+        ("NODE_HOLDER_LEASE_DURATION", "15s"),
+        ("NODE_HOLDER_API_QPS", "250"),
+        ("NODE_HOLDER_API_MAX_IN_FLIGHT", "16"),
+        ("NODE_HOLDER_COALESCE_IDLE", "1s"),
+        ("NODE_HOLDER_COALESCE_MAX", "10s"),
+        ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
+        ("NODE_HOLDER_MAX_CONCURRENT_REQUESTS", "256"),
+        ("NODE_HOLDER_MAX_CONNECTIONS", "1024"),
+        ("NODE_HOLDER_SHUTDOWN_GRACE", "5s"),
+        ("NODE_HOLDER_DRAIN_TIMEOUT", "10s"),
+        ("NODE_HOLDER_TLS_RELOAD_INTERVAL", "10s"),
+        ("NODE_HOLDER_LOG_FORMAT", "json"),
+        ("NODE_HOLDER_LOG_LEVEL", "info"),
+    ] {
+        assert_eq!(env[var], value, "{var}");
+    }
+    assert!(!env.contains_key("NODE_HOLDER_HOLD_PRESETS"));
+    assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
+
+    let deployment = one(&objects, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let c = container(&objects);
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(pod["serviceAccountName"], "node-holder");
+    assert_eq!(c["args"], json!(["serve"]));
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(
+        anti["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        anti["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let pdb = one(&objects, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let port = |name: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .clone()
+    };
+    assert_eq!(port("webhook"), 8443);
+    assert_eq!(port("admin"), 8080);
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "admin"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "admin"})
+    );
+    let security = &c["securityContext"];
+    assert_eq!(security["runAsNonRoot"], true);
+    assert_eq!(security["runAsUser"], 65532);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": "tls", "mountPath": "/etc/node-holder/tls", "readOnly": true}])
+    );
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    assert!(pod.get("priorityClassName").is_none());
+    // Longer than --shutdown-grace + --drain-timeout (5s + 10s).
+    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 15);
+    let service = one(&objects, "Service");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        service["spec"]["ports"][0],
+        json!({"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"})
+    );
+
+    // Values reach the pod.
+    let objects = template(&[
+        "--set=priorityClassName=system-cluster-critical",
+        "--set=config.shutdownGrace=1m",
+        "--set=config.drainTimeout=30s",
+        "--set=config.holdDuration=90s",
+        "--set=config.scope=node",
+        "--set=config.apiQps=1000000",
+        "--set=replicaCount=3",
+        "--set=webhook.objectSelector.matchLabels.pool=batch",
+    ]);
+    let pod = &one(&objects, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 90);
+    let env = env_of(&objects);
+    assert_eq!(env["NODE_HOLDER_HOLD_DURATION"], "90s");
+    assert_eq!(env["NODE_HOLDER_SCOPE"], "node");
+    assert_eq!(env["NODE_HOLDER_API_QPS"], "1000000");
+    assert_eq!(one(&objects, "Deployment")["spec"]["replicas"], 3);
+    let webhook = webhook_of(&objects);
+    assert_eq!(
+        serde_json::to_value(webhook.object_selector).unwrap(),
+        json!({"matchLabels": {"pool": "batch"}})
+    );
+    // One replica: no PodDisruptionBudget that would block every drain.
+    assert!(all_of(&template(&["--set=replicaCount=1"]), "PodDisruptionBudget").is_empty());
+}
+
+#[test]
+fn the_dockerfile_builds_node_holder_for_a_non_root_user() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let lines: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let stages: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(stages.len(), 2, "multi-stage: {stages:?}");
+    assert!(stages[1].contains("distroless"), "{}", stages[1]);
+    assert!(dockerfile.contains("--locked"));
+    assert!(dockerfile.contains("--bin node-holder"));
+    // Instructions after the last FROM describe the runtime image.
+    let runtime = &lines[lines.iter().rposition(|l| l.starts_with("FROM ")).unwrap()..];
+    let user = runtime
+        .iter()
+        .find_map(|l| l.strip_prefix("USER "))
+        .unwrap();
+    assert_eq!(
+        user.split(':').next(),
+        Some("65532"),
+        "runs as the chart's runAsUser"
+    );
+    assert!(runtime.contains(&r#"ENTRYPOINT ["/usr/local/bin/node-holder"]"#));
+    assert!(runtime.contains(&r#"CMD ["serve"]"#));
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    for entry in ["target/", ".git/", "certs/dev/"] {
+        assert!(ignore.lines().any(|l| l.trim() == entry), "{entry} ignored");
+    }
+}
+
+#[test]
+fn the_charts_rbac_is_exactly_webhook_config_rbac() {
+    let plain = manifest("webhook-config/rbac.yaml");
+    for (mode, values) in tls_modes() {
+        let objects = template(&strs(&values));
+        for k in ["ClusterRole", "Role"] {
+            assert_eq!(
+                rules_of(one(&objects, k)),
+                rules_of(one(&plain, k)),
+                "{mode}: {k} rules"
+            );
+        }
+        for k in ["ClusterRoleBinding", "RoleBinding"] {
+            assert_eq!(
+                one(&objects, k)["subjects"],
+                one(&plain, k)["subjects"],
+                "{mode}: {k}"
+            );
+            assert_eq!(
+                one(&objects, k)["roleRef"],
+                one(&plain, k)["roleRef"],
+                "{mode}: {k}"
+            );
+        }
+        let account = one(&objects, "ServiceAccount");
+        assert_eq!(account["metadata"]["name"], "node-holder");
+        assert_eq!(account["metadata"]["namespace"], "node-holder");
+        assert_eq!(
+            format!("system:serviceaccount:{NAMESPACE}:{}", name(account)),
+            testenv::NODE_HOLDER_USER,
+            "the identity the tests run node-holder as"
+        );
+        // The chart grants nothing else.
+        let rbac_kinds = objects
+            .iter()
+            .filter(|o| kind(o).contains("Role") || kind(o) == "ServiceAccount")
+            .count();
+        assert_eq!(rbac_kinds, 5, "{mode}");
+    }
+}
+
+#[test]
+fn the_plain_webhook_manifests_carry_the_charts_rules_and_settings() {
+    let service_manifest = manifest("webhook-config/webhook-service.yaml");
+    let local_manifest = manifest("webhook-config/webhook-local.yaml");
+    let plain_service = webhook_of(&service_manifest);
+    let local = webhook_of(&local_manifest);
+    for (mode, values) in tls_modes() {
+        let objects = template(&strs(&values));
+        let chart = webhook_of(&objects);
+        for (file, plain) in [
+            ("webhook-service.yaml", &plain_service),
+            ("webhook-local.yaml", &local),
+        ] {
+            let what = format!("{mode} vs {file}");
+            assert_eq!(chart.name, plain.name, "{what}: name");
+            assert_eq!(chart.rules, plain.rules, "{what}: rules");
+            assert_eq!(
+                chart.failure_policy, plain.failure_policy,
+                "{what}: failurePolicy"
+            );
+            assert_eq!(
+                chart.side_effects, plain.side_effects,
+                "{what}: sideEffects"
+            );
+            assert_eq!(
+                chart.timeout_seconds, plain.timeout_seconds,
+                "{what}: timeoutSeconds"
+            );
+            assert_eq!(
+                chart.admission_review_versions, plain.admission_review_versions,
+                "{what}: admissionReviewVersions"
+            );
+            assert_eq!(
+                chart.reinvocation_policy, plain.reinvocation_policy,
+                "{what}: reinvocationPolicy"
+            );
+            assert_eq!(
+                chart.match_policy, plain.match_policy,
+                "{what}: matchPolicy"
+            );
+            assert_eq!(
+                chart.object_selector, plain.object_selector,
+                "{what}: objectSelector"
+            );
+            assert_eq!(
+                chart.match_conditions, plain.match_conditions,
+                "{what}: matchConditions"
+            );
+            assert_eq!(
+                chart.namespace_selector, plain.namespace_selector,
+                "{what}: namespaceSelector"
+            );
+        }
+        // The settings themselves, as issue 7 and REFERENCE.md ask.
+        assert_eq!(chart.failure_policy.as_deref(), Some("Ignore"));
+        assert_eq!(chart.side_effects, "None");
+        assert!(chart.timeout_seconds.is_some_and(|t| (1..=5).contains(&t)));
+        assert_eq!(chart.admission_review_versions, vec!["v1".to_string()]);
+        let rule = &chart.rules.as_ref().unwrap()[0];
+        assert_eq!(rule.operations, Some(vec!["CREATE".to_string()]));
+        assert_eq!(rule.resources, Some(vec!["nodes".to_string()]));
+        assert_eq!(rule.scope.as_deref(), Some("Cluster"));
+        // The Service route is the chart's.
+        assert_eq!(
+            chart.client_config.service, plain_service.client_config.service,
+            "{mode}: service clientConfig"
+        );
+        assert_eq!(
+            one(&objects, "MutatingWebhookConfiguration")["metadata"]["name"],
+            one(&service_manifest, "MutatingWebhookConfiguration")["metadata"]["name"]
+        );
+        let service = one(&objects, "Service");
+        let plain = one(&service_manifest, "Service");
+        assert_eq!(service["metadata"]["name"], plain["metadata"]["name"]);
+        assert_eq!(
+            service["metadata"]["namespace"],
+            plain["metadata"]["namespace"]
+        );
+        assert_eq!(service["spec"]["selector"], plain["spec"]["selector"]);
+        let ports = |s: &Value| -> Vec<(Value, Value)> {
+            s["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p["name"].clone(), p["port"].clone()))
+                .collect()
+        };
+        assert_eq!(ports(service), ports(plain), "{mode}: Service ports");
+    }
+    assert!(local.client_config.service.is_none());
+    assert_eq!(
+        local.client_config.url.as_deref(),
+        Some("https://127.0.0.1:8443/mutate")
+    );
+}
+
+/// Installs cert-manager's CRDs (from the pinned module's `deploy/crds`) and
+/// waits until the API server serves them.
+async fn install_cert_manager_crds(cp: &ControlPlane) {
+    let client = cp.admin_client().await.unwrap();
+    let crds = tokio::task::spawn_blocking(testenv::cert_manager_crds)
+        .await
+        .unwrap()
+        .expect("cert-manager's CRDs from the pinned module");
+    testenv::apply_manifests(&client, &crds).await.unwrap();
+    let names: Vec<String> = testenv::parse_manifests(&crds)
+        .unwrap()
+        .iter()
+        .map(|c| name(c).to_string())
+        .collect();
+    assert!(names.contains(&"certificates.cert-manager.io".to_string()));
+    assert!(names.contains(&"issuers.cert-manager.io".to_string()));
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for crd in names {
+        loop {
+            let established = api.get(&crd).await.unwrap().status.is_some_and(|s| {
+                s.conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if established {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{crd} never established");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The release namespace, enforcing the `restricted` Pod Security Standard.
+async fn create_restricted_namespace(cp: &ControlPlane) {
+    let client = cp.admin_client().await.unwrap();
+    testenv::apply_objects(
+        &client,
+        &[json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": NAMESPACE,
+                "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+            },
+        })],
+    )
+    .await
+    .unwrap();
+}
+
+/// A Pod from the Deployment's template, as the ReplicaSet controller would
+/// create it.
+fn pod_of(objects: &[Value]) -> Value {
+    let deployment = one(objects, "Deployment");
+    let template = &deployment["spec"]["template"];
+    let mut metadata = template["metadata"].clone();
+    metadata["name"] = json!("node-holder-pod");
+    metadata["namespace"] = json!(NAMESPACE);
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+}
+
+#[tokio::test]
+async fn every_rendered_object_is_accepted_by_the_api_server() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = cp.admin_client().await.unwrap();
+    create_restricted_namespace(&cp).await;
+    install_cert_manager_crds(&cp).await;
+    for (mode, values) in tokio::task::spawn_blocking(tls_modes).await.unwrap() {
+        let objects = tokio::task::spawn_blocking(move || template(&strs(&values)))
+            .await
+            .unwrap();
+        testenv::dry_run_objects(&client, &objects)
+            .await
+            .unwrap_or_else(|err| panic!("{mode}: {err:#}"));
+        // The pod the Deployment makes passes `restricted` enforcement.
+        testenv::dry_run_objects(&client, &[pod_of(&objects)])
+            .await
+            .unwrap_or_else(|err| panic!("{mode}: the pod: {err:#}"));
+    }
+    // ...with a priority class too.
+    let objects = tokio::task::spawn_blocking(|| {
+        template(&["--set=priorityClassName=system-cluster-critical"])
+    })
+    .await
+    .unwrap();
+    testenv::dry_run_objects(
+        &client,
+        &[one(&objects, "Deployment").clone(), pod_of(&objects)],
+    )
+    .await
+    .unwrap();
+    // ...and with the webhook's optional selectors, which the API server
+    // checks (CEL compiled, selector parsed).
+    let objects = tokio::task::spawn_blocking(|| {
+        template(&[
+            "--set-json=webhook.objectSelector={\"matchExpressions\":[{\"key\":\"node-holder.dev/skip\",\"operator\":\"DoesNotExist\"}]}",
+            "--set-json=webhook.matchConditions=[{\"name\":\"not-virtual\",\"expression\":\"!has(object.metadata.labels) || object.metadata.labels[?'type'].orValue('') != 'virtual-kubelet'\"}]",
+        ])
+    })
+    .await
+    .unwrap();
+    let webhook = webhook_of(&objects);
+    assert_eq!(
+        webhook.match_conditions.as_ref().unwrap()[0].name,
+        "not-virtual"
+    );
+    assert!(webhook.object_selector.is_some());
+    testenv::dry_run_objects(
+        &client,
+        &[one(&objects, "MutatingWebhookConfiguration").clone()],
+    )
+    .await
+    .unwrap();
+    let mut broken = one(&objects, "MutatingWebhookConfiguration").clone();
+    broken["webhooks"][0]["matchConditions"][0]["expression"] = json!("object.metadata.(");
+    testenv::dry_run_objects(&client, &[broken])
+        .await
+        .expect_err("a CEL expression that does not compile is refused");
+    // The enforcement is real: a pod that may escalate is refused.
+    let mut loose = pod_of(&objects);
+    loose["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+    let err = testenv::dry_run_objects(&client, &[loose])
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("allowPrivilegeEscalation"),
+        "{err:#}"
+    );
+
+    // The plain manifests too.
+    for path in [
+        "webhook-config/rbac.yaml",
+        "webhook-config/webhook-service.yaml",
+        "webhook-config/webhook-local.yaml",
+    ] {
+        testenv::dry_run_objects(&client, &manifest(path))
+            .await
+            .unwrap_or_else(|err| panic!("{path}: {err:#}"));
+    }
+    // Nothing was stored.
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client);
+    assert!(
+        configs
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+/// Starts `node-holder serve` as node-holder's restricted identity with the
+/// rendered Deployment's arguments and environment: the pod's own fields
+/// filled in as the kubelet would, the addresses and certificate files local.
+/// Grants nothing (unlike `common::serve`, which installs
+/// webhook-config/rbac.yaml).
+async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) -> Served {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let (webhook_port, admin_port) = (free_port(), free_port());
+    let mut env = env_of(objects);
+    for (var, value) in env.iter_mut() {
+        match value.as_str() {
+            "fieldRef:metadata.namespace" => *value = NAMESPACE.into(),
+            "fieldRef:metadata.name" => *value = "node-holder-5d8f7-abcde".into(),
+            other => assert!(!other.starts_with("fieldRef:"), "{var}: {other}"),
+        }
+    }
+    env.insert(
+        "NODE_HOLDER_WEBHOOK_ADDR".into(),
+        format!("127.0.0.1:{webhook_port}"),
+    );
+    env.insert(
+        "NODE_HOLDER_ADMIN_ADDR".into(),
+        format!("127.0.0.1:{admin_port}"),
+    );
+    for file in ["tls.crt", "tls.key"] {
+        let var = format!(
+            "NODE_HOLDER_TLS_{}_FILE",
+            if file == "tls.crt" { "CERT" } else { "KEY" }
+        );
+        assert_eq!(env[&var], format!("/etc/node-holder/tls/{file}"));
+        env.insert(var, certs.path().join(file).display().to_string());
+    }
+    let args: Vec<String> = serde_json::from_value(container(objects)["args"].clone()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_node-holder"));
+    for (var, _) in std::env::vars() {
+        if var.starts_with("NODE_HOLDER_") {
+            command.env_remove(var);
+        }
+    }
+    let child = command
+        .args(&args)
+        .envs(&env)
+        .env("KUBECONFIG", cp.node_holder_kubeconfig())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(certs.path().join("serve.log")).unwrap())
+        .spawn()
+        .expect("node-holder serve starts");
+    let mut served = Served {
+        child,
+        webhook_port,
+        admin_port,
+        certs,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _)) = http_get(admin_port, "/readyz").await {
+            return served;
+        }
+        if let Some(status) = served.child.try_wait().unwrap() {
+            panic!("node-holder serve exited: {status}\n{}", served.log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-holder serve never turned ready\n{}",
+            served.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn carries_node_holders_hold(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get("node-holder.dev/held").is_some_and(|v| v == "true"))
+        && node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.get(HOLD).is_some_and(|v| v == "true"))
+}
+
+fn carries_anything_of_node_holders(node: &Node) -> bool {
+    let ours = |k: &String| k.starts_with("node-holder.dev/") || k == HOLD;
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.keys().any(ours))
+        || node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.keys().any(ours))
+}
+
+/// Polls `check` every 100 ms until it holds or `limit` passes.
+async fn eventually<F, Fut>(what: &str, limit: Duration, served: &Served, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}\n{}",
+            served.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_more() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    let restricted = cp.node_holder_client().await.unwrap();
+    create_restricted_namespace(&cp).await;
+    // Before the chart's RBAC, node-holder's identity may do nothing.
+    let restricted_nodes: Api<Node> = Api::all(restricted.clone());
+    forbidden(
+        "listing nodes before the chart's RBAC",
+        restricted_nodes.list(&ListParams::default()).await,
+    );
+
+    // The chart's RBAC objects and configuration, with a short window.
+    let objects = tokio::task::spawn_blocking(|| {
+        template(&[
+            "--set=config.holdDuration=4s",
+            "--set=config.coalesceIdle=200ms",
+            "--set=config.coalesceMax=1s",
+            "--set=config.leaseDuration=3s",
+        ])
+    })
+    .await
+    .unwrap();
+    let rbac: Vec<Value> = objects
+        .iter()
+        .filter(|o| {
+            matches!(
+                kind(o),
+                "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding"
+            )
+        })
+        .cloned()
+        .collect();
+    assert_eq!(rbac.len(), 5);
+    testenv::apply_objects(&admin, &rbac).await.unwrap();
+
+    // A node older than the hold: it opens no window, but is held in one.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .create(&PostParams::default(), &node("old-1"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let served = serve_as_the_chart_configures_it(&cp, &objects).await;
+    register_webhook(&cp, &served).await;
+    let created = nodes
+        .create(&PostParams::default(), &node("new-1"))
+        .await
+        .unwrap();
+    assert!(carries_node_holders_hold(&created), "held by the webhook");
+    let api = &nodes;
+    eventually(
+        "the old node held by the window task",
+        Duration::from_secs(10),
+        &served,
+        || async move { carries_node_holders_hold(&api.get("old-1").await.unwrap()) },
+    )
+    .await;
+    // The window record and the Lease, the pod's name as the identity.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    assert!(config_maps.get(WINDOW).await.is_ok(), "the window record");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), NAMESPACE);
+    let lease = leases.get(WINDOW).await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("node-holder-5d8f7-abcde")
+    );
+
+    eventually(
+        "every hold released",
+        Duration::from_secs(15),
+        &served,
+        || async move {
+            api.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .all(|n| !carries_anything_of_node_holders(n))
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let events = &events;
+    eventually(
+        "hold and release events",
+        Duration::from_secs(10),
+        &served,
+        || async move {
+            let reasons: Vec<(String, String)> = events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
+                .collect();
+            let has =
+                |node: &str, reason: &str| reasons.iter().any(|(n, r)| n == node && r == reason);
+            has("new-1", "HoldWindowOpened")
+                && has("old-1", "HoldApplied")
+                && has("old-1", "HoldReleased")
+        },
+    )
+    .await;
+    let log = served.log();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "node-holder was refused something it needs:\n{log}"
+    );
+
+    // Outside the chart's RBAC: refused.
+    let config_map = |name: &str| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    config_maps
+        .create(&PostParams::default(), &config_map("other"))
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(restricted.clone(), NAMESPACE);
+    forbidden(
+        "listing Secrets",
+        secrets.list(&ListParams::default()).await,
+    );
+    forbidden("reading a Secret", secrets.get("node-holder-tls").await);
+    let all_secrets: Api<Secret> = Api::all(restricted.clone());
+    forbidden(
+        "listing Secrets cluster-wide",
+        all_secrets.list(&ListParams::default()).await,
+    );
+    forbidden(
+        "deleting a node",
+        restricted_nodes
+            .delete("old-1", &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "creating a node",
+        restricted_nodes
+            .create(&PostParams::default(), &node("by-node-holder"))
+            .await,
+    );
+    let restricted_config_maps: Api<ConfigMap> = Api::namespaced(restricted.clone(), NAMESPACE);
+    forbidden(
+        "patching a ConfigMap of another name",
+        restricted_config_maps
+            .patch(
+                "other",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"x": "y"}})),
+            )
+            .await,
+    );
+    forbidden(
+        "reading a ConfigMap of another name",
+        restricted_config_maps.get("other").await,
+    );
+    forbidden(
+        "deleting the window record",
+        restricted_config_maps
+            .delete(WINDOW, &DeleteParams::default())
+            .await,
+    );
+    let restricted_leases: Api<Lease> = Api::namespaced(restricted.clone(), NAMESPACE);
+    forbidden(
+        "reading another Lease",
+        restricted_leases.get("other").await,
+    );
+    let default_config_maps: Api<ConfigMap> = Api::namespaced(restricted.clone(), "default");
+    forbidden(
+        "creating a ConfigMap in another namespace",
+        default_config_maps
+            .create(&PostParams::default(), &config_map(WINDOW))
+            .await,
+    );
+    let pods: Api<Pod> = Api::all(restricted.clone());
+    forbidden("listing pods", pods.list(&ListParams::default()).await);
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(restricted.clone());
+    forbidden(
+        "listing webhook configurations",
+        webhooks.list(&ListParams::default()).await,
+    );
+    // ...and inside it: allowed.
+    assert!(restricted_config_maps.get(WINDOW).await.is_ok());
+    assert!(restricted_leases.get(WINDOW).await.is_ok());
+    assert!(restricted_nodes.list(&ListParams::default()).await.is_ok());
+}
