@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +19,8 @@ use crate::core::window::Observed;
 
 const QUEUE: usize = 10_000;
 const PER_SECOND: u32 = 20;
+/// `reportingController` of node-holder's Events.
+const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
 /// One Event on one node.
 #[derive(Debug, Clone)]
@@ -101,18 +105,17 @@ pub struct EventSink {
 }
 
 impl EventSink {
-    /// Starts the publishing task; it ends with `stop`.
+    /// Starts the publishing task; it ends with `stop`. Events are created
+    /// one by one without kube's Recorder, whose series cache would keep
+    /// every Event of a bulk pass in memory for minutes: each of ours is about
+    /// one node and one moment, so there is no series to build.
     pub fn spawn(client: kube::Client, instance: &str, stop: CancellationToken) -> Self {
         let (queue, mut events) = mpsc::channel::<HoldEvent>(QUEUE);
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: "node-holder".to_string(),
-                instance: Some(instance.to_string()),
-            },
-        );
+        let api: Api<K8sEvent> = Api::namespaced(client, "default");
+        let instance = instance.to_string();
         tokio::spawn(async move {
             let mut pacer = tokio::time::interval(Duration::from_secs(1) / PER_SECOND);
+            let mut failures = 0u64;
             loop {
                 let event = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -122,27 +125,15 @@ impl EventSink {
                     },
                 };
                 pacer.tick().await;
-                let reference = ObjectReference {
-                    api_version: Some("v1".to_string()),
-                    kind: Some("Node".to_string()),
-                    name: Some(event.node.clone()),
-                    uid: event.uid.clone(),
-                    ..ObjectReference::default()
-                };
-                let published = recorder
-                    .publish(
-                        &Event {
-                            type_: EventType::Normal,
-                            reason: event.reason.to_string(),
-                            note: Some(event.note),
-                            action: event.action.to_string(),
-                            secondary: None,
-                        },
-                        &reference,
-                    )
-                    .await;
-                if let Err(err) = published {
-                    tracing::debug!(node = %event.node, error = %err, "publishing an event failed");
+                if let Err(err) = api
+                    .create(&PostParams::default(), &event.to_k8s(&instance))
+                    .await
+                {
+                    failures += 1;
+                    // The 1st, 2nd, 4th, 8th… failure: visible, never a flood.
+                    if failures.is_power_of_two() {
+                        tracing::warn!(node = %event.node, failures, error = %err, "publishing an event failed");
+                    }
                 }
             }
         });
@@ -155,4 +146,47 @@ impl EventSink {
             tracing::debug!(node = %event.node, reason = event.reason, "event queue full; event dropped");
         }
     }
+}
+
+impl HoldEvent {
+    /// The `events.k8s.io/v1` Event, in the default namespace (Nodes are
+    /// cluster-scoped), named by the API server.
+    fn to_k8s(&self, instance: &str) -> K8sEvent {
+        K8sEvent {
+            metadata: ObjectMeta {
+                // As kubectl and client-go name Events: object name, time.
+                name: Some(format!(
+                    "{}.{:x}",
+                    truncate(&self.node, 230),
+                    Timestamp::now().as_nanosecond()
+                )),
+                namespace: Some("default".to_string()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(Timestamp::now())),
+            action: Some(self.action.to_string()),
+            reason: Some(self.reason.to_string()),
+            note: Some(self.note.clone()),
+            type_: Some("Normal".to_string()),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
+            reporting_instance: Some(instance.to_string()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Node".to_string()),
+                name: Some(self.node.clone()),
+                uid: self.uid.clone(),
+                ..ObjectReference::default()
+            }),
+            ..K8sEvent::default()
+        }
+    }
+}
+
+/// At most `max` bytes of `name`, cut at a character boundary.
+fn truncate(name: &str, max: usize) -> &str {
+    let mut end = name.len().min(max);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].trim_end_matches(['.', '-'])
 }

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::admission::AdmissionPolicy;
 use crate::core::holds::{MARKER_LABEL, MARKER_VALUE};
+use crate::core::patch::keep_what_patches_read;
 use crate::core::plan::{NodePatch, NodeView, plan};
 use crate::core::window::{Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
@@ -141,6 +142,58 @@ pub async fn run(
     Ok(())
 }
 
+/// What the node watch has seen so far: complete lists, and changes since.
+#[derive(Debug, Default, Clone, Copy)]
+struct Feed {
+    lists: u64,
+    changes: u64,
+}
+
+/// Aborts the task when dropped: the watch ends with the leadership.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Watches Node metadata into a store, in a task of its own so that the
+/// watch is read even while a long pass patches thousands of nodes (the API
+/// server closes watchers that fall behind). Objects are trimmed to what the
+/// plan reads before they are stored. The receiver reports progress; it
+/// closes when the watch task ends.
+fn watch_nodes(
+    client: kube::Client,
+    holds: crate::core::holds::Holds,
+) -> (
+    Store<PartialObjectMeta<Node>>,
+    (tokio::sync::watch::Receiver<Feed>, AbortOnDrop),
+) {
+    let (store, writer) = reflector::store::<PartialObjectMeta<Node>>();
+    // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, watcher::Config::default())
+            .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds)),
+    )
+    .default_backoff();
+    let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(Event::InitDone) => feed.send_modify(|f| f.lists += 1),
+                Ok(Event::Apply(_) | Event::Delete(_)) => feed.send_modify(|f| f.changes += 1),
+                Ok(Event::Init | Event::InitApply(_)) => {}
+                Err(err) => tracing::warn!(error = %err, "node watch failed; retrying"),
+            }
+        }
+    });
+    (store, (receiver, AbortOnDrop(task)))
+}
+
 /// The leader's state between passes.
 struct WindowTask {
     client: kube::Client,
@@ -198,14 +251,8 @@ impl WindowTask {
                 .is_none_or(|through| through < at)
         });
 
-        let (nodes, writer) = reflector::store::<PartialObjectMeta<Node>>();
-        // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
-        let node_api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
-        let node_events = reflector::reflector(
-            writer,
-            watcher::watcher(node_api, watcher::Config::default()),
-        )
-        .default_backoff();
+        let (nodes, (mut feed, _watch_task)) =
+            watch_nodes(self.client.clone(), self.config.policy.holds.clone());
         let record_api: Api<PartialObjectMeta<ConfigMap>> =
             Api::namespaced(self.client.clone(), &self.config.namespace);
         let record_events = watcher::watcher(
@@ -214,9 +261,9 @@ impl WindowTask {
         )
         .default_backoff()
         .applied_objects();
-        futures::pin_mut!(node_events, record_events);
+        futures::pin_mut!(record_events);
 
-        let mut synced = false;
+        let mut seen = Feed::default();
         // The burst being coalesced: (first change, latest change).
         let mut burst: Option<(Instant, Instant)> = None;
         let mut wake: Option<Instant> = None;
@@ -228,6 +275,7 @@ impl WindowTask {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            let synced = seen.lists > 0;
             let sleep = async {
                 match next {
                     Some(at) if synced => tokio::time::sleep_until(at.into()).await,
@@ -235,20 +283,18 @@ impl WindowTask {
                 }
             };
             tokio::select! {
-                event = node_events.next() => match event {
-                    Some(Ok(Event::InitDone)) => {
-                        synced = true;
+                changed = feed.changed() => {
+                    changed.map_err(|_| anyhow::anyhow!("the node watch ended"))?;
+                    let now_seen = *feed.borrow_and_update();
+                    let now = Instant::now();
+                    if now_seen.lists > seen.lists {
                         // The first pass after (re)listing runs at once.
-                        burst = Some((Instant::now() - self.config.coalesce_max, Instant::now()));
-                    }
-                    Some(Ok(Event::Apply(_) | Event::Delete(_))) => {
-                        let now = Instant::now();
+                        burst = Some((now - self.config.coalesce_max, now));
+                    } else if now_seen.changes > seen.changes {
                         burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
                     }
-                    Some(Ok(Event::Init | Event::InitApply(_))) => {}
-                    Some(Err(err)) => tracing::warn!(error = %err, "node watch failed; retrying"),
-                    None => bail!("the node watch ended"),
-                },
+                    seen = now_seen;
+                }
                 event = record_events.try_next() => match event {
                     Ok(Some(config_map)) => {
                         if let Some(at) = record::release_requested_at(&config_map.metadata)

@@ -138,6 +138,33 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
     }
 }
 
+/// Drops from `meta` what the patches and the plan never read, so that a
+/// store of thousands of nodes stays small: managed fields, owner references,
+/// finalizers, and every annotation but the configured holds, node-holder's
+/// record and the keys it lists. Labels stay (the node selector reads them).
+/// Every patch built from the trimmed metadata is the one built from the whole.
+pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds) {
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        let recorded: Vec<String> = annotations
+            .get(HELD_KEYS_ANNOTATION)
+            .map(|record| {
+                recorded_keys(record)
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        annotations.retain(|key, _| {
+            key == HELD_KEYS_ANNOTATION
+                || holds.iter().any(|h| &h.key == key)
+                || recorded.contains(key)
+        });
+    }
+}
+
 /// The keys of a `hold-keys` record, each once. node-holder's own keys are
 /// skipped: removing the record twice would make the patch fail forever.
 fn recorded_keys(record: &str) -> Vec<&str> {
@@ -516,5 +543,34 @@ mod tests {
             serde_json::to_value(&patch).unwrap()[0]["op"] == "add",
             "no version, no test"
         );
+    }
+
+    #[test]
+    fn trimmed_metadata_gives_the_same_patches() {
+        let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
+        for original in [
+            json!({"name": "n1", "annotations": {"big": "x".repeat(1000), "a/b": "1"},
+                   "managedFields": [{"manager": "kubelet", "operation": "Update"}]}),
+            json!({"name": "n1", "resourceVersion": "7",
+                   "annotations": {"karpenter.sh/do-not-disrupt": "true", "other": "v",
+                       "karpenter.sh/do-not-consolidate": "true",
+                       "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,karpenter.sh/do-not-consolidate"},
+                   "labels": {"node-holder.dev/held": "true", "zone": "a"}, "finalizers": ["f"]}),
+        ] {
+            let whole = meta(original);
+            let mut trimmed = whole.clone();
+            keep_what_patches_read(&mut trimmed, &holds);
+            assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
+            assert!(!trimmed.annotations.as_ref().unwrap().contains_key("a/b"));
+            assert_eq!(trimmed.labels, whole.labels);
+            assert_eq!(
+                hold_existing(&trimmed, &holds),
+                hold_existing(&whole, &holds)
+            );
+            assert_eq!(
+                release_holds(&trimmed, &holds),
+                release_holds(&whole, &holds)
+            );
+        }
     }
 }
