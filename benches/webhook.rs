@@ -4,7 +4,7 @@
 //! development certificates, and drives it from a load generator pinned to the
 //! other core (core 1): one current-thread tokio runtime with hyper HTTP/1.1
 //! client connections over rustls that trust the development CA, every request
-//! a ~5 KB Node CREATE AdmissionReview. Measures:
+//! a 5.6 KB Node CREATE AdmissionReview. Measures:
 //!
 //! 1. keep-alive throughput and latency (1, 8 and 32 connections; the
 //!    headline is 8), and once more at the production log level (info, JSON
@@ -13,7 +13,9 @@
 //! 3. new TLS connections per second (full handshakes, ECDSA P-256);
 //! 4. the server's resident memory idle after start-up and after the load.
 //!
-//! Loopback only; bounded in time (about 40 seconds) and in request count.
+//! Loopback only; bounded in request count and in time: about 45 seconds, and
+//! under two minutes however much other processes disturb it (the bench
+//! measures that disturbance, waits for quiet and re-runs; see [`Pacer`]).
 //! `serve` needs a Kubernetes client configuration but no API server to
 //! answer the webhook: the kubeconfig points at 127.0.0.1:1 (nothing listens
 //! there; readiness stays false, which the webhook port does not care about).
@@ -35,6 +37,8 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
 use node_holder::cli::{Cli, Command as Subcommand};
 use node_holder::core::admission::{AdmissionPolicy, decide, review_body};
 use rustls::pki_types::ServerName;
@@ -64,6 +68,15 @@ const MAX_HANDSHAKES: usize = 100_000;
 /// In-process handler timing: batches of this many reviews, for this long.
 const HANDLER_BATCH: usize = 1_000;
 const HANDLER_RUN: Duration = Duration::from_secs(2);
+
+/// Before each measurement, wait up to this long for other processes to
+/// leave the machine alone (below this share of one core); a measurement they
+/// disturbed anyway is run once more and the less disturbed one kept. Waiting
+/// and re-running draw on [`SPARE_TIME`], which keeps the whole bench under two
+/// minutes (the measurements themselves take about 40 seconds).
+const QUIET_WAIT_MAX: Duration = Duration::from_secs(8);
+const QUIET_THRESHOLD: f64 = 0.15;
+const SPARE_TIME: Duration = Duration::from_secs(60);
 
 /// Any single request or connection taking longer than this is a failure.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -119,18 +132,22 @@ async fn run() -> Result<()> {
         false,
     )?);
 
+    let mut pacer = Pacer::new();
+    let mut failures = 0usize;
+
     // 2. Handler CPU, in-process on the load generator's core, before any server runs.
     println!("\n== handler CPU per review (in-process, core {CLIENT_CORE}) ==");
-    let handler = handler_cpu(&body)?;
-    println!(
-        "decide + review_body: mean {:.1} µs/review over {} reviews (best batch of {HANDLER_BATCH}: {:.1} µs); \
-         decide alone: mean {:.1} µs; response {} bytes",
-        handler.mean_us,
-        handler.reviews,
-        handler.best_batch_us,
-        handler.decide_us,
-        handler.response_bytes
-    );
+    pacer.settle(None).await;
+    let mut handler = handler_cpu(&body)?;
+    println!("{}", handler.describe());
+    if pacer.rerun(handler.disturbance, HANDLER_RUN * 3 / 2) {
+        pacer.settle(None).await;
+        let again = handler_cpu(&body)?;
+        println!("{}", again.describe());
+        if again.disturbance < handler.disturbance {
+            handler = again;
+        }
+    }
 
     // 1, 3, 4. The server at warn level: no per-request log line.
     println!("\n== `node-holder serve --log-level warn` on core {SERVER_CORE} ==");
@@ -146,14 +163,26 @@ async fn run() -> Result<()> {
 
     let mut keep_alive = Vec::new();
     for connections in KEEP_ALIVE_CONNECTIONS {
-        let result = keep_alive_load(&server, &tls, &body, connections).await?;
-        println!("{}", result.describe());
+        let result =
+            keep_alive_measured(&mut pacer, &server, &tls, &body, connections, &mut failures)
+                .await?;
         keep_alive.push(result);
     }
 
     println!("\n== new TLS connections (full handshake + one request + close) ==");
-    let handshakes = handshake_load(&server, &tls_fresh, &body).await?;
+    pacer.settle(Some(&server)).await;
+    let mut handshakes = handshake_load(&server, &tls_fresh, &body).await?;
     println!("{}", handshakes.describe());
+    failures += handshakes.failures;
+    if pacer.rerun(handshakes.disturbance(), HANDSHAKE_RUN) {
+        pacer.settle(Some(&server)).await;
+        let again = handshake_load(&server, &tls_fresh, &body).await?;
+        println!("{}", again.describe());
+        failures += again.failures;
+        if again.disturbance() < handshakes.disturbance() {
+            handshakes = again;
+        }
+    }
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = server.memory()?;
@@ -171,8 +200,15 @@ async fn run() -> Result<()> {
     let idle_info = server.memory()?;
     println!("idle after start-up: {idle_info}");
     check_once(&tls, server.webhook, &body).await?;
-    let info = keep_alive_load(&server, &tls, &body, HEADLINE_CONNECTIONS).await?;
-    println!("{}", info.describe());
+    let info = keep_alive_measured(
+        &mut pacer,
+        &server,
+        &tls,
+        &body,
+        HEADLINE_CONNECTIONS,
+        &mut failures,
+    )
+    .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after_info = server.memory()?;
     println!("idle after the load: {after_info}");
@@ -197,8 +233,6 @@ async fn run() -> Result<()> {
     println!("\n{}", summary.render());
     println!("load average at the end: {}", Machine::read().loadavg);
 
-    let failures =
-        keep_alive.iter().map(|r| r.failures).sum::<usize>() + info.failures + handshakes.failures;
     ensure!(
         failures == 0,
         "{failures} requests failed (not 200 or no patch); see above"
@@ -344,11 +378,6 @@ fn node_create_review() -> Value {
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
-            "images": [
-                {"names": ["602401143452.dkr.ecr.eu-west-1.amazonaws.com/amazon-k8s-cni@sha256:8b0f1d3c2a4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8e9f0a1", "602401143452.dkr.ecr.eu-west-1.amazonaws.com/amazon-k8s-cni:v1.19.5-eksbuild.3"], "sizeBytes": 47_683_210},
-                {"names": ["602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/kube-proxy@sha256:1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3", "602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/kube-proxy:v1.37.1-minimal-eksbuild.2"], "sizeBytes": 30_412_806},
-                {"names": ["602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/pause@sha256:529cf6b1b6e5b76e901abc43aee825badbd93f9c5ee5f1e316d46a83abbce5a2", "602401143452.dkr.ecr.eu-west-1.amazonaws.com/eks/pause:3.10"], "sizeBytes": 299_513},
-            ],
         },
     });
     let group_version_kind = json!({"group": "", "version": "v1", "kind": "Node"});
@@ -388,11 +417,33 @@ fn node_create_review() -> Value {
 // 2. Handler CPU in-process.
 
 struct HandlerCpu {
+    /// CPU other processes and the hypervisor took meanwhile, as a share of one core.
+    disturbance: f64,
     reviews: usize,
     mean_us: f64,
     best_batch_us: f64,
     decide_us: f64,
+    parse_us: f64,
     response_bytes: usize,
+}
+
+impl HandlerCpu {
+    fn describe(&self) -> String {
+        format!(
+            "decide + review_body: mean {:.1} µs/review over {} reviews (best batch of {HANDLER_BATCH}: {:.1} µs)\n\
+             of which decide {:.1} µs, review_body ≈ {:.1} µs; response {} bytes; \
+             disturbance (other processes + steal) {:.0}% of a core\n\
+             for comparison, parsing the body into kube's generic AdmissionReview<DynamicObject>: {:.1} µs",
+            self.mean_us,
+            self.reviews,
+            self.best_batch_us,
+            self.decide_us,
+            (self.mean_us - self.decide_us).max(0.0),
+            self.response_bytes,
+            100.0 * self.disturbance,
+            self.parse_us,
+        )
+    }
 }
 
 /// The policy `serve` builds from its default flags.
@@ -403,7 +454,32 @@ fn default_policy() -> Result<AdmissionPolicy> {
     }
 }
 
+/// Calls `f` in batches of [`HANDLER_BATCH`] for `run` (after one warm-up
+/// batch): (calls, mean µs per call, best batch's mean µs per call).
+fn time_batches(run: Duration, mut f: impl FnMut() -> Result<()>) -> Result<(usize, f64, f64)> {
+    for _ in 0..HANDLER_BATCH {
+        f()?;
+    }
+    let (mut calls, mut best) = (0usize, Duration::MAX);
+    let started = Instant::now();
+    while started.elapsed() < run {
+        let batch = Instant::now();
+        for _ in 0..HANDLER_BATCH {
+            f()?;
+        }
+        best = best.min(batch.elapsed());
+        calls += HANDLER_BATCH;
+    }
+    let total = started.elapsed();
+    Ok((
+        calls,
+        micros(total) / calls as f64,
+        micros(best) / HANDLER_BATCH as f64,
+    ))
+}
+
 fn handler_cpu(body: &[u8]) -> Result<HandlerCpu> {
+    use std::hint::black_box;
     let policy = default_policy()?;
     let review = |body: &[u8]| -> Result<Vec<u8>> {
         let decision = decide(body, &policy).map_err(|e| anyhow!("{e}"))?;
@@ -411,38 +487,30 @@ fn handler_cpu(body: &[u8]) -> Result<HandlerCpu> {
     };
     let response = review(body)?;
     check_response(&response)?;
-    for _ in 0..HANDLER_BATCH {
-        std::hint::black_box(review(std::hint::black_box(body))?);
-    }
-
-    let (mut reviews, mut best) = (0usize, Duration::MAX);
+    let mark = UsageMark::now(None);
     let started = Instant::now();
-    while started.elapsed() < HANDLER_RUN {
-        let batch = Instant::now();
-        for _ in 0..HANDLER_BATCH {
-            std::hint::black_box(review(std::hint::black_box(body))?);
-        }
-        best = best.min(batch.elapsed());
-        reviews += HANDLER_BATCH;
-    }
-    let total = started.elapsed();
 
-    let (mut decided, decide_started) = (0usize, Instant::now());
-    while decide_started.elapsed() < HANDLER_RUN / 2 {
-        for _ in 0..HANDLER_BATCH {
-            let decision =
-                decide(std::hint::black_box(body), &policy).map_err(|e| anyhow!("{e}"))?;
-            std::hint::black_box(decision);
-        }
-        decided += HANDLER_BATCH;
-    }
-    let decide_total = decide_started.elapsed();
-
+    let (reviews, mean_us, best_batch_us) = time_batches(HANDLER_RUN, || {
+        black_box(review(black_box(body))?);
+        Ok(())
+    })?;
+    let (_, decide_us, _) = time_batches(HANDLER_RUN / 4, || {
+        black_box(decide(black_box(body), &policy).map_err(|e| anyhow!("{e}"))?);
+        Ok(())
+    })?;
+    let (_, parse_us, _) = time_batches(HANDLER_RUN / 4, || {
+        let parsed: AdmissionReview<DynamicObject> = serde_json::from_slice(black_box(body))?;
+        black_box(parsed);
+        Ok(())
+    })?;
+    let usage = mark.since(None);
     Ok(HandlerCpu {
+        disturbance: usage.disturbance(started.elapsed()),
         reviews,
-        mean_us: micros(total) / reviews as f64,
-        best_batch_us: micros(best) / HANDLER_BATCH as f64,
-        decide_us: micros(decide_total) / decided as f64,
+        mean_us,
+        best_batch_us,
+        decide_us,
+        parse_us,
         response_bytes: response.len(),
     })
 }
@@ -774,8 +842,7 @@ struct KeepAlive {
     first_failure: Option<String>,
     elapsed: Duration,
     latencies_ns: Vec<u64>,
-    server_cpu: Duration,
-    client_cpu: Duration,
+    usage: Usage,
 }
 
 impl KeepAlive {
@@ -785,9 +852,9 @@ impl KeepAlive {
 
     fn describe(&self) -> String {
         let mut text = format!(
-            "keep-alive, {:>2} connection(s): {:>8.0} reviews/s ({} in {:.2} s, {} failed) \
-             latency p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms; \
-             server CPU {:.0}% of its core = {:.1} µs/review; load generator CPU {:.0}% [{}]",
+            "keep-alive, {:>2} connection(s): {:>6.0} reviews/s ({} in {:.2} s, {} failed); \
+             latency p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms\n    {}; \
+             server {:.1} µs CPU/review [{}]",
             self.connections,
             self.rps(),
             self.requests,
@@ -797,16 +864,47 @@ impl KeepAlive {
             percentile_ms(&self.latencies_ns, 0.99),
             percentile_ms(&self.latencies_ns, 0.999),
             percentile_ms(&self.latencies_ns, 1.0),
-            100.0 * self.server_cpu.as_secs_f64() / self.elapsed.as_secs_f64(),
-            micros(self.server_cpu) / self.requests.max(1) as f64,
-            100.0 * self.client_cpu.as_secs_f64() / self.elapsed.as_secs_f64(),
+            self.usage.describe(self.elapsed),
+            micros(self.usage.server) / self.requests.max(1) as f64,
             self.protocol,
         );
         if let Some(failure) = &self.first_failure {
-            let _ = write!(text, "\n  first failure: {failure}");
+            let _ = write!(text, "\n    first failure: {failure}");
         }
         text
     }
+}
+
+impl KeepAlive {
+    fn disturbance(&self) -> f64 {
+        self.usage.disturbance(self.elapsed)
+    }
+}
+
+/// A keep-alive run after waiting for quiet, run once more if disturbed;
+/// every attempt's failures are added to `failures`.
+async fn keep_alive_measured(
+    pacer: &mut Pacer,
+    server: &Server,
+    tls: &TlsConnector,
+    body: &Bytes,
+    connections: usize,
+    failures: &mut usize,
+) -> Result<KeepAlive> {
+    pacer.settle(Some(server)).await;
+    let mut result = keep_alive_load(server, tls, body, connections).await?;
+    println!("{}", result.describe());
+    *failures += result.failures;
+    if pacer.rerun(result.disturbance(), WARM_UP + KEEP_ALIVE_RUN) {
+        pacer.settle(Some(server)).await;
+        let again = keep_alive_load(server, tls, body, connections).await?;
+        println!("{}", again.describe());
+        *failures += again.failures;
+        if again.disturbance() < result.disturbance() {
+            result = again;
+        }
+    }
+    Ok(result)
 }
 
 /// `connections` keep-alive connections, each sending the next review as soon
@@ -867,7 +965,7 @@ async fn keep_alive_load(
     }
 
     tokio::time::sleep_until(start.into()).await;
-    let (server_cpu0, client_cpu0) = (server.cpu(), self_cpu());
+    let mark = UsageMark::now(Some(server));
     let mut result = KeepAlive {
         connections,
         protocol,
@@ -876,8 +974,7 @@ async fn keep_alive_load(
         first_failure: None,
         elapsed: Duration::ZERO,
         latencies_ns: Vec::new(),
-        server_cpu: Duration::ZERO,
-        client_cpu: Duration::ZERO,
+        usage: Usage::default(),
     };
     let mut last = start;
     for task in tasks {
@@ -889,8 +986,7 @@ async fn keep_alive_load(
         }
         last = last.max(task_last);
     }
-    result.server_cpu = server.cpu().saturating_sub(server_cpu0);
-    result.client_cpu = self_cpu().saturating_sub(client_cpu0);
+    result.usage = mark.since(Some(server));
     result.elapsed = last - start;
     result.requests = result.latencies_ns.len();
     result.latencies_ns.sort_unstable();
@@ -906,9 +1002,11 @@ struct Handshakes {
     first_failure: Option<String>,
     elapsed: Duration,
     protocol: String,
+    /// TCP connect + TLS handshake.
     connect_ns: Vec<u64>,
-    server_cpu: Duration,
-    client_cpu: Duration,
+    /// The one review on the new connection.
+    first_review_ns: Vec<u64>,
+    usage: Usage,
 }
 
 impl Handshakes {
@@ -916,29 +1014,35 @@ impl Handshakes {
         self.completed as f64 / self.elapsed.as_secs_f64()
     }
 
+    fn disturbance(&self) -> f64 {
+        self.usage.disturbance(self.elapsed)
+    }
+
     fn server_cpu_us(&self) -> f64 {
-        micros(self.server_cpu) / self.completed.max(1) as f64
+        micros(self.usage.server) / self.completed.max(1) as f64
     }
 
     fn describe(&self) -> String {
         let mut text = format!(
-            "{HANDSHAKE_TASKS} tasks: {:.0} connections/s ({} in {:.2} s, {} failed), \
-             TCP+TLS connect p50 {:.3} ms, p99 {:.3} ms; server CPU {:.0}% of its core = {:.0} µs/connection \
-             (server-bound ceiling ≈ {:.0}/s); load generator CPU {:.0}% [{}]",
+            "{HANDSHAKE_TASKS} tasks: {:.0} connections/s ({} in {:.2} s, {} failed); \
+             TCP connect + TLS handshake p50 {:.3} ms, p99 {:.3} ms; \
+             the review on the new connection p50 {:.3} ms, p99 {:.3} ms\n    {}; \
+             server {:.0} µs CPU/connection, so a server-CPU-bound ceiling of ≈ {:.0}/s [{}]",
             self.per_second(),
             self.completed,
             self.elapsed.as_secs_f64(),
             self.failures,
             percentile_ms(&self.connect_ns, 0.50),
             percentile_ms(&self.connect_ns, 0.99),
-            100.0 * self.server_cpu.as_secs_f64() / self.elapsed.as_secs_f64(),
+            percentile_ms(&self.first_review_ns, 0.50),
+            percentile_ms(&self.first_review_ns, 0.99),
+            self.usage.describe(self.elapsed),
             self.server_cpu_us(),
             1e6 / self.server_cpu_us(),
-            100.0 * self.client_cpu.as_secs_f64() / self.elapsed.as_secs_f64(),
             self.protocol,
         );
         if let Some(failure) = &self.first_failure {
-            let _ = write!(text, "\n  first failure: {failure}");
+            let _ = write!(text, "\n    first failure: {failure}");
         }
         text
     }
@@ -949,30 +1053,30 @@ impl Handshakes {
 async fn handshake_load(server: &Server, tls: &TlsConnector, body: &Bytes) -> Result<Handshakes> {
     let start = Instant::now();
     let end = start + HANDSHAKE_RUN;
-    let (server_cpu0, client_cpu0) = (server.cpu(), self_cpu());
+    let mark = UsageMark::now(Some(server));
     let mut tasks = Vec::new();
     for _ in 0..HANDSHAKE_TASKS {
         let (tls, body, addr) = (tls.clone(), body.clone(), server.webhook);
         tasks.push(tokio::spawn(async move {
-            let (mut connect_ns, mut failures, mut first_failure, mut protocol) =
-                (Vec::new(), 0usize, None, String::new());
+            let (mut connect_ns, mut review_ns, mut failures, mut first_failure, mut protocol) =
+                (Vec::new(), Vec::new(), 0usize, None, String::new());
             while Instant::now() < end
                 && connect_ns.len() + failures < MAX_HANDSHAKES / HANDSHAKE_TASKS
             {
                 let begun = Instant::now();
                 let attempt = async {
                     let mut connection = connect(addr, &tls).await?;
-                    let connected = begun.elapsed();
+                    let connected = Instant::now();
                     review(&mut connection, &body).await?;
-                    let reviewed = begun.elapsed();
+                    let reviewed = Instant::now();
                     drop(connection.sender);
                     connection.driver.await?;
-                    if std::env::var_os("DBG").is_some() { eprintln!("connect {:?} review {:?} close {:?}", connected, reviewed - connected, begun.elapsed() - reviewed); }
-                    anyhow::Ok((connected, connection.protocol))
+                    anyhow::Ok((connected - begun, reviewed - connected, connection.protocol))
                 };
                 match tokio::time::timeout(OP_TIMEOUT, attempt).await {
-                    Ok(Ok((connected, negotiated))) => {
+                    Ok(Ok((connected, reviewed, negotiated))) => {
                         connect_ns.push(connected.as_nanos() as u64);
+                        review_ns.push(reviewed.as_nanos() as u64);
                         protocol = negotiated;
                     }
                     Ok(Err(err)) => {
@@ -985,7 +1089,7 @@ async fn handshake_load(server: &Server, tls: &TlsConnector, body: &Bytes) -> Re
                     }
                 }
             }
-            (connect_ns, failures, first_failure, protocol)
+            (connect_ns, review_ns, failures, first_failure, protocol)
         }));
     }
     let mut result = Handshakes {
@@ -995,12 +1099,13 @@ async fn handshake_load(server: &Server, tls: &TlsConnector, body: &Bytes) -> Re
         elapsed: Duration::ZERO,
         protocol: String::new(),
         connect_ns: Vec::new(),
-        server_cpu: Duration::ZERO,
-        client_cpu: Duration::ZERO,
+        first_review_ns: Vec::new(),
+        usage: Usage::default(),
     };
     for task in tasks {
-        let (connect_ns, failures, first_failure, protocol) = task.await?;
+        let (connect_ns, review_ns, failures, first_failure, protocol) = task.await?;
         result.connect_ns.extend(connect_ns);
+        result.first_review_ns.extend(review_ns);
         result.failures += failures;
         if result.first_failure.is_none() {
             result.first_failure = first_failure;
@@ -1010,11 +1115,170 @@ async fn handshake_load(server: &Server, tls: &TlsConnector, body: &Bytes) -> Re
         }
     }
     result.elapsed = start.elapsed();
-    result.server_cpu = server.cpu().saturating_sub(server_cpu0);
-    result.client_cpu = self_cpu().saturating_sub(client_cpu0);
+    result.usage = mark.since(Some(server));
     result.completed = result.connect_ns.len();
     result.connect_ns.sort_unstable();
+    result.first_review_ns.sort_unstable();
     Ok(result)
+}
+
+// ---------------------------------------------------------------------------
+// CPU accounting of a measured window.
+
+/// CPU time spent over a measured window: by the server, by the load
+/// generator, and by the whole machine (both cores; from /proc/stat).
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    server: Duration,
+    client: Duration,
+    machine_busy: Duration,
+    machine_steal: Duration,
+}
+
+impl Usage {
+    /// Everything else: other processes, and kernel work charged to no
+    /// process (some of loopback's softirq processing).
+    fn others(&self) -> Duration {
+        self.machine_busy
+            .saturating_sub(self.server)
+            .saturating_sub(self.client)
+    }
+
+    fn describe(&self, elapsed: Duration) -> String {
+        let pct = |d: Duration| 100.0 * d.as_secs_f64() / elapsed.as_secs_f64();
+        format!(
+            "CPU: server {:.0}% of its core, load generator {:.0}% of its core, \
+             everything else {:.0}% of one core, steal {:.0}%",
+            pct(self.server),
+            pct(self.client),
+            pct(self.others()),
+            pct(self.machine_steal),
+        )
+    }
+}
+
+impl Usage {
+    /// CPU the measurement did not get to use: everything else's plus what the
+    /// hypervisor stole, as a share of one core.
+    fn disturbance(&self, elapsed: Duration) -> f64 {
+        (self.others() + self.machine_steal).as_secs_f64() / elapsed.as_secs_f64()
+    }
+}
+
+/// Spends [`SPARE_TIME`] on waiting for quiet and on re-runs.
+struct Pacer {
+    spare: Duration,
+}
+
+impl Pacer {
+    fn new() -> Pacer {
+        Pacer { spare: SPARE_TIME }
+    }
+
+    /// Whether a re-run of a measurement `disturbed` (the share of a core other
+    /// processes and steal took) that takes `length` is worth it and
+    /// affordable; if so, charges it.
+    fn rerun(&mut self, disturbed: f64, length: Duration) -> bool {
+        if disturbed < QUIET_THRESHOLD || self.spare < length {
+            return false;
+        }
+        println!(
+            "    (disturbed: other processes and steal took {:.0}% of a core; running it once more)",
+            100.0 * disturbed
+        );
+        self.spare -= length;
+        true
+    }
+
+    /// Waits, up to [`QUIET_WAIT_MAX`] and what is left of the spare time,
+    /// until other processes and steal take less than [`QUIET_THRESHOLD`] of a core.
+    async fn settle(&mut self, server: Option<&Server>) {
+        const WINDOW: Duration = Duration::from_millis(500);
+        let started = Instant::now();
+        let limit = QUIET_WAIT_MAX.min(self.spare);
+        let mut said = false;
+        loop {
+            let mark = UsageMark::now(server);
+            tokio::time::sleep(WINDOW).await;
+            let busy = mark.since(server).disturbance(WINDOW);
+            if busy < QUIET_THRESHOLD {
+                break;
+            }
+            if started.elapsed() >= limit {
+                println!(
+                    "    (other processes and steal still take {:.0}% of a core after {:.1} s: measuring anyway)",
+                    100.0 * busy,
+                    started.elapsed().as_secs_f64()
+                );
+                break;
+            }
+            if !said {
+                println!(
+                    "    (other processes and steal take {:.0}% of a core: waiting up to {:.1} s for quiet)",
+                    100.0 * busy,
+                    limit.as_secs_f64()
+                );
+                said = true;
+            }
+        }
+        self.spare = self.spare.saturating_sub(started.elapsed());
+    }
+}
+
+struct UsageMark {
+    server: Duration,
+    client: Duration,
+    machine: (Duration, Duration),
+}
+
+impl UsageMark {
+    fn now(server: Option<&Server>) -> UsageMark {
+        UsageMark {
+            server: server.map(Server::cpu).unwrap_or_default(),
+            client: self_cpu(),
+            machine: machine_cpu(),
+        }
+    }
+
+    fn since(&self, server: Option<&Server>) -> Usage {
+        let (busy, steal) = machine_cpu();
+        Usage {
+            server: server
+                .map(Server::cpu)
+                .unwrap_or_default()
+                .saturating_sub(self.server),
+            client: self_cpu().saturating_sub(self.client),
+            machine_busy: busy.saturating_sub(self.machine.0),
+            machine_steal: steal.saturating_sub(self.machine.1),
+        }
+    }
+}
+
+/// Busy and stolen time of all cores together, from the `cpu` line of
+/// /proc/stat (user nice system idle iowait irq softirq steal ...).
+fn machine_cpu() -> (Duration, Duration) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if ticks.len() < 8 {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6];
+    (from_ticks(busy), from_ticks(ticks[7]))
+}
+
+fn from_ticks(ticks: u64) -> Duration {
+    // SAFETY: sysconf reads a constant of the C library.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Duration::from_secs_f64(ticks as f64 / per_second)
 }
 
 // ---------------------------------------------------------------------------
@@ -1029,6 +1293,11 @@ struct Memory {
 impl Memory {
     fn rss_mb(&self) -> f64 {
         self.rss_kb as f64 / 1024.0
+    }
+
+    /// Decimal megabytes, the unit of the target.
+    fn rss_decimal_mb(&self) -> f64 {
+        self.rss_kb as f64 * 1024.0 / 1e6
     }
 }
 
@@ -1063,9 +1332,7 @@ fn process_cpu(stat_path: &str) -> Result<Duration> {
     let rest = &stat[stat.rfind(')').context("malformed stat")? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf reads a constant of the C library.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(Duration::from_secs_f64(ticks as f64 / per_second))
+    Ok(from_ticks(ticks))
 }
 
 fn self_cpu() -> Duration {
@@ -1155,25 +1422,36 @@ struct Summary<'a> {
 impl Summary<'_> {
     fn render(&self) -> String {
         let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-        let h = self.headline;
-        let i = self.info;
+        let pct = |share: f64| format!("{:.0}%", 100.0 * share);
+        let latency = |r: &KeepAlive| {
+            format!(
+                "{:.3} ms (p50 {:.3}, max {:.3})",
+                percentile_ms(&r.latencies_ns, 0.99),
+                percentile_ms(&r.latencies_ns, 0.50),
+                percentile_ms(&r.latencies_ns, 1.0)
+            )
+        };
+        let p99 = |r: &KeepAlive| percentile_ms(&r.latencies_ns, 0.99);
+        let (h, i, hs) = (self.headline, self.info, self.handshakes);
+        let (h_dist, i_dist, hs_dist) = (
+            pct(h.disturbance()),
+            pct(i.disturbance()),
+            pct(hs.disturbance()),
+        );
         let rows = [
             (
                 format!("keep-alive reviews/s, {} conns, warn logs", h.connections),
                 format!("{:.0}", h.rps()),
                 format!(">= {TARGET_RPS:.0}"),
                 verdict(h.rps() >= TARGET_RPS),
+                h_dist.clone(),
             ),
             (
                 format!("keep-alive p99 latency, {} conns, warn logs", h.connections),
-                format!(
-                    "{:.3} ms (p50 {:.3}, max {:.3})",
-                    percentile_ms(&h.latencies_ns, 0.99),
-                    percentile_ms(&h.latencies_ns, 0.50),
-                    percentile_ms(&h.latencies_ns, 1.0)
-                ),
+                latency(h),
                 format!("<= {TARGET_P99_MS} ms"),
-                verdict(percentile_ms(&h.latencies_ns, 0.99) <= TARGET_P99_MS),
+                verdict(p99(h) <= TARGET_P99_MS),
+                h_dist,
             ),
             (
                 format!(
@@ -1183,32 +1461,38 @@ impl Summary<'_> {
                 format!("{:.0}", i.rps()),
                 format!(">= {TARGET_RPS:.0}"),
                 verdict(i.rps() >= TARGET_RPS),
+                i_dist.clone(),
             ),
             (
                 format!(
                     "keep-alive p99 latency, {} conns, info JSON logs",
                     i.connections
                 ),
-                format!(
-                    "{:.3} ms (p50 {:.3}, max {:.3})",
-                    percentile_ms(&i.latencies_ns, 0.99),
-                    percentile_ms(&i.latencies_ns, 0.50),
-                    percentile_ms(&i.latencies_ns, 1.0)
-                ),
+                latency(i),
                 format!("<= {TARGET_P99_MS} ms"),
-                verdict(percentile_ms(&i.latencies_ns, 0.99) <= TARGET_P99_MS),
+                verdict(p99(i) <= TARGET_P99_MS),
+                i_dist,
             ),
             (
-                "handler CPU (decide + review_body)".to_string(),
-                format!("{:.1} µs/review", self.handler.mean_us),
+                "handler CPU (decide + review_body), mean".to_string(),
+                format!(
+                    "{:.1} µs/review (best batch {:.1})",
+                    self.handler.mean_us, self.handler.best_batch_us
+                ),
                 format!("<= {TARGET_HANDLER_US} µs"),
                 verdict(self.handler.mean_us <= TARGET_HANDLER_US),
+                pct(self.handler.disturbance),
             ),
             (
                 "new TLS connections/s (ECDSA P-256)".to_string(),
-                format!("{:.0}", self.handshakes.per_second()),
+                format!(
+                    "{:.0} (server CPU-bound ceiling {:.0})",
+                    hs.per_second(),
+                    1e6 / hs.server_cpu_us()
+                ),
                 format!(">= {TARGET_HANDSHAKES:.0}"),
-                verdict(self.handshakes.per_second() >= TARGET_HANDSHAKES),
+                verdict(hs.per_second() >= TARGET_HANDSHAKES),
+                hs_dist,
             ),
             (
                 "idle RSS after start-up (warn / info)".to_string(),
@@ -1218,7 +1502,13 @@ impl Summary<'_> {
                     self.idle_info.rss_mb()
                 ),
                 format!("< {TARGET_IDLE_RSS_MB} MB"),
-                verdict(self.idle.rss_mb().max(self.idle_info.rss_mb()) < TARGET_IDLE_RSS_MB),
+                verdict(
+                    self.idle
+                        .rss_decimal_mb()
+                        .max(self.idle_info.rss_decimal_mb())
+                        < TARGET_IDLE_RSS_MB,
+                ),
+                "-".to_string(),
             ),
             (
                 "idle RSS after the load (warn / info)".to_string(),
@@ -1229,18 +1519,23 @@ impl Summary<'_> {
                 ),
                 "(reported)".to_string(),
                 "-",
+                "-".to_string(),
             ),
         ];
         let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
         let value_width = rows.iter().map(|r| r.1.chars().count()).max().unwrap_or(0);
         let mut text = format!(
-            "== summary: {} cores, {}; server pinned to core {SERVER_CORE}, load generator to core {CLIENT_CORE}; body {} bytes ==\n",
-            self.machine.cores, self.machine.cpu_model, self.body_bytes
+            "== summary: {} cores, {}; server pinned to core {SERVER_CORE}, load generator to core {CLIENT_CORE}; body {} bytes ==\n\
+             (last column: CPU other processes and hypervisor steal took meanwhile, in % of one core; above {:.0}% the figure is disturbed)\n",
+            self.machine.cores,
+            self.machine.cpu_model,
+            self.body_bytes,
+            100.0 * QUIET_THRESHOLD
         );
-        for (what, value, target, verdict) in rows {
+        for (what, value, target, verdict, disturbance) in rows {
             let _ = writeln!(
                 text,
-                "{what:<width$}  {value:<value_width$}  target {target:<10}  {verdict}"
+                "{what:<width$}  {value:<value_width$}  target {target:<10}  {verdict:<6}  disturbance {disturbance}"
             );
         }
         text

@@ -37,8 +37,8 @@ pub enum PatchResult {
 pub struct Patcher {
     api: Api<Node>,
     max_in_flight: usize,
-    // One shared pacer: each request waits for its tick. tokio's Interval is
-    // the token bucket here (burst after idle time, then `qps` per second).
+    // One shared pacer: each request waits for its tick, `qps` a second at
+    // most (missed ticks are not made up, so there is no burst after idle).
     pacer: Arc<Mutex<Interval>>,
 }
 
@@ -54,15 +54,19 @@ impl Patcher {
         }
     }
 
-    /// Applies every patch; returns each with its result, in input order.
+    /// Applies every patch; returns each (its operations dropped once sent)
+    /// with its result, in input order.
     /// Long runs log their progress every [`PROGRESS_EVERY`] nodes.
     pub async fn apply(&self, patches: Vec<NodePatch>) -> Vec<(NodePatch, PatchResult)> {
         let total = patches.len();
         let started = std::time::Instant::now();
         futures::stream::iter(patches)
-            .map(|patch| async move {
+            .map(|mut patch| async move {
                 self.pacer.lock().await.tick().await;
                 let result = self.patch_one(&patch.name, &patch.patch).await;
+                // Sent: the operations are not needed any more, and a bulk
+                // pass of thousands would otherwise hold them all to the end.
+                patch.patch = Patch(Vec::new());
                 (patch, result)
             })
             .buffered(self.max_in_flight)
