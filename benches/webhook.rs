@@ -21,7 +21,6 @@
 //! there; readiness stays false, which the webhook port does not care about).
 
 use std::fmt::Write as _;
-use std::io::Read as _;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -47,6 +46,11 @@ use rustls::{ClientConfig, RootCertStore};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+
+mod bench_util;
+use bench_util::{
+    Machine, ProcMemory, decimal_mb, from_ticks, mib, proc_status, process_cpu, status_field,
+};
 
 /// The server's core and the load generator's.
 const SERVER_CORE: usize = 0;
@@ -619,18 +623,8 @@ impl Server {
         )
     }
 
-    fn memory(&self) -> Result<Memory> {
-        let status = proc_status(self.pid())?;
-        let kb = |field| -> Result<u64> {
-            status_field(&status, field)
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .with_context(|| format!("{field} in /proc/{}/status", self.pid()))
-        };
-        Ok(Memory {
-            rss_kb: kb("VmRSS")?,
-            hwm_kb: kb("VmHWM")?,
-        })
+    fn memory(&self) -> Result<ProcMemory> {
+        ProcMemory::read(self.pid())
     }
 
     fn cpu(&self) -> Duration {
@@ -1275,64 +1269,29 @@ fn machine_cpu() -> (Duration, Duration) {
     (from_ticks(busy), from_ticks(ticks[7]))
 }
 
-fn from_ticks(ticks: u64) -> Duration {
-    // SAFETY: sysconf reads a constant of the C library.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Duration::from_secs_f64(ticks as f64 / per_second)
-}
-
 // ---------------------------------------------------------------------------
 // 4. Memory, CPU time, the machine.
 
-#[derive(Debug, Clone, Copy)]
-struct Memory {
-    rss_kb: u64,
-    hwm_kb: u64,
-}
-
-impl Memory {
+impl ProcMemory {
     fn rss_mb(&self) -> f64 {
-        self.rss_kb as f64 / 1024.0
+        mib(self.rss_kb)
     }
 
     /// Decimal megabytes, the unit of the target.
     fn rss_decimal_mb(&self) -> f64 {
-        self.rss_kb as f64 * 1024.0 / 1e6
+        decimal_mb(self.rss_kb)
     }
 }
 
-impl std::fmt::Display for Memory {
+impl std::fmt::Display for ProcMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "VmRSS {:.1} MiB (peak VmHWM {:.1} MiB)",
             self.rss_mb(),
-            self.hwm_kb as f64 / 1024.0
+            mib(self.hwm_kb)
         )
     }
-}
-
-fn proc_status(pid: u32) -> Result<String> {
-    Ok(std::fs::read_to_string(format!("/proc/{pid}/status"))?)
-}
-
-fn status_field<'a>(status: &'a str, field: &str) -> Option<&'a str> {
-    status.lines().find_map(|line| {
-        line.strip_prefix(field)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .map(str::trim)
-    })
-}
-
-/// User + system CPU time of a process, from `/proc/<pid>/stat`.
-fn process_cpu(stat_path: &str) -> Result<Duration> {
-    let mut stat = String::new();
-    std::fs::File::open(stat_path)?.read_to_string(&mut stat)?;
-    // Fields after the parenthesised command name, which may hold spaces.
-    let rest = &stat[stat.rfind(')').context("malformed stat")? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    Ok(from_ticks(ticks))
 }
 
 fn self_cpu() -> Duration {
@@ -1362,34 +1321,6 @@ fn pin_current_thread(core: usize) {
     }
 }
 
-struct Machine {
-    cores: usize,
-    cpu_model: String,
-    loadavg: String,
-}
-
-impl Machine {
-    fn read() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        Machine {
-            // The machine's cores, not this thread's (already pinned) share.
-            cores: cpuinfo
-                .lines()
-                .filter(|l| l.starts_with("processor"))
-                .count(),
-            cpu_model: cpuinfo
-                .lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-                .unwrap_or_else(|| "unknown CPU".to_string()),
-            loadavg: std::fs::read_to_string("/proc/loadavg")
-                .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-                .unwrap_or_default(),
-        }
-    }
-}
-
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -1413,10 +1344,10 @@ struct Summary<'a> {
     info: &'a KeepAlive,
     handler: &'a HandlerCpu,
     handshakes: &'a Handshakes,
-    idle: Memory,
-    after: Memory,
-    idle_info: Memory,
-    after_info: Memory,
+    idle: ProcMemory,
+    after: ProcMemory,
+    idle_info: ProcMemory,
+    after_info: ProcMemory,
 }
 
 impl Summary<'_> {

@@ -36,6 +36,7 @@
 //! Loopback only; about 2.5 minutes after the control plane is built, most of
 //! it waiting for the hold duration to pass twice.
 
+mod bench_util;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -54,6 +55,8 @@ use kube::api::{
 };
 use serde_json::Value;
 use testenv::ControlPlane;
+
+use bench_util::{Machine, ProcMemory, decimal_mb, mib};
 
 /// Nodes in the cluster before the window opens (`NODE_HOLDER_BENCH_NODES`
 /// overrides it, to see how memory scales).
@@ -1108,30 +1111,6 @@ struct Probes {
 // ---------------------------------------------------------------------------
 // The process.
 
-#[derive(Debug, Clone, Copy)]
-struct ProcMemory {
-    rss_kb: u64,
-    hwm_kb: u64,
-}
-
-impl ProcMemory {
-    fn read(pid: u32) -> Result<ProcMemory> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kb = |field: &str| -> Result<u64> {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .with_context(|| format!("{field} in /proc/{pid}/status"))
-        };
-        Ok(ProcMemory {
-            rss_kb: kb("VmRSS")?,
-            hwm_kb: kb("VmHWM")?,
-        })
-    }
-}
-
 impl std::fmt::Display for ProcMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -1139,13 +1118,9 @@ impl std::fmt::Display for ProcMemory {
             "VmRSS {:.1} MiB (peak VmHWM {:.1} MiB = {:.1} MB)",
             mib(self.rss_kb),
             mib(self.hwm_kb),
-            self.hwm_kb as f64 * 1024.0 / 1e6
+            decimal_mb(self.hwm_kb)
         )
     }
-}
-
-fn mib(kb: u64) -> f64 {
-    kb as f64 / 1024.0
 }
 
 /// VmRSS of a process every [`SAMPLE`].
@@ -1189,16 +1164,9 @@ impl Drop for RssSampler {
     }
 }
 
-/// User + system CPU time of a process, from `/proc/<pid>/stat`.
+/// User + system CPU time of a process.
 fn process_cpu(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name, which may hold spaces.
-    let rest = &stat[stat.rfind(')').context("malformed stat")? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf reads a constant of the C library.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(Duration::from_secs_f64(ticks as f64 / per_second))
+    bench_util::process_cpu(&format!("/proc/{pid}/stat"))
 }
 
 fn truncate(text: &str, max: usize) -> &str {
@@ -1254,33 +1222,6 @@ fn signed_secs(d: jiff::SignedDuration) -> f64 {
 
 // ---------------------------------------------------------------------------
 // The report.
-
-struct Machine {
-    cores: usize,
-    cpu_model: String,
-    loadavg: String,
-}
-
-impl Machine {
-    fn read() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        Machine {
-            cores: cpuinfo
-                .lines()
-                .filter(|l| l.starts_with("processor"))
-                .count(),
-            cpu_model: cpuinfo
-                .lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-                .unwrap_or_else(|| "unknown CPU".to_string()),
-            loadavg: std::fs::read_to_string("/proc/loadavg")
-                .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-                .unwrap_or_default(),
-        }
-    }
-}
 
 struct Summary<'a> {
     machine: &'a Machine,

@@ -16,12 +16,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{Served, free_port, http_get, make_certs, node, register_webhook};
+use common::window::{eventually_logging, held, strs};
+use common::{Served, has_node_events, launch, make_certs, node, register_webhook};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
@@ -113,10 +114,6 @@ fn tls_modes() -> Vec<(&'static str, Vec<String>)> {
             ],
         ),
     ]
-}
-
-fn strs(list: &[String]) -> Vec<&str> {
-    list.iter().map(String::as_str).collect()
 }
 
 fn kind(object: &Value) -> &str {
@@ -631,6 +628,13 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
     }
 }
 
+/// `assert_eq!(a.field, b.field, "{what}: label")` for each field.
+macro_rules! assert_same_fields {
+    ($a:expr, $b:expr, $what:expr, { $($field:ident: $label:literal),+ $(,)? }) => {
+        $(assert_eq!($a.$field, $b.$field, "{}: {}", $what, $label);)+
+    };
+}
+
 #[test]
 fn the_plain_webhook_manifests_carry_the_charts_rules_and_settings() {
     let service_manifest = manifest("webhook-config/webhook-service.yaml");
@@ -645,44 +649,19 @@ fn the_plain_webhook_manifests_carry_the_charts_rules_and_settings() {
             ("webhook-local.yaml", &local),
         ] {
             let what = format!("{mode} vs {file}");
-            assert_eq!(chart.name, plain.name, "{what}: name");
-            assert_eq!(chart.rules, plain.rules, "{what}: rules");
-            assert_eq!(
-                chart.failure_policy, plain.failure_policy,
-                "{what}: failurePolicy"
-            );
-            assert_eq!(
-                chart.side_effects, plain.side_effects,
-                "{what}: sideEffects"
-            );
-            assert_eq!(
-                chart.timeout_seconds, plain.timeout_seconds,
-                "{what}: timeoutSeconds"
-            );
-            assert_eq!(
-                chart.admission_review_versions, plain.admission_review_versions,
-                "{what}: admissionReviewVersions"
-            );
-            assert_eq!(
-                chart.reinvocation_policy, plain.reinvocation_policy,
-                "{what}: reinvocationPolicy"
-            );
-            assert_eq!(
-                chart.match_policy, plain.match_policy,
-                "{what}: matchPolicy"
-            );
-            assert_eq!(
-                chart.object_selector, plain.object_selector,
-                "{what}: objectSelector"
-            );
-            assert_eq!(
-                chart.match_conditions, plain.match_conditions,
-                "{what}: matchConditions"
-            );
-            assert_eq!(
-                chart.namespace_selector, plain.namespace_selector,
-                "{what}: namespaceSelector"
-            );
+            assert_same_fields!(chart, plain, what, {
+                name: "name",
+                rules: "rules",
+                failure_policy: "failurePolicy",
+                side_effects: "sideEffects",
+                timeout_seconds: "timeoutSeconds",
+                admission_review_versions: "admissionReviewVersions",
+                reinvocation_policy: "reinvocationPolicy",
+                match_policy: "matchPolicy",
+                object_selector: "objectSelector",
+                match_conditions: "matchConditions",
+                namespace_selector: "namespaceSelector",
+            });
         }
         // The settings themselves, as issue 7 and REFERENCE.md ask.
         assert_eq!(chart.failure_policy.as_deref(), Some("Ignore"));
@@ -887,9 +866,6 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 /// Grants nothing (unlike `common::serve`, which installs
 /// webhook-config/rbac.yaml).
 async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) -> Served {
-    let certs = tempfile::tempdir().unwrap();
-    make_certs(certs.path());
-    let (webhook_port, admin_port) = (free_port(), free_port());
     let mut env = env_of(objects);
     for (var, value) in env.iter_mut() {
         match value.as_str() {
@@ -898,70 +874,32 @@ async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) 
             other => assert!(!other.starts_with("fieldRef:"), "{var}: {other}"),
         }
     }
-    env.insert(
-        "NODE_HOLDER_WEBHOOK_ADDR".into(),
-        format!("127.0.0.1:{webhook_port}"),
-    );
-    env.insert(
-        "NODE_HOLDER_ADMIN_ADDR".into(),
-        format!("127.0.0.1:{admin_port}"),
-    );
-    for file in ["tls.crt", "tls.key"] {
-        let var = format!(
-            "NODE_HOLDER_TLS_{}_FILE",
-            if file == "tls.crt" { "CERT" } else { "KEY" }
-        );
-        assert_eq!(env[&var], format!("/etc/node-holder/tls/{file}"));
-        env.insert(var, certs.path().join(file).display().to_string());
-    }
     let args: Vec<String> = serde_json::from_value(container(objects)["args"].clone()).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_node-holder"));
-    for (var, _) in std::env::vars() {
-        if var.starts_with("NODE_HOLDER_") {
-            command.env_remove(var);
-        }
-    }
-    let child = command
-        .args(&args)
-        .envs(&env)
-        .env("KUBECONFIG", cp.node_holder_kubeconfig())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(certs.path().join("serve.log")).unwrap())
-        .spawn()
-        .expect("node-holder serve starts");
-    let mut served = Served {
-        child,
-        webhook_port,
-        admin_port,
-        certs,
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok((200, _)) = http_get(admin_port, "/readyz").await {
-            return served;
-        }
-        if let Some(status) = served.child.try_wait().unwrap() {
-            panic!("node-holder serve exited: {status}\n{}", served.log());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node-holder serve never turned ready\n{}",
-            served.log()
+    launch(cp, |command, at| {
+        env.insert(
+            "NODE_HOLDER_WEBHOOK_ADDR".into(),
+            format!("127.0.0.1:{}", at.webhook_port),
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn carries_node_holders_hold(node: &Node) -> bool {
-    node.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.get("node-holder.dev/held").is_some_and(|v| v == "true"))
-        && node
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.get(HOLD).is_some_and(|v| v == "true"))
+        env.insert(
+            "NODE_HOLDER_ADMIN_ADDR".into(),
+            format!("127.0.0.1:{}", at.admin_port),
+        );
+        for file in ["tls.crt", "tls.key"] {
+            let var = format!(
+                "NODE_HOLDER_TLS_{}_FILE",
+                if file == "tls.crt" { "CERT" } else { "KEY" }
+            );
+            assert_eq!(env[&var], format!("/etc/node-holder/tls/{file}"));
+            env.insert(var, at.cert_dir.join(file).display().to_string());
+        }
+        for (var, _) in std::env::vars() {
+            if var.starts_with("NODE_HOLDER_") {
+                command.env_remove(var);
+            }
+        }
+        command.args(&args).envs(&env);
+    })
+    .await
 }
 
 fn carries_anything_of_node_holders(node: &Node) -> bool {
@@ -975,23 +913,6 @@ fn carries_anything_of_node_holders(node: &Node) -> bool {
             .annotations
             .as_ref()
             .is_some_and(|a| a.keys().any(ours))
-}
-
-/// Polls `check` every 100 ms until it holds or `limit` passes.
-async fn eventually<F, Fut>(what: &str, limit: Duration, served: &Served, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {limit:?}\n{}",
-            served.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
@@ -1052,13 +973,13 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
         .create(&PostParams::default(), &node("new-1"))
         .await
         .unwrap();
-    assert!(carries_node_holders_hold(&created), "held by the webhook");
+    assert!(held(&created), "held by the webhook");
     let api = &nodes;
-    eventually(
+    eventually_logging(
         "the old node held by the window task",
         Duration::from_secs(10),
         &served,
-        || async move { carries_node_holders_hold(&api.get("old-1").await.unwrap()) },
+        || async move { held(&api.get("old-1").await.unwrap()) },
     )
     .await;
     // The window record and the Lease, the pod's name as the identity.
@@ -1071,7 +992,7 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
         Some("node-holder-5d8f7-abcde")
     );
 
-    eventually(
+    eventually_logging(
         "every hold released",
         Duration::from_secs(15),
         &served,
@@ -1087,24 +1008,20 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
     .await;
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
     let events = &events;
-    eventually(
+    eventually_logging(
         "hold and release events",
         Duration::from_secs(10),
         &served,
         || async move {
-            let reasons: Vec<(String, String)> = events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
-                .collect();
-            let has =
-                |node: &str, reason: &str| reasons.iter().any(|(n, r)| n == node && r == reason);
-            has("new-1", "HoldWindowOpened")
-                && has("old-1", "HoldApplied")
-                && has("old-1", "HoldReleased")
+            has_node_events(
+                events,
+                &[
+                    ("new-1", "HoldWindowOpened"),
+                    ("old-1", "HoldApplied"),
+                    ("old-1", "HoldReleased"),
+                ],
+            )
+            .await
         },
     )
     .await;

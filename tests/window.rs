@@ -10,7 +10,7 @@ use common::window::{
     Cluster, HOLD, all_held, annotate, at, carries_anything_of_node_holders, create, created,
     eventually_logging, fast, held, old_nodes, scrape, strs, window,
 };
-use common::{register_webhook, serve};
+use common::{has_node_events, register_webhook, serve};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
@@ -118,20 +118,16 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
         Duration::from_secs(10),
         &served,
         || async {
-            let reasons: Vec<(String, String)> = events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
-                .collect();
-            let has =
-                |node: &str, reason: &str| reasons.iter().any(|(n, r)| n == node && r == reason);
-            has("old-1", "HoldApplied")
-                && has("old-1", "HoldReleased")
-                && has("new-1", "HoldWindowOpened")
-                && has("new-2", "HoldWindowExtended")
+            has_node_events(
+                &events,
+                &[
+                    ("old-1", "HoldApplied"),
+                    ("old-1", "HoldReleased"),
+                    ("new-1", "HoldWindowOpened"),
+                    ("new-2", "HoldWindowExtended"),
+                ],
+            )
+            .await
         },
     )
     .await;

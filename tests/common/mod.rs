@@ -3,13 +3,14 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,23 +94,51 @@ pub fn make_certs(dir: &std::path::Path) {
 /// RBAC of `webhook-config/rbac.yaml`.
 pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
     install_node_holder_rbac(cp).await;
+    launch(cp, |command, at| {
+        command
+            .args(["serve", "--log-format", "json"])
+            .arg(format!("--identity=serve-{}", at.webhook_port))
+            .arg(format!("--webhook-addr=127.0.0.1:{}", at.webhook_port))
+            .arg(format!("--admin-addr=127.0.0.1:{}", at.admin_port))
+            .arg(format!(
+                "--tls-cert-file={}",
+                at.cert_dir.join("tls.crt").display()
+            ))
+            .arg(format!(
+                "--tls-key-file={}",
+                at.cert_dir.join("tls.key").display()
+            ))
+            .args(extra);
+    })
+    .await
+}
+
+/// Where a [`launch`]ed `node-holder serve` is to listen (loopback) and find
+/// its certificates (`tls.crt`, `tls.key`, `ca.crt`).
+pub struct Listen<'a> {
+    pub webhook_port: u16,
+    pub admin_port: u16,
+    pub cert_dir: &'a Path,
+}
+
+/// Starts the node-holder binary as node-holder's restricted identity, with
+/// fresh development certificates and two free ports, and waits until its
+/// `/readyz` answers 200. `configure` gives it its arguments and environment
+/// (the subcommand included); grants nothing.
+pub async fn launch(cp: &ControlPlane, configure: impl FnOnce(&mut Command, &Listen)) -> Served {
     let certs = tempfile::tempdir().unwrap();
     make_certs(certs.path());
     let (webhook_port, admin_port) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_node-holder"))
-        .args(["serve", "--log-format", "json"])
-        .arg(format!("--identity=serve-{webhook_port}"))
-        .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
-        .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
-        .arg(format!(
-            "--tls-cert-file={}",
-            certs.path().join("tls.crt").display()
-        ))
-        .arg(format!(
-            "--tls-key-file={}",
-            certs.path().join("tls.key").display()
-        ))
-        .args(extra)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_node-holder"));
+    configure(
+        &mut command,
+        &Listen {
+            webhook_port,
+            admin_port,
+            cert_dir: certs.path(),
+        },
+    );
+    let child = command
         .env("KUBECONFIG", cp.node_holder_kubeconfig())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(certs.path().join("serve.log")).unwrap())
@@ -388,6 +417,23 @@ pub fn review(kind: &str, operation: &str, object: serde_json::Value) -> serde_j
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
         }
     })
+}
+
+/// Whether the Events in `events` include, for each `(node, reason)` of
+/// `wanted`, one of that reason regarding that node (what `kubectl describe
+/// node` shows).
+pub async fn has_node_events(events: &Api<Event>, wanted: &[(&str, &str)]) -> bool {
+    let reasons: Vec<(String, String)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
+        .collect();
+    wanted
+        .iter()
+        .all(|(node, reason)| reasons.iter().any(|(n, r)| n == node && r == reason))
 }
 
 /// node-holder's namespace and exactly the RBAC of `webhook-config/rbac.yaml`,
