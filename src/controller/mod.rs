@@ -22,6 +22,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::admission::AdmissionPolicy;
 use crate::core::holds::{MARKER_LABEL, MARKER_VALUE};
@@ -149,27 +150,12 @@ struct Feed {
     changes: u64,
 }
 
-/// Aborts the task when dropped: the watch ends with the leadership.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Watches Node metadata into a store, in a task of its own so that the
 /// watch is read even while a long pass patches thousands of nodes (the API
 /// server closes watchers that fall behind). Objects are trimmed to what the
 /// plan reads before they are stored. The receiver reports progress; it
 /// closes when the watch task ends.
-fn watch_nodes(
-    client: kube::Client,
-    holds: crate::core::holds::Holds,
-) -> (
-    Store<PartialObjectMeta<Node>>,
-    (tokio::sync::watch::Receiver<Feed>, AbortOnDrop),
-) {
+fn watch_nodes(client: kube::Client, holds: crate::core::holds::Holds) -> NodeWatch {
     let (store, writer) = reflector::store::<PartialObjectMeta<Node>>();
     // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
@@ -191,7 +177,19 @@ fn watch_nodes(
             }
         }
     });
-    (store, (receiver, AbortOnDrop(task)))
+    NodeWatch {
+        store,
+        feed: receiver,
+        _task: AbortOnDropHandle::new(task),
+    }
+}
+
+/// A running node watch: its store, its progress, and the task, which
+/// dropping aborts (the watch ends with the leadership).
+struct NodeWatch {
+    store: Store<PartialObjectMeta<Node>>,
+    feed: tokio::sync::watch::Receiver<Feed>,
+    _task: AbortOnDropHandle<()>,
 }
 
 /// The leader's state between passes.
@@ -251,8 +249,11 @@ impl WindowTask {
                 .is_none_or(|through| through < at)
         });
 
-        let (nodes, (mut feed, _watch_task)) =
-            watch_nodes(self.client.clone(), self.config.policy.holds.clone());
+        let NodeWatch {
+            store: nodes,
+            mut feed,
+            _task,
+        } = watch_nodes(self.client.clone(), self.config.policy.holds.clone());
         let record_api: Api<PartialObjectMeta<ConfigMap>> =
             Api::namespaced(self.client.clone(), &self.config.namespace);
         let record_events = watcher::watcher(

@@ -97,64 +97,52 @@ impl RecordStore {
                 serde_json::to_string(settings).context("serialising the settings")?,
             ),
         ]);
-        let patch = serde_json::json!({ "data": data });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match self.api.patch(NAME, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(NAME.to_string()),
-                        labels: Some(BTreeMap::from([(
-                            "app.kubernetes.io/name".to_string(),
-                            "node-holder".to_string(),
-                        )])),
-                        ..ObjectMeta::default()
-                    },
-                    data: Some(data),
-                    ..ConfigMap::default()
-                };
-                self.api
-                    .create(&PostParams::default(), &config_map)
-                    .await
-                    .with_context(|| format!("creating ConfigMap {NAME}"))?;
-                Ok(())
-            }
-            Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
-        }
+        self.merge(ConfigMap {
+            metadata: ObjectMeta {
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/name".to_string(),
+                    "node-holder".to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        })
+        .await
     }
 
     /// Asks the leader to close the window now; returns the request's time.
     pub async fn request_release(&self, now: Timestamp) -> Result<Timestamp> {
-        let patch = serde_json::json!({
-            "metadata": {"annotations": {release_request_annotation(): now.to_string()}}
-        });
+        self.merge(ConfigMap {
+            metadata: ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    release_request_annotation(),
+                    now.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        })
+        .await?;
+        Ok(now)
+    }
+
+    /// Merges `part` into the record's ConfigMap, or creates the ConfigMap
+    /// from it when there is none yet.
+    async fn merge(&self, mut part: ConfigMap) -> Result<()> {
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PatchParams::default()
         };
-        match self.api.patch(NAME, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => Ok(now),
+        match self.api.patch(NAME, &params, &Patch::Merge(&part)).await {
+            Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(NAME.to_string()),
-                        annotations: Some(BTreeMap::from([(
-                            release_request_annotation(),
-                            now.to_string(),
-                        )])),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                };
+                part.metadata.name = Some(NAME.to_string());
                 self.api
-                    .create(&PostParams::default(), &config_map)
+                    .create(&PostParams::default(), &part)
                     .await
                     .with_context(|| format!("creating ConfigMap {NAME}"))?;
-                Ok(now)
+                Ok(())
             }
             Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
         }

@@ -39,39 +39,6 @@ fn target_dir() -> PathBuf {
 /// Returns the binaries for the current pins, building them first if needed.
 pub fn ensure_built() -> Result<Binaries> {
     let module = module_dir();
-    let digest = pins_digest(&module)?;
-    let root = target_dir().join("controlplane");
-    let out = root.join(&digest);
-    let binaries = Binaries {
-        kube_apiserver: out.join("kube-apiserver"),
-        etcd: out.join("etcd"),
-    };
-    let complete = out.join(".complete");
-    if complete.exists() {
-        return Ok(binaries);
-    }
-
-    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let lock_path = root.join(".build.lock");
-    let lock =
-        File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
-    lock.lock()
-        .with_context(|| format!("locking {}", lock_path.display()))?;
-    // Another process may have finished the build while this one waited.
-    if complete.exists() {
-        return Ok(binaries);
-    }
-
-    let started = Instant::now();
-    eprintln!(
-        "testenv: building kube-apiserver and etcd from {} (first build takes several minutes)",
-        module.display()
-    );
-    let staging = root.join(format!("{digest}.partial"));
-    if staging.exists() {
-        fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
-    }
-    fs::create_dir_all(&staging)?;
     // `go build` leaves the version stamp empty (`v0.0.0-master`); stamp the
     // pinned release as the upstream build does, so /version tells the truth.
     let version = kubernetes_version(&module)?;
@@ -82,37 +49,32 @@ pub fn ensure_built() -> Result<Binaries> {
          -X k8s.io/component-base/version.gitMinor={minor} \
          -X k8s.io/component-base/version.gitTreeState=clean"
     );
-    go_build(
+    let out = build_once(
+        "kube-apiserver and etcd",
+        &target_dir().join("controlplane"),
         &module,
-        KUBE_APISERVER_PKG,
-        &stamp,
-        &staging.join("kube-apiserver"),
+        &[
+            GoTool {
+                package: KUBE_APISERVER_PKG,
+                binary: "kube-apiserver",
+                ldflags: &stamp,
+            },
+            GoTool {
+                package: ETCD_PKG,
+                binary: "etcd",
+                ldflags: "",
+            },
+        ],
     )?;
-    go_build(&module, ETCD_PKG, "", &staging.join("etcd"))?;
-    if out.exists() {
-        fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
-    }
-    fs::rename(&staging, &out).with_context(|| format!("moving build to {}", out.display()))?;
-    File::create(&complete)?;
-    eprintln!(
-        "testenv: control plane built in {:.0?} into {}",
-        started.elapsed(),
-        out.display()
-    );
-    Ok(binaries)
+    Ok(Binaries {
+        kube_apiserver: out.join("kube-apiserver"),
+        etcd: out.join("etcd"),
+    })
 }
 
 /// The pinned `k8s.io/kubernetes` release, read from go.mod.
 pub fn kubernetes_version(module: &Path) -> Result<String> {
-    let path = module.join("go.mod");
-    let go_mod =
-        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    go_mod
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("k8s.io/kubernetes v"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(|v| format!("v{v}"))
-        .with_context(|| format!("no k8s.io/kubernetes requirement in {}", path.display()))
+    required_version(module, "k8s.io/kubernetes")
 }
 
 fn go_build(module: &Path, package: &str, ldflags: &str, output: &Path) -> Result<()> {
@@ -196,15 +158,22 @@ pub fn tool_module_dir(name: &str) -> PathBuf {
 /// go.mod, go.sum and the Go toolchain, as for the control plane, and a file
 /// lock lets concurrent test processes share one build.
 pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
+    build_once(name, &target_dir().join("tools").join(name), module, tools)
+}
+
+/// Builds `tools` from the Go module at `module` into `root/<digest>/`
+/// (returned) unless that build is complete already. The digest covers
+/// go.mod, go.sum and the Go toolchain; a file lock in `root` lets concurrent
+/// processes share one build, and a build lands whole or not at all.
+fn build_once(what: &str, root: &Path, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
     let digest = pins_digest(module)?;
-    let root = target_dir().join("tools").join(name);
     let out = root.join(&digest);
     let complete = out.join(".complete");
     if complete.exists() {
         return Ok(out);
     }
 
-    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
     let lock_path = root.join(".build.lock");
     let lock =
         File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
@@ -216,7 +185,10 @@ pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Re
     }
 
     let started = Instant::now();
-    eprintln!("testenv: building {name} from {}", module.display());
+    eprintln!(
+        "testenv: building {what} from {} (a first build takes minutes)",
+        module.display()
+    );
     let staging = root.join(format!("{digest}.partial"));
     if staging.exists() {
         fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
@@ -236,7 +208,7 @@ pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Re
     fs::rename(&staging, &out).with_context(|| format!("moving build to {}", out.display()))?;
     File::create(&complete)?;
     eprintln!(
-        "testenv: {name} built in {:.0?} into {}",
+        "testenv: {what} built in {:.0?} into {}",
         started.elapsed(),
         out.display()
     );
