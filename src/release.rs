@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use kube_lease_manager::LeaseManagerBuilder;
 
 use crate::cli::ReleaseArgs;
 use crate::controller::default_identity;
@@ -110,16 +109,8 @@ async fn release_here(
     args: &ReleaseArgs,
     requested: Timestamp,
 ) -> Result<bool> {
-    let namespace = &args.record.namespace;
-    let manager = LeaseManagerBuilder::new(client.clone(), record::NAME)
-        .with_namespace(namespace)
-        .with_identity(format!("release-{}", default_identity()))
-        .with_duration(15)
-        .with_grace(5)
-        .with_field_manager(record::FIELD_MANAGER)
-        .build()
-        .await
-        .context("setting up the lease")?;
+    let identity = format!("release-{}", default_identity());
+    let manager = record::lease_manager(client, &args.record.namespace, &identity, 15).await?;
     match tokio::time::timeout(Duration::from_secs(20), manager.changed()).await {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => {

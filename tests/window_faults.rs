@@ -21,8 +21,10 @@ use common::window::{
 };
 use common::{Served, node, register_webhook, register_webhook_probing, serve};
 use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
+use node_holder::controller::record;
 use testenv::ControlPlane;
 
 const NODEPOOL: &str = "karpenter.sh/nodepool";
@@ -458,7 +460,19 @@ async fn of_two_replicas_both_answer_the_webhook_one_leads_and_a_failover_releas
         leader_flags(&replicas).await.contains(&Some(1.0))
     })
     .await;
-    let flags = leader_flags(&replicas).await;
+    // Started together, they must never both lead: watch past a renewal
+    // (the lease lasts 3 s and is renewed 1 s before it ends).
+    let mut flags = leader_flags(&replicas).await;
+    let sampled = Instant::now();
+    while sampled.elapsed() < secs(3) {
+        flags = leader_flags(&replicas).await;
+        assert_eq!(
+            flags.iter().filter(|f| **f == Some(1.0)).count(),
+            1,
+            "exactly one leader: {flags:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let leader = flags.iter().position(|f| *f == Some(1.0)).unwrap();
     let standby = 1 - leader;
     assert_eq!(flags[standby], Some(0.0), "exactly one leader: {flags:?}");
@@ -489,4 +503,52 @@ async fn of_two_replicas_both_answer_the_webhook_one_leads_and_a_failover_releas
         "one release per node"
     );
     assert_eq!(patched(&replicas[standby], "hold"), 0, "nothing held twice");
+}
+
+#[tokio::test]
+async fn of_two_competitors_taking_a_free_lease_at_once_exactly_one_leads() {
+    let Cluster { cp, .. } = Cluster::start().await;
+    cp.install_node_holder_rbac().await.unwrap();
+    // With node-holder's own permissions, as `serve` competes.
+    let client = cp.node_holder_client().await.unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin, testenv::NODE_HOLDER_NAMESPACE);
+    let namespace = testenv::NODE_HOLDER_NAMESPACE;
+    for round in 0..16 {
+        match leases.delete(record::NAME, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => panic!("deleting the lease: {err}"),
+        }
+        let (id_a, id_b) = (format!("a-{round}"), format!("b-{round}"));
+        let (a, b) = tokio::join!(
+            record::lease_manager(&client, namespace, &id_a, 3),
+            record::lease_manager(&client, namespace, &id_b, 3),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        // Each returns once it leads; the one that loses waits for the lease
+        // to end, so it is cut off before that.
+        let limit = Duration::from_millis(1000);
+        let (took_a, took_b) = tokio::join!(
+            tokio::time::timeout(limit, a.changed()),
+            tokio::time::timeout(limit, b.changed()),
+        );
+        let leading = [took_a, took_b]
+            .into_iter()
+            .filter(|took| matches!(took, Ok(Ok(true))))
+            .count();
+        let holder = leases
+            .get(record::NAME)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity;
+        assert_eq!(
+            leading, 1,
+            "round {round}: {leading} leaders, holder {holder:?}"
+        );
+        a.release().await.unwrap();
+        b.release().await.unwrap();
+    }
 }

@@ -20,7 +20,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -78,16 +77,13 @@ pub async fn run(
     metrics: WindowMetrics,
     stop: CancellationToken,
 ) -> Result<()> {
-    let duration = config.lease_duration.as_secs().max(2);
-    let manager = LeaseManagerBuilder::new(client.clone(), record::NAME)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(duration)
-        .with_grace((duration / 3).max(1))
-        .with_field_manager(record::FIELD_MANAGER)
-        .build()
-        .await
-        .context("setting up leader election")?;
+    let manager = record::lease_manager(
+        &client,
+        &config.namespace,
+        &config.identity,
+        config.lease_duration.as_secs(),
+    )
+    .await?;
     let (mut is_leader, lease_task) = manager.watch().await;
     tracing::info!(identity = %config.identity, lease = record::NAME, namespace = %config.namespace, "competing for the hold window's lease");
     let events = EventSink::spawn(client.clone(), &config.identity, stop.clone());

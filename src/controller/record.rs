@@ -9,6 +9,7 @@ use anyhow::{Context, Result, anyhow};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::core::admission::AdmissionPolicy;
@@ -20,6 +21,37 @@ use crate::core::window::{Mode, Window, WindowConfig};
 pub const NAME: &str = "node-holder-window";
 /// Field manager of node-holder's writes.
 pub const FIELD_MANAGER: &str = "node-holder";
+
+/// The Lease beside the record, competed for as `identity`: held for
+/// `duration` seconds (at least 2), renewed a third of it before it ends.
+///
+/// Each identity writes the Lease as a field manager of its own: taking a free
+/// Lease is a server-side apply without force, and only distinct managers make
+/// a concurrent taker's apply conflict (with one shared manager both applies
+/// succeed and both competitors lead).
+pub async fn lease_manager(
+    client: &kube::Client,
+    namespace: &str,
+    identity: &str,
+    duration: u64,
+) -> Result<LeaseManager> {
+    let duration = duration.max(2);
+    // Field managers are limited to 128 characters.
+    let field_manager: String = format!("{FIELD_MANAGER}-lease-{identity}")
+        .chars()
+        .take(128)
+        .collect();
+    LeaseManagerBuilder::new(client.clone(), NAME)
+        .with_namespace(namespace)
+        .with_identity(identity)
+        .with_duration(duration)
+        .with_grace((duration / 3).max(1))
+        .with_field_manager(field_manager)
+        .build()
+        .await
+        .with_context(|| format!("setting up the Lease {namespace}/{NAME}"))
+}
+
 const WINDOW_KEY: &str = "window.json";
 const SETTINGS_KEY: &str = "settings.json";
 
