@@ -61,6 +61,9 @@ pub struct ControlPlane {
     admin_kubeconfig: PathBuf,
     node_holder_kubeconfig: PathBuf,
     audit_log: PathBuf,
+    /// How the API server was started, to start it again.
+    apiserver_command: (PathBuf, Vec<String>),
+    restarts: u32,
     dir: TempDir,
 }
 
@@ -68,21 +71,27 @@ impl ControlPlane {
     /// Builds the binaries if needed, starts etcd and kube-apiserver, and waits
     /// until the API server reports `/readyz`.
     pub async fn start() -> Result<Self> {
+        Self::start_with_args(&[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` kube-apiserver flags (an admission
+    /// configuration file, an etcd compaction interval, ...).
+    pub async fn start_with_args(extra: &[String]) -> Result<Self> {
         let binaries = tokio::task::spawn_blocking(ensure_built)
             .await
             .context("control-plane build task")??;
         // A free port can be taken by someone else between our probe and the
         // child's bind; a second try with new ports covers that race.
-        match Self::start_with(&binaries).await {
+        match Self::start_with(&binaries, extra).await {
             Ok(cp) => Ok(cp),
             Err(first) if format!("{first:#}").contains("address already in use") => {
-                Self::start_with(&binaries).await
+                Self::start_with(&binaries, extra).await
             }
             Err(first) => Err(first),
         }
     }
 
-    async fn start_with(binaries: &Binaries) -> Result<Self> {
+    async fn start_with(binaries: &Binaries, extra: &[String]) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("node-holder-controlplane-")
             .tempdir()
@@ -113,32 +122,34 @@ impl ControlPlane {
 
         let audit_log = root.join("audit.log");
         let p = |name: &str| root.join(name).display().to_string();
+        let mut apiserver_args: Vec<String> = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            // No controller-manager runs: nothing would mint ServiceAccount
+            // tokens, and loopback endpoints for `kubernetes` are invalid.
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--audit-policy-file={}", p("audit-policy.yaml")),
+            format!("--audit-log-path={}", audit_log.display()),
+            "--enable-aggregator-routing=true".into(),
+            "--profiling=false".into(),
+        ];
+        apiserver_args.extend_from_slice(extra);
         let apiserver = ManagedChild::spawn(
             "kube-apiserver",
             &binaries.kube_apiserver,
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={apiserver_port}"),
-                format!("--tls-cert-file={}", p("apiserver.crt")),
-                format!("--tls-private-key-file={}", p("apiserver.key")),
-                format!("--client-ca-file={}", p("ca.crt")),
-                format!("--token-auth-file={}", p("tokens.csv")),
-                "--authorization-mode=RBAC".into(),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-account-key-file={}", p("sa.pub")),
-                format!("--service-account-signing-key-file={}", p("sa.key")),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                // No controller-manager runs: nothing would mint ServiceAccount
-                // tokens, and loopback endpoints for `kubernetes` are invalid.
-                "--disable-admission-plugins=ServiceAccount".into(),
-                "--endpoint-reconciler-type=none".into(),
-                format!("--audit-policy-file={}", p("audit-policy.yaml")),
-                format!("--audit-log-path={}", audit_log.display()),
-                "--enable-aggregator-routing=true".into(),
-                "--profiling=false".into(),
-            ],
+            &apiserver_args,
             &root.join("kube-apiserver.log"),
         )?;
 
@@ -167,6 +178,8 @@ impl ControlPlane {
             admin_kubeconfig,
             node_holder_kubeconfig,
             audit_log,
+            apiserver_command: (binaries.kube_apiserver.clone(), apiserver_args),
+            restarts: 0,
             dir,
         };
         cp.wait_ready().await?;
@@ -193,6 +206,22 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Kills the API server (SIGKILL, as a crash), keeps it down for
+    /// `down_for`, then starts it again on the same port with the same flags
+    /// and etcd data, and waits until it is ready.
+    pub async fn restart_apiserver(&mut self, down_for: Duration) -> Result<()> {
+        self.apiserver.kill();
+        tokio::time::sleep(down_for).await;
+        self.restarts += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("kube-apiserver-{}.log", self.restarts));
+        let (program, args) = &self.apiserver_command;
+        self.apiserver = ManagedChild::spawn("kube-apiserver", program, args, &log)?;
+        self.wait_ready().await
     }
 
     /// The API server's base URL (`https://127.0.0.1:PORT`).

@@ -79,10 +79,16 @@ impl ManagedChild {
     }
 }
 
-impl Drop for ManagedChild {
-    fn drop(&mut self) {
-        // Already gone is fine; anything else cannot be reported from drop.
+impl ManagedChild {
+    /// SIGKILLs the program and reaps it; already gone is fine.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagedChild {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
