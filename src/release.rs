@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
@@ -14,7 +15,7 @@ use crate::cli::ReleaseArgs;
 use crate::controller::default_identity;
 use crate::controller::patcher::{PatchResult, Patcher};
 use crate::controller::record::{self, RecordStore, Settings};
-use crate::core::plan::{NodeView, plan};
+use crate::core::plan::{Planner, plan};
 use crate::core::window::{Mode, WindowConfig};
 use crate::status;
 
@@ -165,24 +166,22 @@ async fn release_with_lease(
             .list_metadata(&ListParams::default())
             .await
             .context("listing nodes")?;
-        let views: Vec<NodeView> = listed
-            .items
-            .iter()
-            .filter_map(|n| NodeView::from_meta(&n.metadata))
-            .collect();
-        let plan = plan(
-            &window,
-            &cfg,
-            &policy.scope,
-            &policy.holds,
-            &views,
-            Timestamp::now(),
-        );
+        let planner = Planner {
+            window: &window,
+            cfg: &cfg,
+            scope: &policy.scope,
+            holds: &policy.holds,
+            now: Timestamp::now(),
+        };
+        let plan = plan(&planner, listed.items.iter().map(|n| &n.metadata));
         if plan.release.is_empty() {
             break;
         }
         let mut retry = 0;
-        for (patch, result) in patcher.apply(plan.release).await {
+        let total = plan.release.len();
+        let results = patcher.apply(plan.release, total);
+        futures::pin_mut!(results);
+        while let Some((patch, result)) = results.next().await {
             match result {
                 PatchResult::Applied => {
                     left.extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));

@@ -16,6 +16,29 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
+const OTHERS_LABEL: &str = "example.com/team";
+const OTHERS_ANNOTATION: &str = "example.com/owner";
+
+/// The old nodes still carry the label and the annotation others set.
+async fn others_kept(nodes: &Api<Node>) {
+    for name in ["old-1", "old-2", "old-3"] {
+        let meta = nodes.get(name).await.unwrap().metadata;
+        let label = meta.labels.as_ref().and_then(|l| l.get(OTHERS_LABEL));
+        assert_eq!(label.map(String::as_str), Some("a"), "{name}: {meta:?}");
+        if name == "old-2" {
+            let annotation = meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(OTHERS_ANNOTATION));
+            assert_eq!(
+                annotation.map(String::as_str),
+                Some("team-a"),
+                "{name}: {meta:?}"
+            );
+        }
+    }
+}
+
 async fn all(nodes: &Api<Node>) -> Vec<Node> {
     nodes.list(&ListParams::default()).await.unwrap().items
 }
@@ -24,13 +47,16 @@ async fn all(nodes: &Api<Node>) -> Vec<Node> {
 async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_holders_holds_go() {
     let Cluster { cp, nodes, records } = Cluster::start().await;
     create(&nodes, "foreign", &[], &[(HOLD, "true")]).await;
+    // Real nodes carry labels and annotations of others (kubelet's, the
+    // provisioner's): holding and releasing must keep every one of them.
     old_nodes(
         &nodes,
         &["old-1", "old-2", "old-3"],
-        &[],
+        &[(OTHERS_LABEL, "a")],
         Duration::from_secs(6),
     )
     .await;
+    annotate(&nodes, "old-2", OTHERS_ANNOTATION, "team-a").await;
     let served = serve(&cp, &strs(&fast("6s", &[]))).await;
     register_webhook(&cp, &served).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -55,6 +81,7 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
         at(&window(&records).await, "/open/openedAt"),
         Some(created(&first))
     );
+    others_kept(&nodes).await;
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = create(&nodes, "new-2", &[], &[]).await;
@@ -97,6 +124,7 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
     )
     .await;
     assert!(Timestamp::now() >= deadline, "released before the deadline");
+    others_kept(&nodes).await;
     for n in all(&nodes).await {
         let has_hold = n
             .metadata

@@ -14,7 +14,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::plan::{NodePatch, NodeView};
+use crate::core::plan::NodePatch;
 use crate::core::window::Observed;
 
 const QUEUE: usize = 10_000;
@@ -38,20 +38,24 @@ fn until(deadline: Option<Timestamp>) -> String {
 
 impl HoldEvent {
     /// A new node in scope opened or extended the window.
-    pub fn counted(node: &NodeView, observed: Observed, deadline: Option<Timestamp>) -> Self {
+    pub fn counted(
+        node: &ObjectMeta,
+        created: Timestamp,
+        observed: Observed,
+        deadline: Option<Timestamp>,
+    ) -> Self {
         let (reason, what) = match observed {
             Observed::Opened => ("HoldWindowOpened", "opened node-holder's hold window"),
             Observed::Extended => ("HoldWindowExtended", "extended node-holder's hold window"),
             _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
         HoldEvent {
-            node: node.name.clone(),
+            node: node.name.clone().unwrap_or_default(),
             uid: node.uid.clone(),
             reason,
             action: "Hold",
             note: format!(
-                "new node (created {}) {what}: held {}",
-                node.creation,
+                "new node (created {created}) {what}: held {}",
                 until(deadline)
             ),
         }

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
@@ -24,9 +25,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::admission::AdmissionPolicy;
-use crate::core::holds::{MARKER_LABEL, MARKER_VALUE};
 use crate::core::patch::keep_what_patches_read;
-use crate::core::plan::{NodePatch, NodeView, plan};
+use crate::core::plan::{Action, NodePatch, Planner, identity, is_marked, labels};
 use crate::core::window::{Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use events::{EventSink, HoldEvent};
@@ -151,14 +151,15 @@ struct Feed {
 /// server closes watchers that fall behind). Objects are trimmed to what the
 /// plan reads before they are stored. The receiver reports progress; it
 /// closes when the watch task ends.
-fn watch_nodes(client: kube::Client, holds: crate::core::holds::Holds) -> NodeWatch {
+fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
+    let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
     let (store, writer) = reflector::store::<PartialObjectMeta<Node>>();
     // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
     let stream = reflector::reflector(
         writer,
         watcher::watcher(api, watcher::Config::default())
-            .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds)),
+            .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds, &scope)),
     )
     .default_backoff();
     let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
@@ -249,7 +250,7 @@ impl WindowTask {
             store: nodes,
             mut feed,
             _task,
-        } = watch_nodes(self.client.clone(), self.config.policy.holds.clone());
+        } = watch_nodes(self.client.clone(), &self.config.policy);
         let record_api: Api<PartialObjectMeta<ConfigMap>> =
             Api::namespaced(self.client.clone(), &self.config.namespace);
         let record_events = watcher::watcher(
@@ -329,59 +330,64 @@ impl WindowTask {
     }
 
     /// One pass: the window forward, the record saved, the nodes converged.
+    ///
+    /// It reads the store's objects in place (shared, not copied) and builds
+    /// each node's patch only when the patcher takes it, so its memory grows
+    /// with the patches in flight, not with the nodes.
     async fn pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Result<PassOutcome> {
         let now = Timestamp::now();
-        let views: Vec<NodeView> = nodes
-            .state()
-            .iter()
-            .filter_map(|node| NodeView::from_meta(&node.metadata))
-            .collect();
+        let mut snapshot = nodes.state();
+        snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let metas = || snapshot.iter().map(|node| &node.metadata);
         let cfg = &self.config.window;
 
         if let Some(at) = self.release_request.take() {
             let was_open = self.window.release_now(at.min(now));
             tracing::info!(requested_at = %at, was_open, "hold window released on request");
         }
-        let in_scope: Vec<&NodeView> = views
-            .iter()
-            .filter(|node| self.config.policy.scope.matches(&node.labels))
+        let in_scope: Vec<(&ObjectMeta, &str, Timestamp)> = metas()
+            .filter(|meta| self.config.policy.scope.matches(labels(meta)))
+            .filter_map(|meta| identity(meta).map(|(name, created)| (meta, name, created)))
             .collect();
         let was_open = self.window.open().is_some();
-        let observed = self
-            .window
-            .observe_all(in_scope.iter().map(|node| node.creation), now, cfg);
+        let observed =
+            self.window
+                .observe_all(in_scope.iter().map(|&(_, _, created)| created), now, cfg);
         let deadline = self.window.open().map(|open| open.deadline);
         let opened_at = self.window.open().map(|open| open.opened_at);
-        for (node, observed) in in_scope.iter().zip(observed) {
+        for (&(meta, name, created), observed) in in_scope.iter().zip(observed) {
             // In `node` scope each node is held until its own end.
             let until = match cfg.mode {
                 Mode::Cluster => deadline,
                 Mode::Node => self
                     .window
-                    .node_hold_end(node.creation, now, cfg)
+                    .node_hold_end(created, now, cfg)
                     .filter(|&end| now < end),
             };
             let new_in_window = match cfg.mode {
-                Mode::Cluster => opened_at.is_some_and(|opened| node.creation >= opened),
+                Mode::Cluster => opened_at.is_some_and(|opened| created >= opened),
                 Mode::Node => until.is_some(),
             };
             if matches!(observed, Observed::Opened | Observed::Extended) {
                 tracing::info!(
-                    node = %node.name,
-                    created = %node.creation,
+                    node = %name,
+                    created = %created,
                     deadline = %until.map_or_else(String::new, |d| d.to_string()),
                     "hold window {}", observed.label()
                 );
             }
             // Each new node's Event says why it is held, once per leader.
-            let key = node.uid.clone().unwrap_or_else(|| node.name.clone());
+            let key = meta.uid.as_deref().unwrap_or(name);
             if new_in_window
                 && !matches!(observed, Observed::Consumed | Observed::Expired)
-                && self.announced.insert(key)
+                && !self.announced.contains(key)
             {
-                self.events.send(HoldEvent::counted(node, observed, until));
+                self.announced.insert(key.to_string());
+                self.events
+                    .send(HoldEvent::counted(meta, created, observed, until));
             }
         }
+        drop(in_scope);
         if self.window.open().is_none() {
             self.announced.clear();
         }
@@ -405,24 +411,38 @@ impl WindowTask {
                 .map_or(0.0, |open| open.deadline.as_millisecond() as f64 / 1000.0),
         );
 
-        let plan = plan(
-            &self.window,
+        let planner = Planner {
+            window: &self.window,
             cfg,
-            &self.config.policy.scope,
-            &self.config.policy.holds,
-            &views,
+            scope: &self.config.policy.scope,
+            holds: &self.config.policy.holds,
             now,
-        );
-        let marked = views
-            .iter()
-            .filter(|n| {
-                n.labels
-                    .get(MARKER_LABEL)
-                    .is_some_and(|v| v == MARKER_VALUE)
-            })
-            .count() as i64;
-        let (held, hold_failures) = self.apply("hold", plan.hold).await;
-        let (released, release_failures) = self.apply("release", plan.release).await;
+        };
+        // Which nodes change is decided first (their patches are dropped at
+        // once), so the logs know the totals; each patch is built again when
+        // the patcher takes it.
+        let (mut hold, mut release) = (Vec::new(), Vec::new());
+        for (i, meta) in metas().enumerate() {
+            match planner.node(meta).map(|(action, _)| action) {
+                Some(Action::Hold) => hold.push(i),
+                Some(Action::Release) => release.push(i),
+                None => {}
+            }
+        }
+        let patches = |indices: Vec<usize>| {
+            let snapshot = &snapshot;
+            indices
+                .into_iter()
+                .filter_map(move |i| planner.node(&snapshot[i].metadata))
+                .map(|(_, patch)| patch)
+        };
+        let marked = metas().filter(|meta| is_marked(meta)).count() as i64;
+        let wake_at = planner.wake(metas());
+        let (hold_total, release_total) = (hold.len(), release.len());
+        let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
+        let (released, release_failures) = self
+            .apply(Action::Release, patches(release), release_total)
+            .await;
         self.metrics.held_nodes.set(marked + held - released);
         let failures = hold_failures + release_failures;
 
@@ -431,7 +451,7 @@ impl WindowTask {
             Some(Instant::now() + self.backoff())
         } else {
             self.failures = 0;
-            plan.wake.map(|at| {
+            wake_at.map(|at| {
                 // A deadline already past wakes at once.
                 Instant::now() + Duration::try_from(at.duration_since(now)).unwrap_or_default()
             })
@@ -440,12 +460,17 @@ impl WindowTask {
     }
 
     /// Applies the patches of one kind; returns (applied, failed).
-    async fn apply(&self, action: &'static str, patches: Vec<NodePatch>) -> (i64, usize) {
-        if patches.is_empty() {
+    async fn apply(
+        &self,
+        action: Action,
+        patches: impl IntoIterator<Item = NodePatch, IntoIter: Send>,
+        total: usize,
+    ) -> (i64, usize) {
+        if total == 0 {
             return (0, 0);
         }
-        let total = patches.len();
-        tracing::info!(nodes = total, action, "patching nodes");
+        let action_label = action.label();
+        tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
         // In `node` scope each node's hold ends at its own time.
         let deadline = match self.config.window.mode {
@@ -453,10 +478,12 @@ impl WindowTask {
             Mode::Node => None,
         };
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
-        for (patch, result) in self.patcher.apply(patches).await {
-            tracing::debug!(node = %patch.name, action, ?result, keys = ?patch.keys, "node patch");
+        let results = self.patcher.apply(patches, total);
+        futures::pin_mut!(results);
+        while let Some((patch, result)) = results.next().await {
+            tracing::debug!(node = %patch.name, action = action_label, ?result, keys = ?patch.keys, "node patch");
             match result {
-                PatchResult::Applied if action == "hold" => {
+                PatchResult::Applied if action == Action::Hold => {
                     applied += 1;
                     self.metrics.holds_applied.inc();
                     self.events.send(HoldEvent::held(&patch, deadline));
@@ -478,7 +505,7 @@ impl WindowTask {
             }
         }
         tracing::info!(
-            action,
+            action = action_label,
             nodes = total,
             applied,
             changed_meanwhile = changed,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use json_patch::Patch;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch as KubePatch, PatchParams};
@@ -54,24 +54,29 @@ impl Patcher {
         }
     }
 
-    /// Applies every patch; returns each (its operations dropped once sent)
-    /// with its result, in input order.
-    /// Long runs log their progress every [`PROGRESS_EVERY`] nodes.
-    pub async fn apply(&self, patches: Vec<NodePatch>) -> Vec<(NodePatch, PatchResult)> {
-        let total = patches.len();
+    /// Applies the patches as they are taken from `patches` (`total` of them,
+    /// for the progress log), within the bounds: at most `max_in_flight`
+    /// patches are built and in flight at once, whatever the total. Yields
+    /// each patch (its operations dropped once sent) with its result, in
+    /// input order. Long runs log their progress every [`PROGRESS_EVERY`]
+    /// nodes.
+    pub fn apply<'a>(
+        &'a self,
+        patches: impl IntoIterator<Item = NodePatch, IntoIter: Send + 'a>,
+        total: usize,
+    ) -> impl Stream<Item = (NodePatch, PatchResult)> + Send + 'a {
         let started = std::time::Instant::now();
         futures::stream::iter(patches)
-            .map(|mut patch| async move {
+            .map(move |mut patch| async move {
                 self.pacer.lock().await.tick().await;
                 let result = self.patch_one(&patch.name, &patch.patch).await;
-                // Sent: the operations are not needed any more, and a bulk
-                // pass of thousands would otherwise hold them all to the end.
+                // Sent: the operations are not needed any more.
                 patch.patch = Patch(Vec::new());
                 (patch, result)
             })
             .buffered(self.max_in_flight)
             .enumerate()
-            .map(|(done, result)| {
+            .map(move |(done, result)| {
                 let done = done + 1;
                 if done % PROGRESS_EVERY == 0 && done < total {
                     tracing::info!(
@@ -83,8 +88,6 @@ impl Patcher {
                 }
                 result
             })
-            .collect()
-            .await
     }
 
     async fn patch_one(&self, name: &str, patch: &Patch) -> PatchResult {

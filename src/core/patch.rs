@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::holds::{HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, PREFIX, Preset};
+use super::selector::NodeScope;
 
 /// The patch that adds every configured hold the node lacks, marks the node as
 /// held by node-holder and records which hold keys node-holder added. A hold
@@ -140,10 +141,13 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
 
 /// Drops from `meta` what the patches and the plan never read, so that a
 /// store of thousands of nodes stays small: managed fields, owner references,
-/// finalizers, and every annotation but the configured holds, node-holder's
-/// record and the keys it lists. Labels stay (the node selector reads them).
-/// Every patch built from the trimmed metadata is the one built from the whole.
-pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds) {
+/// finalizers, every annotation but the configured holds, node-holder's
+/// record and the keys it lists, and every label but node-holder's marker and
+/// those the node selector reads. A map left empty stays (empty, not absent):
+/// it still exists on the node, so holds are added into it, never as a whole
+/// new map that would replace the others' keys. Every patch and every scope
+/// decision made from the trimmed metadata is the one made from the whole.
+pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds, scope: &NodeScope) {
     meta.managed_fields = None;
     meta.owner_references = None;
     meta.finalizers = None;
@@ -162,6 +166,9 @@ pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds) {
                 || holds.iter().any(|h| &h.key == key)
                 || recorded.contains(key)
         });
+    }
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|key, _| key == MARKER_LABEL || scope.reads(key));
     }
 }
 
@@ -546,31 +553,52 @@ mod tests {
     }
 
     #[test]
-    fn trimmed_metadata_gives_the_same_patches() {
+    fn trimmed_metadata_gives_the_same_patches_and_scope() {
         let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
+        let scopes = [
+            NodeScope::default(),
+            NodeScope::parse("zone=a,!gone").unwrap(),
+            NodeScope::parse("pool in (batch),zone").unwrap(),
+        ];
         for original in [
             json!({"name": "n1", "annotations": {"big": "x".repeat(1000), "a/b": "1"},
+                   "labels": {"kubernetes.io/hostname": "n1", "zone": "a"},
                    "managedFields": [{"manager": "kubelet", "operation": "Update"}]}),
             json!({"name": "n1", "resourceVersion": "7",
                    "annotations": {"karpenter.sh/do-not-disrupt": "true", "other": "v",
                        "karpenter.sh/do-not-consolidate": "true",
                        "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,karpenter.sh/do-not-consolidate"},
-                   "labels": {"node-holder.dev/held": "true", "zone": "a"}, "finalizers": ["f"]}),
+                   "labels": {"node-holder.dev/held": "true", "zone": "a", "pool": "batch"},
+                   "finalizers": ["f"]}),
+            json!({"name": "n1", "resourceVersion": "8"}),
         ] {
             let whole = meta(original);
-            let mut trimmed = whole.clone();
-            keep_what_patches_read(&mut trimmed, &holds);
-            assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
-            assert!(!trimmed.annotations.as_ref().unwrap().contains_key("a/b"));
-            assert_eq!(trimmed.labels, whole.labels);
-            assert_eq!(
-                hold_existing(&trimmed, &holds),
-                hold_existing(&whole, &holds)
-            );
-            assert_eq!(
-                release_holds(&trimmed, &holds),
-                release_holds(&whole, &holds)
-            );
+            for scope in &scopes {
+                let mut trimmed = whole.clone();
+                keep_what_patches_read(&mut trimmed, &holds, scope);
+                assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
+                let annotations = trimmed.annotations.as_ref();
+                assert!(!annotations.is_some_and(|a| a.contains_key("a/b")));
+                // A map that existed still exists, however little is left.
+                assert_eq!(trimmed.labels.is_some(), whole.labels.is_some());
+                assert_eq!(trimmed.annotations.is_some(), whole.annotations.is_some());
+                let trimmed_labels = trimmed.labels.clone().unwrap_or_default();
+                assert!(!trimmed_labels.contains_key("kubernetes.io/hostname"));
+                let whole_labels = whole.labels.clone().unwrap_or_default();
+                assert_eq!(
+                    scope.matches(&trimmed_labels),
+                    scope.matches(&whole_labels),
+                    "{scope}"
+                );
+                assert_eq!(
+                    hold_existing(&trimmed, &holds),
+                    hold_existing(&whole, &holds)
+                );
+                assert_eq!(
+                    release_holds(&trimmed, &holds),
+                    release_holds(&whole, &holds)
+                );
+            }
         }
     }
 }

@@ -2,6 +2,11 @@
 //! to release, given the hold window and the nodes as last read. Pure and
 //! deterministic, so the background task can run it on every change and
 //! patch only the nodes whose state changes.
+//!
+//! Planning reads each node's metadata in place (whole, or trimmed by
+//! [`keep_what_patches_read`](super::patch::keep_what_patches_read)) and
+//! builds one node's patch at a time, so a pass over thousands of nodes can
+//! stream its patches instead of holding them all.
 
 use std::collections::BTreeMap;
 
@@ -9,49 +14,29 @@ use jiff::Timestamp;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::holds::Holds;
+use super::holds::{Holds, MARKER_LABEL, MARKER_VALUE};
 use super::patch::{hold_existing, release_holds};
 use super::selector::NodeScope;
 use super::window::{Mode, Window, WindowConfig};
 
-/// What planning needs of a node: its metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
-    pub name: String,
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
-    pub creation: Timestamp,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// A node's labels; none is an empty map (what a selector sees).
+pub fn labels(meta: &ObjectMeta) -> &BTreeMap<String, String> {
+    meta.labels.as_ref().unwrap_or(&NO_LABELS)
 }
 
-impl NodeView {
-    /// `None` for metadata without a name or creation time, which the API
-    /// server never returns for a stored Node.
-    pub fn from_meta(meta: &ObjectMeta) -> Option<NodeView> {
-        Some(NodeView {
-            name: meta.name.clone()?,
-            uid: meta.uid.clone(),
-            resource_version: meta.resource_version.clone(),
-            creation: meta.creation_timestamp.as_ref()?.0,
-            labels: meta.labels.clone().unwrap_or_default(),
-            annotations: meta.annotations.clone().unwrap_or_default(),
-        })
-    }
+/// A node's name and creation time; `None` for metadata without them, which
+/// the API server never returns for a stored Node (planning skips it).
+pub fn identity(meta: &ObjectMeta) -> Option<(&str, Timestamp)> {
+    Some((meta.name.as_deref()?, meta.creation_timestamp.as_ref()?.0))
+}
 
-    /// The metadata the patch builders read (absent maps stay absent, as
-    /// patches that add to them depend on it).
-    fn meta(&self) -> ObjectMeta {
-        let map = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
-        ObjectMeta {
-            name: Some(self.name.clone()),
-            uid: self.uid.clone(),
-            resource_version: self.resource_version.clone(),
-            labels: map(&self.labels),
-            annotations: map(&self.annotations),
-            ..ObjectMeta::default()
-        }
-    }
+/// Whether the node carries node-holder's marker label.
+pub fn is_marked(meta: &ObjectMeta) -> bool {
+    labels(meta)
+        .get(MARKER_LABEL)
+        .is_some_and(|v| v == MARKER_VALUE)
 }
 
 /// One node's patch and what it changes, for logs and Events.
@@ -67,13 +52,98 @@ pub struct NodePatch {
     pub left: Vec<String>,
 }
 
+/// Which way a node's patch goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Hold,
+    Release,
+}
+
+impl Action {
+    pub fn label(self) -> &'static str {
+        match self {
+            Action::Hold => "hold",
+            Action::Release => "release",
+        }
+    }
+}
+
+/// The desired state, one node at a time. `cluster` mode: while the window
+/// is open every node in scope carries every hold, and when it is closed no
+/// node carries node-holder's. `node` mode: a node in scope is held until its
+/// own creation + hold (unless a release consumed it). A node out of scope
+/// never carries node-holder's holds. Nodes already as desired get no patch.
+#[derive(Debug, Clone, Copy)]
+pub struct Planner<'a> {
+    pub window: &'a Window,
+    pub cfg: &'a WindowConfig,
+    pub scope: &'a NodeScope,
+    pub holds: &'a Holds,
+    pub now: Timestamp,
+}
+
+impl Planner<'_> {
+    /// Whether the node should carry the holds now, and in `node` mode when
+    /// its own hold ends.
+    fn wanted(&self, meta: &ObjectMeta, creation: Timestamp) -> (bool, Option<Timestamp>) {
+        if !self.scope.matches(labels(meta)) {
+            return (false, None);
+        }
+        match self.cfg.mode {
+            Mode::Cluster => (self.window.is_open(self.now), None),
+            Mode::Node => match self.window.node_hold_end(creation, self.now, self.cfg) {
+                Some(end) if self.now < end => (true, Some(end)),
+                _ => (false, None),
+            },
+        }
+    }
+
+    /// The patch that brings this node to its desired state; `None` when it
+    /// is already there (or the metadata names no node).
+    pub fn node(&self, meta: &ObjectMeta) -> Option<(Action, NodePatch)> {
+        let (name, creation) = identity(meta)?;
+        let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>| NodePatch {
+            name: name.to_string(),
+            uid: meta.uid.clone(),
+            patch,
+            keys,
+            left,
+        };
+        if self.wanted(meta, creation).0 {
+            let (patch, added) = hold_existing(meta, self.holds);
+            let keys = added.into_iter().map(|h| h.key).collect();
+            (!patch.0.is_empty()).then(|| (Action::Hold, node_patch(patch, keys, Vec::new())))
+        } else {
+            let release = release_holds(meta, self.holds);
+            (!release.patch.0.is_empty()).then(|| {
+                (
+                    Action::Release,
+                    node_patch(release.patch, release.removed, release.left),
+                )
+            })
+        }
+    }
+
+    /// When the plan changes by itself (a hold ends), absent node changes:
+    /// the window's deadline, or in `node` mode the first node's hold end.
+    pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m ObjectMeta>) -> Option<Timestamp> {
+        nodes
+            .into_iter()
+            .filter_map(|meta| {
+                let (_, creation) = identity(meta)?;
+                self.wanted(meta, creation).1
+            })
+            .chain(self.window.next_wake())
+            .min()
+    }
+}
+
 /// The patches that bring the nodes to the desired state, by node name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
     pub hold: Vec<NodePatch>,
     pub release: Vec<NodePatch>,
-    /// When the plan changes by itself (a hold ends), absent node changes:
-    /// the window's deadline, or in `node` mode the first node's hold end.
+    /// See [`Planner::wake`].
     pub wake: Option<Timestamp>,
 }
 
@@ -83,60 +153,19 @@ impl Plan {
     }
 }
 
-/// The desired state. `cluster` mode: while the window is open every node in
-/// scope carries every hold, and when it is closed no node carries
-/// node-holder's. `node` mode: a node in scope is held until its own
-/// creation + hold (unless a release consumed it). A node out of scope never
-/// carries node-holder's holds. Nodes already as desired get no patch.
-pub fn plan(
-    window: &Window,
-    cfg: &WindowConfig,
-    scope: &NodeScope,
-    holds: &Holds,
-    nodes: &[NodeView],
-    now: Timestamp,
-) -> Plan {
-    let mut nodes: Vec<&NodeView> = nodes.iter().collect();
+/// Every node's patch at once, sorted by name (see [`Planner`]); for callers
+/// whose node count is small or who need the whole plan up front.
+pub fn plan<'m>(planner: &Planner<'_>, nodes: impl IntoIterator<Item = &'m ObjectMeta>) -> Plan {
+    let mut nodes: Vec<&ObjectMeta> = nodes.into_iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut plan = Plan {
-        wake: window.next_wake(),
+        wake: planner.wake(nodes.iter().copied()),
         ..Plan::default()
     };
-    for node in nodes {
-        let held = scope.matches(&node.labels)
-            && match cfg.mode {
-                Mode::Cluster => window.is_open(now),
-                Mode::Node => match window.node_hold_end(node.creation, now, cfg) {
-                    Some(end) if now < end => {
-                        plan.wake = Some(plan.wake.map_or(end, |wake| wake.min(end)));
-                        true
-                    }
-                    _ => false,
-                },
-            };
-        let meta = node.meta();
-        if held {
-            let (patch, added) = hold_existing(&meta, holds);
-            if !patch.0.is_empty() {
-                plan.hold.push(NodePatch {
-                    name: node.name.clone(),
-                    uid: node.uid.clone(),
-                    patch,
-                    keys: added.into_iter().map(|h| h.key).collect(),
-                    left: Vec::new(),
-                });
-            }
-        } else {
-            let release = release_holds(&meta, holds);
-            if !release.patch.0.is_empty() {
-                plan.release.push(NodePatch {
-                    name: node.name.clone(),
-                    uid: node.uid.clone(),
-                    patch: release.patch,
-                    keys: release.removed,
-                    left: release.left,
-                });
-            }
+    for (action, patch) in nodes.into_iter().filter_map(|meta| planner.node(meta)) {
+        match action {
+            Action::Hold => plan.hold.push(patch),
+            Action::Release => plan.release.push(patch),
         }
     }
     plan
@@ -167,18 +196,18 @@ mod tests {
         Holds::new(&[Preset::KarpenterV1], &[]).unwrap()
     }
 
-    fn node(name: &str, created: i64, labels: Value, annotations: Value) -> NodeView {
+    fn node(name: &str, created: i64, labels: Value, annotations: Value) -> ObjectMeta {
         let meta: ObjectMeta = serde_json::from_value(json!({
             "name": name, "uid": format!("uid-{name}"), "resourceVersion": "5",
             "creationTimestamp": t(created).to_string(),
             "labels": labels, "annotations": annotations,
         }))
         .unwrap();
-        NodeView::from_meta(&meta).unwrap()
+        meta
     }
 
     /// A node as the webhook (or an earlier plan) left it.
-    fn held(name: &str, created: i64) -> NodeView {
+    fn held(name: &str, created: i64) -> ObjectMeta {
         node(
             name,
             created,
@@ -198,14 +227,84 @@ mod tests {
         w
     }
 
+    fn plan(
+        window: &Window,
+        cfg: &WindowConfig,
+        scope: &NodeScope,
+        holds: &Holds,
+        nodes: &[ObjectMeta],
+        now: Timestamp,
+    ) -> Plan {
+        let planner = Planner {
+            window,
+            cfg,
+            scope,
+            holds,
+            now,
+        };
+        super::plan(&planner, nodes)
+    }
+
     #[test]
     fn metadata_without_a_name_or_creation_is_no_node() {
-        let meta = ObjectMeta {
+        let cfg = cfg(Mode::Cluster);
+        let nameless = ObjectMeta {
             name: Some("n".into()),
             ..ObjectMeta::default()
         };
-        assert_eq!(NodeView::from_meta(&meta), None);
-        assert_eq!(NodeView::from_meta(&ObjectMeta::default()), None);
+        let nodes = [nameless, ObjectMeta::default()];
+        let plan = plan(
+            &open_window(&cfg, 0),
+            &cfg,
+            &NodeScope::default(),
+            &holds(),
+            &nodes,
+            t(1),
+        );
+        assert!(plan.is_empty());
+    }
+
+    /// The store keeps a map that had only others' keys as an empty map: it
+    /// still exists on the node, so the hold is added to it, never as a whole
+    /// new map (that would wipe the others' keys).
+    #[test]
+    fn a_trimmed_empty_map_is_added_to_not_replaced() {
+        let cfg = cfg(Mode::Cluster);
+        let trimmed = node("a", -50, json!({}), json!({}));
+        let absent = ObjectMeta {
+            labels: None,
+            annotations: None,
+            ..trimmed.clone()
+        };
+        let w = open_window(&cfg, 0);
+        let ops = |meta: ObjectMeta| {
+            let plan = plan(&w, &cfg, &NodeScope::default(), &holds(), &[meta], t(1));
+            let patch = serde_json::to_value(&plan.hold[0].patch).unwrap();
+            let paths: Vec<String> = patch
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|op| op["path"].as_str().unwrap().to_string())
+                .collect();
+            paths
+        };
+        assert_eq!(
+            ops(trimmed),
+            [
+                "/metadata/resourceVersion",
+                "/metadata/annotations/karpenter.sh~1do-not-disrupt",
+                "/metadata/annotations/node-holder.dev~1hold-keys",
+                "/metadata/labels/node-holder.dev~1held",
+            ]
+        );
+        assert_eq!(
+            ops(absent),
+            [
+                "/metadata/resourceVersion",
+                "/metadata/annotations",
+                "/metadata/labels",
+            ]
+        );
     }
 
     #[test]
@@ -261,7 +360,10 @@ mod tests {
             json!({}),
             json!({"karpenter.sh/do-not-disrupt": "true"}),
         );
-        human.labels.insert("x".into(), "y".into());
+        human
+            .labels
+            .get_or_insert_default()
+            .insert("x".into(), "y".into());
         let nodes = [held("b", 0), held("a", 3), human];
         let w = open_window(&cfg, 0);
         // The deadline passed but tick has not run yet: already closed.
@@ -276,6 +378,7 @@ mod tests {
         let cfg = cfg(Mode::Cluster);
         let mut node = held("a", 0);
         node.annotations
+            .get_or_insert_default()
             .insert("karpenter.sh/do-not-disrupt".into(), "no".into());
         let plan = plan(
             &Window::default(),
@@ -333,7 +436,10 @@ mod tests {
             let cfg = cfg(mode);
             let scope = NodeScope::parse("pool=batch").unwrap();
             let mut moved = held("a", 0);
-            moved.labels.insert("pool".into(), "web".into());
+            moved
+                .labels
+                .get_or_insert_default()
+                .insert("pool".into(), "web".into());
             let plan = plan(
                 &open_window(&cfg, 0),
                 &cfg,
