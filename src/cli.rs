@@ -2,9 +2,10 @@
 //! (`NODE_HOLDER_<FLAG>`), so a Deployment can configure node-holder either way.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
@@ -71,9 +72,21 @@ pub struct ServeArgs {
     )]
     pub tls_key_file: PathBuf,
 
-    /// How often the certificate files are checked for rotation.
+    /// How often the certificate files (and the client CA file) are checked
+    /// for rotation.
     #[arg(long, env = "NODE_HOLDER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
+
+    /// PEM CA certificate(s): every webhook client must present a client
+    /// certificate signed by one of them (the API server's for this webhook,
+    /// set in its AdmissionConfiguration). Checked for rotation like the
+    /// serving certificate. Unset or empty: no client certificate is asked for.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_CLIENT_CA_FILE",
+        value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from)
+    )]
+    pub client_ca_file: Option<PathBuf>,
 
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -115,6 +128,16 @@ pub struct ServeArgs {
     /// After the grace, how long in-flight requests may take to finish.
     #[arg(long, env = "NODE_HOLDER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+}
+
+impl ServeArgs {
+    /// `--client-ca-file`, unless empty: the chart always sets the variable
+    /// and leaves it empty to turn client certificates off.
+    pub fn client_ca_file(&self) -> Option<&Path> {
+        self.client_ca_file
+            .as_deref()
+            .filter(|path| !path.as_os_str().is_empty())
+    }
 }
 
 /// Which nodes are held, and with what.

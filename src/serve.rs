@@ -18,7 +18,7 @@ use crate::core::holds::Holds;
 use crate::core::selector::NodeScope;
 use crate::core::window::WindowConfig;
 use crate::metrics::Metrics;
-use crate::server::tls::ReloadingCert;
+use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
     Limits, Readiness, TlsServing, WebhookState, admin_router, serve_admin, serve_tls,
     webhook_router,
@@ -70,7 +70,12 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         &args.tls_cert_file,
         &args.tls_key_file,
     )?);
-    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()?));
+    let client_ca = args
+        .client_ca_file()
+        .map(ReloadingClientCa::load)
+        .transpose()?
+        .map(Arc::new);
+    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config(client_ca.as_ref())?));
     let client = crate::cluster::client().await?;
     let webhook_listener = TcpListener::bind(args.webhook_addr)
         .await
@@ -87,6 +92,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         admin = %admin_listener.local_addr()?,
         holds = %holds.join(","),
         scope = %policy.scope,
+        client_certificates = if client_ca.is_some() { "required" } else { "off" },
         "node-holder serving"
     );
     let state = Arc::new(WebhookState {
@@ -111,6 +117,9 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         args.tls_reload_interval,
         state.metrics.tls.not_after.clone(),
     );
+    if let Some(client_ca) = &client_ca {
+        client_ca.spawn_reloader(args.tls_reload_interval);
+    }
     let webhook = tokio::spawn(serve_tls(
         webhook_listener,
         acceptor,

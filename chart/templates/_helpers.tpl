@@ -58,6 +58,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.config.scope (list "cluster" "node")) }}
 {{- fail (printf "config.scope must be cluster or node, not %q" .Values.config.scope) }}
 {{- end }}
+{{- with .Values.config.clientCA }}
+{{- if and .secretName .configMapName }}
+{{- fail "config.clientCA: set secretName or configMapName, not both" }}
+{{- end }}
+{{- if and (or .secretName .configMapName) (not .key) }}
+{{- fail "config.clientCA.key (the key holding the PEM CA) is required with config.clientCA" }}
+{{- end }}
+{{- end }}
 {{- $timeout := int .Values.webhook.timeoutSeconds }}
 {{- if or (lt $timeout 1) (gt $timeout 30) }}
 {{- fail "webhook.timeoutSeconds must be between 1 and 30 (keep it small: 1-5)" }}
@@ -117,4 +125,13 @@ Whole seconds (rounded up) of a duration in node-holder's syntax: `90s`,
 {{- $pairs = append $pairs (printf "%s=%s" $key (toString $value)) }}
 {{- end }}
 {{- join "," $pairs }}
+{{- end }}
+
+{{/* --client-ca-file: the mounted CA, or empty (off). */}}
+{{- define "node-holder.clientCAFile" -}}
+{{- with .Values.config.clientCA }}
+{{- if or .secretName .configMapName }}
+{{- printf "/etc/node-holder/client-ca/%s" .key }}
+{{- end }}
+{{- end }}
 {{- end }}

@@ -270,12 +270,23 @@ pub async fn serve_tls(
                 Ok(Err(err)) => {
                     let reason = handshake_failure(&err);
                     metrics.handshake_error(reason);
-                    if reason == "certificate-rejected" {
+                    match reason {
                         // The API server refusing our certificate: expired, or
                         // not signed by its caBundle. Worth an operator's eye.
-                        tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)");
-                    } else {
-                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        "certificate-rejected" => {
+                            tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)")
+                        }
+                        // With --client-ca-file, the API server's own calls
+                        // fail this way when its admission kubeconfig does not
+                        // match this webhook or its certificate expired or
+                        // was rotated: every node then registers unheld.
+                        "no-client-certificate" => {
+                            tracing::warn!(%peer, error = %err, "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)")
+                        }
+                        "client-certificate-rejected" => {
+                            tracing::warn!(%peer, error = %err, "a client certificate was refused (not signed by the --client-ca-file CA, or expired?)")
+                        }
+                        _ => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
                     }
                     return;
                 }
@@ -302,11 +313,16 @@ pub async fn serve_tls(
 }
 
 /// The metric reason of a failed handshake: the client's alert about our
-/// certificate, a client the server cannot speak with, garbage, or anything
-/// else.
+/// certificate, the client's own certificate missing or refused (with
+/// `--client-ca-file`), a client the server cannot speak with, garbage, or
+/// anything else.
 fn handshake_failure(err: &std::io::Error) -> &'static str {
     use rustls::{AlertDescription, Error as TlsError};
     match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+        Some(TlsError::NoCertificatesPresented) => "no-client-certificate",
+        // The server verifies no other certificate than the client's: an
+        // unknown issuer, an expired or a malformed client certificate.
+        Some(TlsError::InvalidCertificate(_)) => "client-certificate-rejected",
         Some(TlsError::AlertReceived(
             AlertDescription::BadCertificate
             | AlertDescription::CertificateExpired
