@@ -205,6 +205,9 @@ async fn release_with_lease(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // Patches complete in any order; the report is by name.
+    released.sort();
+    left.sort();
     println!("released {} node(s)", released.len());
     for name in &released {
         println!("  {name}");

@@ -144,6 +144,43 @@ pub async fn run(
 struct Feed {
     lists: u64,
     changes: u64,
+    /// The watch failed and has not listed again since: the store may miss
+    /// nodes (one created while the API server was down), so no pass runs.
+    broken: bool,
+}
+
+/// Retry delays of node-holder's watches: from half a second, doubling, to
+/// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
+/// would leave the window task blind for up to 30 s after an API server
+/// restart; the window waits for the watch, so the reconnect must be quick.
+#[derive(Debug, Clone)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn new() -> Self {
+        WatchBackoff { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (delay * 2).min(Self::MAX);
+        Some(delay)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }
 
 /// Watches Node metadata into a store, in a task of its own so that the
@@ -151,27 +188,60 @@ struct Feed {
 /// server closes watchers that fall behind). Objects are trimmed to what the
 /// plan reads before they are stored. The receiver reports progress; it
 /// closes when the watch task ends.
+///
+/// After any watch error (the API server gone, `410 Gone`, a failed list)
+/// the store is marked broken and the watch starts over with a fresh list:
+/// only a complete list proves no node was missed while it was down.
 fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
     let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
-    let (store, writer) = reflector::store::<PartialObjectMeta<Node>>();
-    // Metadata only: ~4 KB a node instead of ~25 KB for a whole Node.
+    let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+    // Metadata only: ~1 KB a node on the wire instead of ~25 KB for a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(api, watcher::Config::default())
-            .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds, &scope)),
-    )
-    .default_backoff();
     let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
+    let listed = store.clone();
     let task = tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(Event::InitDone) => feed.send_modify(|f| f.lists += 1),
-                Ok(Event::Apply(_) | Event::Delete(_)) => feed.send_modify(|f| f.changes += 1),
-                Ok(Event::Init | Event::InitApply(_)) => {}
-                Err(err) => tracing::warn!(error = %err, "node watch failed; retrying"),
-            }
+        let mut backoff = WatchBackoff::new();
+        loop {
+            let (holds, scope) = (holds.clone(), scope.clone());
+            let stream = watcher::watcher(api.clone(), watcher::Config::default())
+                .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds, &scope));
+            futures::pin_mut!(stream);
+            let error = loop {
+                match stream.next().await {
+                    Some(Ok(event)) => {
+                        writer.apply_watcher_event(&event);
+                        match event {
+                            Event::InitDone => {
+                                kube::runtime::utils::Backoff::reset(&mut backoff);
+                                let was_broken = feed.borrow().broken;
+                                feed.send_modify(|f| {
+                                    f.lists += 1;
+                                    f.broken = false;
+                                });
+                                tracing::info!(
+                                    nodes = listed.state().len(),
+                                    after_a_failure = was_broken,
+                                    "node watch listed every node"
+                                );
+                            }
+                            Event::Apply(_) | Event::Delete(_) => {
+                                feed.send_modify(|f| f.changes += 1)
+                            }
+                            Event::Init | Event::InitApply(_) => {}
+                        }
+                    }
+                    Some(Err(err)) => break err.to_string(),
+                    None => break "the watch stream ended".to_string(),
+                }
+            };
+            feed.send_modify(|f| f.broken = true);
+            let pause = backoff.next().unwrap_or(WatchBackoff::MAX);
+            tracing::warn!(
+                error,
+                retry_in_ms = pause.as_millis() as u64,
+                "node watch failed; no pass runs until it has listed every node again"
+            );
+            tokio::time::sleep(pause).await;
         }
     });
     NodeWatch {
@@ -257,7 +327,7 @@ impl WindowTask {
             record_api,
             watcher::Config::default().fields(&format!("metadata.name={}", record::NAME)),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::new())
         .applied_objects();
         futures::pin_mut!(record_events);
 
@@ -273,7 +343,9 @@ impl WindowTask {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let synced = seen.lists > 0;
+            // No pass on a store that may miss nodes: before the first list,
+            // and from a watch failure until the next complete list.
+            let synced = seen.lists > 0 && !seen.broken;
             let sleep = async {
                 match next {
                     Some(at) if synced => tokio::time::sleep_until(at.into()).await,

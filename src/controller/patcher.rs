@@ -57,9 +57,11 @@ impl Patcher {
     /// Applies the patches as they are taken from `patches` (`total` of them,
     /// for the progress log), within the bounds: at most `max_in_flight`
     /// patches are built and in flight at once, whatever the total. Yields
-    /// each patch (its operations dropped once sent) with its result, in
-    /// input order. Long runs log their progress every [`PROGRESS_EVERY`]
-    /// nodes.
+    /// each patch (its operations dropped once sent) with its result as it
+    /// completes: one request that kube's client is retrying (a `429` from
+    /// API Priority and Fairness, waiting out its `Retry-After`) holds its
+    /// own slot, not the requests behind it. Long runs log their progress
+    /// every [`PROGRESS_EVERY`] nodes.
     pub fn apply<'a>(
         &'a self,
         patches: impl IntoIterator<Item = NodePatch, IntoIter: Send + 'a>,
@@ -74,7 +76,7 @@ impl Patcher {
                 patch.patch = Patch(Vec::new());
                 (patch, result)
             })
-            .buffered(self.max_in_flight)
+            .buffer_unordered(self.max_in_flight)
             .enumerate()
             .map(move |(done, result)| {
                 let done = done + 1;
@@ -105,7 +107,7 @@ impl Patcher {
                 404 => PatchResult::Gone,
                 409 | 422 => PatchResult::Changed(status.code),
                 code => {
-                    tracing::warn!(node = name, code, message = %status.message, "node patch failed");
+                    tracing::warn!(node = name, code, api_message = %status.message, "node patch failed");
                     PatchResult::Failed(code)
                 }
             },

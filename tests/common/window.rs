@@ -362,3 +362,52 @@ pub fn failed_open(audit_event: &Value) -> bool {
         })
     })
 }
+
+impl Cluster {
+    /// As [`Cluster::start`], with `extra` kube-apiserver flags.
+    pub async fn start_with_args(extra: &[&str]) -> Cluster {
+        let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+        let cp = ControlPlane::start_with_args(&extra).await.unwrap();
+        let admin = cp.admin_client().await.unwrap();
+        Cluster {
+            nodes: Api::all(admin.clone()),
+            records: Api::namespaced(admin, testenv::NODE_HOLDER_NAMESPACE),
+            cp,
+        }
+    }
+}
+
+/// Every node PATCH node-holder's identity sent that the API server answered
+/// (refused ones included), by node: the HTTP status of each, in the order the
+/// API server received them. Reads the audit log once, so it stays cheap with
+/// thousands of nodes.
+pub fn node_holder_patch_codes(cp: &ControlPlane) -> BTreeMap<String, Vec<u16>> {
+    let mut patches: Vec<(Timestamp, String, u16)> = cp
+        .audit_events()
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["stage"] == "ResponseComplete"
+                && e["objectRef"]["resource"] == "nodes"
+                && e["user"]["username"] == testenv::NODE_HOLDER_USER
+        })
+        .map(|e| {
+            (
+                e["requestReceivedTimestamp"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+                e["objectRef"]["name"].as_str().unwrap().to_string(),
+                e["responseStatus"]["code"].as_u64().unwrap() as u16,
+            )
+        })
+        .collect();
+    patches.sort();
+    let mut by_node: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+    for (_, name, code) in patches {
+        by_node.entry(name).or_default().push(code);
+    }
+    by_node
+}
