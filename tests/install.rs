@@ -13,82 +13,32 @@
 //!   anything outside it.
 
 mod common;
+#[path = "common/install.rs"]
+mod install;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
 use std::process::Command;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use common::window::{eventually_logging, held, strs};
 use common::{Served, has_node_events, launch, make_certs, node, register_webhook};
+use install::{
+    NAMESPACE, RELEASE, all_of, chart, container, env_of, helm, install_cert_manager_crds, kind,
+    name, one, pod_command, repo, template, try_template, use_cert_files,
+};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::ControlPlane;
 
-/// Release name and namespace: the ServiceAccount is then `node-holder` in
-/// `node-holder`, the identity the test control plane gives node-holder.
-const RELEASE: &str = "node-holder";
-const NAMESPACE: &str = "node-holder";
 const HOLD: &str = "karpenter.sh/do-not-disrupt";
 const WINDOW: &str = "node-holder-window";
 const CERT_MANAGER_GROUPS: [&str; 2] = ["cert-manager.io", "acme.cert-manager.io"];
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart() -> PathBuf {
-    repo().join("chart")
-}
-
-/// The pinned helm, built once per pin (shared with every other test process
-/// through testenv's lock), with its own empty home directories.
-fn helm() -> Command {
-    static HELM: OnceLock<(PathBuf, tempfile::TempDir)> = OnceLock::new();
-    let (path, home) = HELM.get_or_init(|| {
-        // What `cargo xtask test` prepares: helm and cert-manager's source.
-        let tools = testenv::ensure_install_tools()
-            .expect("helm builds from testenv/tools/helm, cert-manager's module downloads");
-        (tools.helm, tempfile::tempdir().unwrap())
-    });
-    let mut cmd = Command::new(path);
-    cmd.env("HELM_CACHE_HOME", home.path().join("cache"))
-        .env("HELM_CONFIG_HOME", home.path().join("config"))
-        .env("HELM_DATA_HOME", home.path().join("data"))
-        // `helm template` needs no cluster: make sure it never finds one.
-        .env("KUBECONFIG", home.path().join("no-kubeconfig"));
-    cmd
-}
-
-/// `helm template RELEASE chart --namespace NAMESPACE` with `args`, as the
-/// rendered objects, or helm's error.
-fn try_template(args: &[&str]) -> Result<Vec<Value>, String> {
-    let kube_version = testenv::kubernetes_version(&testenv::module_dir()).unwrap();
-    let out = helm()
-        .args(["template", RELEASE])
-        .arg(chart())
-        .args(["--namespace", NAMESPACE, "--kube-version", &kube_version])
-        .args(args)
-        .output()
-        .expect("helm runs");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let text = String::from_utf8(out.stdout).unwrap();
-    Ok(testenv::parse_manifests(&text).unwrap())
-}
-
-fn template(args: &[&str]) -> Vec<Value> {
-    try_template(args).unwrap_or_else(|err| panic!("helm template {args:?} failed:\n{err}"))
-}
 
 /// The values of each TLS mode, by name.
 fn tls_modes() -> Vec<(&'static str, Vec<String>)> {
@@ -116,24 +66,6 @@ fn tls_modes() -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
-fn kind(object: &Value) -> &str {
-    object["kind"].as_str().unwrap_or_default()
-}
-
-fn name(object: &Value) -> &str {
-    object["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-fn all_of<'a>(objects: &'a [Value], k: &str) -> Vec<&'a Value> {
-    objects.iter().filter(|o| kind(o) == k).collect()
-}
-
-fn one<'a>(objects: &'a [Value], k: &str) -> &'a Value {
-    let found = all_of(objects, k);
-    assert_eq!(found.len(), 1, "exactly one {k} expected");
-    found[0]
-}
-
 fn is_cert_manager(object: &Value) -> bool {
     let group = object["apiVersion"]
         .as_str()
@@ -142,32 +74,6 @@ fn is_cert_manager(object: &Value) -> bool {
         .next()
         .unwrap_or_default();
     CERT_MANAGER_GROUPS.contains(&group)
-}
-
-fn container(objects: &[Value]) -> &Value {
-    let deployment = one(objects, "Deployment");
-    let containers = deployment["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap();
-    assert_eq!(containers.len(), 1);
-    &containers[0]
-}
-
-/// The Deployment's environment: literal values, and `fieldRef:<path>` for
-/// values taken from the pod.
-fn env_of(objects: &[Value]) -> BTreeMap<String, String> {
-    container(objects)["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some(path) => format!("fieldRef:{path}"),
-                None => e["value"].as_str().unwrap().to_string(),
-            };
-            (e["name"].as_str().unwrap().to_string(), value)
-        })
-        .collect()
 }
 
 /// Every environment variable `node-holder serve` reads (its flags' and the
@@ -706,41 +612,6 @@ fn the_plain_webhook_manifests_carry_the_charts_rules_and_settings() {
     );
 }
 
-/// Installs cert-manager's CRDs (from the pinned module's `deploy/crds`) and
-/// waits until the API server serves them.
-async fn install_cert_manager_crds(cp: &ControlPlane) {
-    let client = cp.admin_client().await.unwrap();
-    let crds = tokio::task::spawn_blocking(testenv::cert_manager_crds)
-        .await
-        .unwrap()
-        .expect("cert-manager's CRDs from the pinned module");
-    testenv::apply_manifests(&client, &crds).await.unwrap();
-    let names: Vec<String> = testenv::parse_manifests(&crds)
-        .unwrap()
-        .iter()
-        .map(|c| name(c).to_string())
-        .collect();
-    assert!(names.contains(&"certificates.cert-manager.io".to_string()));
-    assert!(names.contains(&"issuers.cert-manager.io".to_string()));
-    let api: Api<CustomResourceDefinition> = Api::all(client);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for crd in names {
-        loop {
-            let established = api.get(&crd).await.unwrap().status.is_some_and(|s| {
-                s.conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-            if established {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{crd} never established");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
 /// The release namespace, enforcing the `restricted` Pod Security Standard.
 async fn create_restricted_namespace(cp: &ControlPlane) {
     let client = cp.admin_client().await.unwrap();
@@ -866,15 +737,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
 /// Grants nothing (unlike `common::serve`, which installs
 /// webhook-config/rbac.yaml).
 async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) -> Served {
-    let mut env = env_of(objects);
-    for (var, value) in env.iter_mut() {
-        match value.as_str() {
-            "fieldRef:metadata.namespace" => *value = NAMESPACE.into(),
-            "fieldRef:metadata.name" => *value = "node-holder-5d8f7-abcde".into(),
-            other => assert!(!other.starts_with("fieldRef:"), "{var}: {other}"),
-        }
-    }
-    let args: Vec<String> = serde_json::from_value(container(objects)["args"].clone()).unwrap();
+    let (args, mut env) = pod_command(objects);
     launch(cp, |command, at| {
         env.insert(
             "NODE_HOLDER_WEBHOOK_ADDR".into(),
@@ -884,14 +747,7 @@ async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) 
             "NODE_HOLDER_ADMIN_ADDR".into(),
             format!("127.0.0.1:{}", at.admin_port),
         );
-        for file in ["tls.crt", "tls.key"] {
-            let var = format!(
-                "NODE_HOLDER_TLS_{}_FILE",
-                if file == "tls.crt" { "CERT" } else { "KEY" }
-            );
-            assert_eq!(env[&var], format!("/etc/node-holder/tls/{file}"));
-            env.insert(var, at.cert_dir.join(file).display().to_string());
-        }
+        use_cert_files(&mut env, at.cert_dir);
         for (var, _) in std::env::vars() {
             if var.starts_with("NODE_HOLDER_") {
                 command.env_remove(var);

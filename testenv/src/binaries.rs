@@ -106,12 +106,19 @@ fn go_command(module: &Path) -> Command {
     cmd
 }
 
-/// Digest of what decides the binaries: the pins and the Go toolchain.
+/// Digest of what decides the binaries: the pins, the module's own Go
+/// sources (the cert-manager tool module has mains of its own) and the Go
+/// toolchain. A module without sources of its own digests as before.
 fn pins_digest(module: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     for file in ["go.mod", "go.sum"] {
         let path = module.join(file);
         let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        hasher.update(&bytes);
+    }
+    for source in go_sources(module)? {
+        let bytes = fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+        hasher.update(source.strip_prefix(module)?.to_string_lossy().as_bytes());
         hasher.update(&bytes);
     }
     let version = go_command(module)
@@ -129,9 +136,28 @@ fn pins_digest(module: &Path) -> Result<String> {
     Ok(digest[..8].iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The `.go` files under `dir`, in a stable order.
+fn go_sources(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "go") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 // ---------------------------------------------------------------------------
-// Install tooling: helm (built from its Go module) and cert-manager's source
-// (its CRDs), pinned by the Go modules under `testenv/tools/`.
+// Install tooling: helm and cert-manager (built from their Go modules) and
+// cert-manager's source (its CRDs), pinned by the Go modules under
+// `testenv/tools/`.
 
 const HELM_MODULE: &str = "helm.sh/helm/v4";
 const HELM_PKG: &str = "helm.sh/helm/v4/cmd/helm";
@@ -155,16 +181,18 @@ pub fn tool_module_dir(name: &str) -> PathBuf {
 
 /// Builds `tools` from the pinned Go module at `module` into
 /// `target/tools/<name>/<digest>/` (returned), once per pin: the digest covers
-/// go.mod, go.sum and the Go toolchain, as for the control plane, and a file
-/// lock lets concurrent test processes share one build.
+/// go.mod, go.sum, the module's own `.go` files and the Go toolchain, as for
+/// the control plane, and a file lock lets concurrent test processes share one
+/// build.
 pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
     build_once(name, &target_dir().join("tools").join(name), module, tools)
 }
 
 /// Builds `tools` from the Go module at `module` into `root/<digest>/`
 /// (returned) unless that build is complete already. The digest covers
-/// go.mod, go.sum and the Go toolchain; a file lock in `root` lets concurrent
-/// processes share one build, and a build lands whole or not at all.
+/// go.mod, go.sum, the module's `.go` files and the Go toolchain; a file lock
+/// in `root` lets concurrent processes share one build, and a build lands
+/// whole or not at all.
 fn build_once(what: &str, root: &Path, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
     let digest = pins_digest(module)?;
     let out = root.join(&digest);
@@ -312,6 +340,45 @@ pub fn cert_manager_crds() -> Result<String> {
     Ok(manifest)
 }
 
+/// cert-manager's controller and CA injector, built from the pinned module.
+#[derive(Debug, Clone)]
+pub struct CertManagerBinaries {
+    /// The Issuer, Certificate and CertificateRequest controllers of the
+    /// SelfSigned and CA issuers (`testenv/tools/cert-manager/controller`).
+    pub controller: PathBuf,
+    /// The CA injector, for webhook configurations
+    /// (`testenv/tools/cert-manager/cainjector`).
+    pub cainjector: PathBuf,
+}
+
+/// Returns cert-manager's controller and CA injector for the pinned module,
+/// building them first if needed. The mains are the tool module's own
+/// (`controller/`, `cainjector/`): cert-manager's `cmd/*` modules are not on
+/// the module proxy, its root module's controllers are.
+pub fn ensure_cert_manager_built() -> Result<CertManagerBinaries> {
+    const MAIN: &str = "node-holder.dev/testenv/tools/cert-manager";
+    let out = ensure_tools_built(
+        "cert-manager",
+        &cert_manager_module_dir(),
+        &[
+            GoTool {
+                package: &format!("{MAIN}/controller"),
+                binary: "cert-manager-controller",
+                ldflags: "",
+            },
+            GoTool {
+                package: &format!("{MAIN}/cainjector"),
+                binary: "cert-manager-cainjector",
+                ldflags: "",
+            },
+        ],
+    )?;
+    Ok(CertManagerBinaries {
+        controller: out.join("cert-manager-controller"),
+        cainjector: out.join("cert-manager-cainjector"),
+    })
+}
+
 /// What the install tests need besides the control plane.
 #[derive(Debug, Clone)]
 pub struct InstallTools {
@@ -319,13 +386,16 @@ pub struct InstallTools {
     pub helm: PathBuf,
     /// The pinned cert-manager module's source (its CRDs).
     pub cert_manager_source: PathBuf,
+    /// cert-manager's controller and CA injector.
+    pub cert_manager: CertManagerBinaries,
 }
 
-/// Builds helm and fetches cert-manager's source if needed: what `cargo xtask
-/// test` prepares before the tests run.
+/// Builds helm and cert-manager and fetches cert-manager's source if needed:
+/// what `cargo xtask test` prepares before the tests run.
 pub fn ensure_install_tools() -> Result<InstallTools> {
     Ok(InstallTools {
         helm: ensure_helm_built()?,
         cert_manager_source: cert_manager_source()?,
+        cert_manager: ensure_cert_manager_built()?,
     })
 }

@@ -14,6 +14,7 @@
 //! through `PR_SET_PDEATHSIG`, when the owning process dies without unwinding.
 
 mod binaries;
+pub mod netns;
 mod process;
 
 use std::fs;
@@ -32,9 +33,9 @@ use tempfile::TempDir;
 
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
 pub use binaries::{
-    GoTool, InstallTools, cert_manager_crds, cert_manager_module_dir, cert_manager_source,
-    ensure_helm_built, ensure_install_tools, ensure_tools_built, helm_module_dir, required_version,
-    tool_module_dir,
+    CertManagerBinaries, GoTool, InstallTools, cert_manager_crds, cert_manager_module_dir,
+    cert_manager_source, ensure_cert_manager_built, ensure_helm_built, ensure_install_tools,
+    ensure_tools_built, helm_module_dir, required_version, tool_module_dir,
 };
 pub use process::ManagedChild;
 

@@ -44,9 +44,10 @@ fn test() -> Result<()> {
     step("building the control plane (kube-apiserver, etcd)", || {
         testenv::ensure_built().map(|_| ())
     })?;
-    step("building helm, fetching cert-manager's CRDs", || {
-        testenv::ensure_install_tools().map(|_| ())
-    })?;
+    step(
+        "building helm and cert-manager, fetching cert-manager's CRDs",
+        || testenv::ensure_install_tools().map(|_| ()),
+    )?;
     step("cargo fmt --check", || {
         cargo(&["fmt", "--all", "--", "--check"])
     })?;
