@@ -15,16 +15,18 @@ use std::time::{Duration, Instant};
 
 use common::window::{
     Cluster, all_held, at, carries_anything_of_node_holders, create, created, eventually,
-    failed_open, fast, held, leader_flags, logged, metric, never_patched, none_carries_anything,
-    old_nodes, patched, record_at, register_unreachable_webhook, releases, secs, sigkill,
-    sleep_until, strs, window,
+    eventually_logging, failed_open, fast, held, leader_flags, logged, metric, never_patched,
+    none_carries_anything, old_nodes, patched, record_at, register_unreachable_webhook, releases,
+    secs, sigkill, sleep_until, strs, window,
 };
 use common::{Served, node, register_webhook, register_webhook_probing, serve};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use node_holder::controller::record;
+use serde_json::json;
 use testenv::ControlPlane;
 
 const NODEPOOL: &str = "karpenter.sh/nodepool";
@@ -551,4 +553,63 @@ async fn of_two_competitors_taking_a_free_lease_at_once_exactly_one_leads() {
         a.release().await.unwrap();
         b.release().await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_was_taken_over_acts_no_more_until_it_leads_again() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    // Long enough that new-1 is still within its hold when the old leader
+    // leads again (the usurped Lease runs out about 3-4 s after `taken`).
+    let hold = secs(10);
+    old_nodes(&nodes, &["old-1"], &[], hold).await;
+    // No webhook: only the window task's backstop holds.
+    let served = serve(&cp, &strs(&fast("10s", &[]))).await;
+    eventually("leading", secs(10), || async {
+        metric(&served, "node_holder_leader").await == Some(1.0)
+    })
+    .await;
+
+    // Another replica takes the Lease over, as one may after an API server
+    // outage longer than the Lease; the lease manager of the old leader only
+    // notices at its next renewal (a third of the 3 s lease before its end).
+    let leases: Api<Lease> = Api::namespaced(
+        cp.admin_client().await.unwrap(),
+        testenv::NODE_HOLDER_NAMESPACE,
+    );
+    let taken = Timestamp::now();
+    leases
+        .patch(
+            record::NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "renewTime": MicroTime(taken),
+                "leaseDurationSeconds": 60,
+            }})),
+        )
+        .await
+        .unwrap();
+    create(&nodes, "new-1", &[], &[]).await;
+    // The pass for new-1 comes 200 ms later (coalescing), before the lease
+    // manager's renewal in most runs: it must not act. Watched until the old
+    // leader has stood down and a little after; its renewal sets the Lease's
+    // duration back to 3 s, so it can lead again only 3 s after `taken`.
+    while Timestamp::now() < taken + Duration::from_millis(2500) {
+        assert!(
+            none_carries_anything(&nodes, &["old-1", "new-1"]).await,
+            "a replica that no longer holds the Lease patched nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(&served, "node_holder_leader").await,
+        Some(0.0),
+        "stood down"
+    );
+    // The other replica never renews, so the Lease runs out and the old
+    // leader takes it back and holds as usual.
+    eventually_logging("leading again and holding", secs(10), &served, || {
+        all_held(&nodes, &["old-1", "new-1"])
+    })
+    .await;
 }

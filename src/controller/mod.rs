@@ -407,6 +407,9 @@ impl WindowTask {
     /// each node's patch only when the patcher takes it, so its memory grows
     /// with the patches in flight, not with the nodes.
     async fn pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Result<PassOutcome> {
+        // Leadership as the Lease says now, not as the lease manager last
+        // saw it: after an API server outage another replica may lead.
+        record::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
         let now = Timestamp::now();
         let mut snapshot = nodes.state();
         snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
