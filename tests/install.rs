@@ -297,6 +297,13 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=webhook.timeoutSeconds=60"],
             "webhook.timeoutSeconds",
         ),
+        (
+            vec![
+                "--set=config.clientCA.secretName=a",
+                "--set=config.clientCA.configMapName=b",
+            ],
+            "not both",
+        ),
     ] {
         let err = try_template(&values).expect_err(&format!("{values:?} renders"));
         assert!(err.contains(says), "{values:?}: {err}");
@@ -357,6 +364,8 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_TLS_RELOAD_INTERVAL", "10s"),
         ("NODE_HOLDER_LOG_FORMAT", "json"),
         ("NODE_HOLDER_LOG_LEVEL", "info"),
+        // Empty: no client certificates required.
+        ("NODE_HOLDER_CLIENT_CA_FILE", ""),
     ] {
         assert_eq!(env[var], value, "{var}");
     }
@@ -421,6 +430,16 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     );
     assert!(c["resources"]["requests"]["memory"].is_string());
     assert!(pod.get("priorityClassName").is_none());
+    // The client CA, when given, is mounted read-only and named to serve.
+    let with_ca = template(&["--set=config.clientCA.secretName=apiserver-client-ca"]);
+    assert_eq!(
+        env_of(&with_ca)["NODE_HOLDER_CLIENT_CA_FILE"],
+        "/etc/node-holder/client-ca/ca.crt"
+    );
+    assert_eq!(
+        container(&with_ca)["volumeMounts"][1],
+        json!({"name": "client-ca", "mountPath": "/etc/node-holder/client-ca", "readOnly": true})
+    );
     // Longer than --shutdown-grace + --drain-timeout (5s + 10s).
     assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 15);
     let service = one(&objects, "Service");
