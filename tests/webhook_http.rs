@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Http1, Served, http_get, https, https_h2, make_certs, request, review, serve};
@@ -397,19 +396,7 @@ fn wait_exit(served: &mut Served, limit: Duration) -> std::process::ExitStatus {
 
 /// `serve` with the given certificate and key paths; it must refuse to start.
 fn refused_start(cert: &std::path::Path, key: &std::path::Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
-        .args([
-            "serve",
-            "--webhook-addr=127.0.0.1:0",
-            "--admin-addr=127.0.0.1:0",
-        ])
-        .arg(format!("--tls-cert-file={}", cert.display()))
-        .arg(format!("--tls-key-file={}", key.display()))
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    String::from_utf8(out.stderr).unwrap()
+    common::refused_start(cert, key, &[])
 }
 
 #[test]

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -412,26 +411,11 @@ async fn direct_clients_need_a_certificate_of_the_client_ca_which_rotates_withou
 /// `node-holder serve` with a good serving certificate and `client_ca`;
 /// exits before it needs a cluster. Its stderr.
 fn refused_start(certs: &Path, client_ca: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
-        .args([
-            "serve",
-            "--webhook-addr=127.0.0.1:0",
-            "--admin-addr=127.0.0.1:0",
-        ])
-        .arg(format!(
-            "--tls-cert-file={}",
-            certs.join("tls.crt").display()
-        ))
-        .arg(format!(
-            "--tls-key-file={}",
-            certs.join("tls.key").display()
-        ))
-        .arg(format!("--client-ca-file={}", client_ca.display()))
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    String::from_utf8(out.stderr).unwrap()
+    common::refused_start(
+        &certs.join("tls.crt"),
+        &certs.join("tls.key"),
+        &[format!("--client-ca-file={}", client_ca.display())],
+    )
 }
 
 #[test]

@@ -441,3 +441,22 @@ pub async fn has_node_events(events: &Api<Event>, wanted: &[(&str, &str)]) -> bo
 pub async fn install_node_holder_rbac(cp: &ControlPlane) {
     cp.install_node_holder_rbac().await.unwrap();
 }
+
+/// `node-holder serve` with certificate `cert`, key `key` and `extra` flags,
+/// which must refuse to start (exit 1) before it needs a cluster. Its stderr.
+pub fn refused_start(cert: &std::path::Path, key: &std::path::Path, extra: &[String]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"))
+        .args([
+            "serve",
+            "--webhook-addr=127.0.0.1:0",
+            "--admin-addr=127.0.0.1:0",
+        ])
+        .arg(format!("--tls-cert-file={}", cert.display()))
+        .arg(format!("--tls-key-file={}", key.display()))
+        .args(extra)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8(out.stderr).unwrap()
+}
