@@ -120,6 +120,12 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
+    /// A webhook connection with no request in flight for this long is closed
+    /// (h2 gets a GOAWAY; the API server opens a new one when it needs it), so
+    /// idle or silent clients cannot keep every connection slot.
+    #[arg(long, env = "NODE_HOLDER_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
     /// On SIGTERM, how long to keep serving while not ready, so that the API
     /// server stops sending requests before connections close.
     #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]

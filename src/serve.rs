@@ -77,8 +77,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .map(Arc::new);
     let acceptor = TlsAcceptor::from(Arc::new(cert.server_config(client_ca.as_ref())?));
     let client = crate::cluster::client().await?;
-    let webhook_listener = TcpListener::bind(args.webhook_addr)
-        .await
+    let webhook_listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
         .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
     let admin_listener = TcpListener::bind(args.admin_addr)
         .await
@@ -128,6 +127,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         TlsServing {
             drain: args.drain_timeout,
             max_connections: args.max_connections,
+            idle_timeout: args.idle_timeout,
             metrics: state.metrics.tls.clone(),
         },
     ));
@@ -180,4 +180,21 @@ async fn shutdown_signal() -> Result<()> {
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
     Ok(())
+}
+
+/// Connections the kernel queues beyond `--max-connections` (capped by
+/// `net.core.somaxconn`). tokio's default of 128 makes the kernel drop the SYNs
+/// of a burst of new connections, and clients retry only after 1 s, 3 s, ...
+const WEBHOOK_BACKLOG: u32 = 1024;
+
+/// A listening socket on `addr` with a listen backlog of `backlog`.
+fn listen(addr: std::net::SocketAddr, backlog: u32) -> Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket.listen(backlog)?)
 }

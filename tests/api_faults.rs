@@ -410,6 +410,7 @@ async fn register_injector(
         TlsServing {
             drain: secs(1),
             max_connections: 64,
+            idle_timeout: secs(60),
             metrics: TlsMetrics::default(),
         },
     ));

@@ -359,6 +359,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
         ("NODE_HOLDER_MAX_CONCURRENT_REQUESTS", "256"),
         ("NODE_HOLDER_MAX_CONNECTIONS", "1024"),
+        ("NODE_HOLDER_IDLE_TIMEOUT", "60s"),
         ("NODE_HOLDER_SHUTDOWN_GRACE", "5s"),
         ("NODE_HOLDER_DRAIN_TIMEOUT", "10s"),
         ("NODE_HOLDER_TLS_RELOAD_INTERVAL", "10s"),

@@ -552,3 +552,69 @@ async fn connections_beyond_the_limit_wait_until_one_closes() {
         .unwrap();
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout_silent_ones_included() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--idle-timeout=2s"]).await;
+    let idle = Duration::from_secs(2);
+    // Well under the 10 s header timeout, so only the idle timeout explains it.
+    let limit = Duration::from_secs(6);
+
+    // A client that completes the handshake and then says nothing, on each
+    // protocol: without a timeout on the first bytes it would keep its
+    // connection slot forever.
+    for alpn in ["http/1.1", "h2"] {
+        let mut tls = common::tls_connect(&served, &[alpn]).await;
+        let opened = Instant::now();
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(limit, async {
+            // h2: the server's preface (SETTINGS) and its GOAWAY arrive
+            // before the end of the stream.
+            loop {
+                match tls.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "{alpn}: silent connection still open after {limit:?}"
+        );
+        assert!(
+            opened.elapsed() >= idle,
+            "{alpn}: closed before the idle timeout"
+        );
+    }
+
+    // An h2 connection that served a request and then idles gets a GOAWAY:
+    // the client's connection ends without an error.
+    let tls = common::tls_connect(&served, &["h2"]).await;
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let mut req = request(
+        "POST",
+        "/mutate",
+        Some("application/json"),
+        node_create("idle"),
+    );
+    *req.uri_mut() = "https://localhost/mutate".parse().unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let served_at = Instant::now();
+    let ended = tokio::time::timeout(limit, connection)
+        .await
+        .expect("the idle h2 connection was not closed");
+    assert!(ended.unwrap().is_ok(), "closed gracefully");
+    assert!(served_at.elapsed() >= idle);
+
+    // The server still serves new connections.
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+}

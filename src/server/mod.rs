@@ -3,7 +3,8 @@
 pub mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -14,15 +15,16 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
@@ -198,7 +200,52 @@ pub struct TlsServing {
     pub drain: Duration,
     /// Connections open at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// A connection with no request in flight for this long is closed
+    /// (gracefully: h2 gets a GOAWAY), so idle clients cannot keep the
+    /// `max_connections` slots.
+    pub idle_timeout: Duration,
     pub metrics: TlsMetrics,
+}
+
+/// One connection's requests: how many are in flight, and when the last one
+/// ended (or the connection opened).
+struct Activity {
+    in_flight: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(self))
+    }
+
+    /// When the connection counts as idle if nothing happens meanwhile.
+    fn idle_at(&self, timeout: Duration) -> Instant {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            Instant::now() + timeout
+        } else {
+            last + timeout
+        }
+    }
+}
+
+/// A request in flight on its connection; dropping it ends it.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Serves `router` over TLS on `listener` until `stop` is cancelled, then
@@ -211,7 +258,6 @@ pub async fn serve_tls(
     stop: CancellationToken,
     serving: TlsServing,
 ) -> Result<()> {
-    let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // hyper's timeouts need a timer; without one the first HTTP/1.1 request
     // panics the connection task.
@@ -219,12 +265,17 @@ pub async fn serve_tls(
         .http1()
         .timer(TokioTimer::new())
         .keep_alive(true)
-        .header_read_timeout(Some(Duration::from_secs(10)));
+        .header_read_timeout(Some(HEADER_TIMEOUT));
     builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    // The protocol comes from ALPN, as Go's servers do it: h2 only when the
+    // client asked for it. Letting hyper sniff the first bytes instead would
+    // wait for them without any timeout.
+    let http1 = Arc::new(builder.clone().http1_only());
+    let http2 = Arc::new(builder.http2_only());
     // A flood of connections waits in the kernel's backlog instead of costing
     // memory here; each connection holds a permit until it closes.
-    let connections = Arc::new(Semaphore::new(serving.max_connections.max(1)));
+    let max_connections = serving.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let connections = Arc::new(Semaphore::new(max_connections));
     loop {
         let permit = tokio::select! {
             _ = stop.cancelled() => break,
@@ -249,9 +300,10 @@ pub async fn serve_tls(
         }
         let acceptor = acceptor.clone();
         let router = router.clone();
-        let builder = Arc::clone(&builder);
-        let watcher = graceful.watcher();
+        let (http1, http2) = (Arc::clone(&http1), Arc::clone(&http2));
+        let stop = stop.clone();
         let metrics = serving.metrics.clone();
+        let idle_timeout = serving.idle_timeout;
         tokio::spawn(async move {
             let _permit = permit;
             let handshake = async {
@@ -260,7 +312,11 @@ pub async fn serve_tls(
                 }
                 acceptor.accept(tcp).await.map(Some)
             };
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            let handshake = tokio::select! {
+                _ = stop.cancelled() => return,
+                handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => handshake,
+            };
+            let tls = match handshake {
                 Ok(Ok(Some(tls))) => tls,
                 Ok(Ok(None)) => {
                     metrics.handshake_error("plain-http");
@@ -296,17 +352,67 @@ pub async fn serve_tls(
                     return;
                 }
             };
-            let service = TowerToHyperService::new(router);
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            let builder = if h2 { http2 } else { http1 };
+            let activity = Activity::new();
+            let service = {
+                let activity = Arc::clone(&activity);
+                TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
+                    let in_flight = activity.begin();
+                    let response = router.clone().oneshot(request);
+                    async move {
+                        let response = response.await;
+                        drop(in_flight);
+                        response
+                    }
+                }))
+            };
             let connection = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(err) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(%peer, error = %err, "connection ended with an error");
+            futures::pin_mut!(connection);
+            // Since when the connection is being closed (after `stop` or
+            // when idle): it gets `CLOSE_GRACE` to end by itself; after that
+            // it is dropped as soon as no request is in flight. An h2 client
+            // that never sent its preface would otherwise never let go.
+            let mut closing_since: Option<Instant> = None;
+            loop {
+                let idle_at = activity.idle_at(idle_timeout);
+                let give_up_at = closing_since.map_or(idle_at, |since| since + CLOSE_GRACE);
+                tokio::select! {
+                    ended = connection.as_mut() => {
+                        if let Err(err) = ended {
+                            tracing::debug!(%peer, error = %err, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    _ = stop.cancelled(), if closing_since.is_none() => {
+                        connection.as_mut().graceful_shutdown();
+                        closing_since = Some(Instant::now());
+                    }
+                    _ = tokio::time::sleep_until(idle_at.into()), if closing_since.is_none() => {
+                        if activity.idle_at(idle_timeout) <= Instant::now() {
+                            tracing::debug!(%peer, ?idle_timeout, "closing an idle connection");
+                            connection.as_mut().graceful_shutdown();
+                            closing_since = Some(Instant::now());
+                        }
+                    }
+                    _ = tokio::time::sleep_until(give_up_at.into()), if closing_since.is_some() => {
+                        if activity.in_flight.load(Ordering::SeqCst) == 0 {
+                            tracing::debug!(%peer, "connection dropped: it did not close by itself");
+                            break;
+                        }
+                        closing_since = Some(Instant::now());
+                    }
+                }
             }
         });
     }
     drop(listener);
+    // Every connection task gives its permit back when it ends: all of them
+    // back means every connection has drained.
     let drain = serving.drain;
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all webhook connections drained"),
+        _ = connections.acquire_many(all) => tracing::info!("all webhook connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "webhook connections still open after the drain timeout"),
     }
     Ok(())
@@ -341,6 +447,10 @@ fn handshake_failure(err: &std::io::Error) -> &'static str {
 
 /// How long a client may take to send its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection being closed may take to end by itself.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long an HTTP/1.1 client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TLS connection opens with a handshake record (content type 0x16); a
 /// plain-HTTP request opens with the letters of its method. Such a client gets
