@@ -411,3 +411,56 @@ pub fn node_holder_patch_codes(cp: &ControlPlane) -> BTreeMap<String, Vec<u16>> 
     }
     by_node
 }
+
+/// Creates `names` from the admin's client, 32 at a time (one by one, a
+/// thousand nodes would take most of a test's time), and waits until they are
+/// older than `hold`, as [`old_nodes`] does.
+pub async fn many_old_nodes(nodes: &Api<Node>, names: &[String], hold: Duration) {
+    use futures::StreamExt;
+    let newest = futures::stream::iter(names)
+        .map(|name| create(nodes, name, &[], &[]))
+        .buffer_unordered(32)
+        .fold(Timestamp::UNIX_EPOCH, |newest, node| async move {
+            newest.max(created(&node))
+        })
+        .await;
+    sleep_until(newest + hold + secs(1)).await;
+}
+
+/// How many nodes carry node-holder's marker, by one label-selector list of
+/// their metadata: cheap enough to poll with thousands of nodes.
+pub async fn marked_count(nodes: &Api<Node>) -> usize {
+    let selector = kube::api::ListParams::default().labels(&format!("{MARKER}=true"));
+    nodes.list_metadata(&selector).await.unwrap().items.len()
+}
+
+/// As [`node_holder_patch_codes`], with the time the API server received each
+/// PATCH: the audit log is at Metadata level for PATCHes, so when a PATCH came
+/// (before or after a deadline, a kill, a restart) is what tells a hold from a
+/// release and one process from the next.
+pub fn node_holder_patch_log(cp: &ControlPlane) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
+    let mut by_node: BTreeMap<String, Vec<(Timestamp, u16)>> = BTreeMap::new();
+    for e in cp.audit_events().unwrap() {
+        if e["verb"] == "patch"
+            && e["stage"] == "ResponseComplete"
+            && e["objectRef"]["resource"] == "nodes"
+            && e["user"]["username"] == testenv::NODE_HOLDER_USER
+        {
+            by_node
+                .entry(e["objectRef"]["name"].as_str().unwrap().to_string())
+                .or_default()
+                .push((
+                    e["requestReceivedTimestamp"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap(),
+                    e["responseStatus"]["code"].as_u64().unwrap() as u16,
+                ));
+        }
+    }
+    for patches in by_node.values_mut() {
+        patches.sort();
+    }
+    by_node
+}
