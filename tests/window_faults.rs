@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::window::{
-    Cluster, all_held, at, carries_anything_of_node_holders, create, created, eventually,
+    Cluster, SLACK, all_held, at, carries_anything_of_node_holders, create, created, eventually,
     eventually_logging, failed_open, fast, held, leader_flags, logged, metric, never_patched,
-    none_carries_anything, old_nodes, patched, record_at, register_unreachable_webhook, releases,
-    secs, sigkill, sleep_until, strs, window,
+    none_carries_anything, old_nodes, on_time, patched, record_at, register_unreachable_webhook,
+    released_on_time, releases, secs, sigkill, sleep_until, strs, window,
 };
 use common::{Served, node, register_webhook, register_webhook_probing, serve};
 use jiff::Timestamp;
@@ -30,38 +30,11 @@ use serde_json::json;
 use testenv::ControlPlane;
 
 const NODEPOOL: &str = "karpenter.sh/nodepool";
-/// How long after its deadline a release may come.
-const SLACK: Duration = Duration::from_secs(3);
 /// The nodes that are there before node-holder.
 const OLD: [&str; 2] = ["old-1", "old-2"];
 /// node-holder's PATCHes once a window over [`OLD`] and new-1 closes: each
 /// old node's hold and release, new-1's release (the webhook held it).
 const OLD_AND_NEW_1: [(&str, usize); 3] = [("old-1", 2), ("old-2", 2), ("new-1", 1)];
-
-/// Asserts each release came at or after `deadline` and within [`SLACK`] of it.
-fn on_time(released: &BTreeMap<String, Timestamp>, deadline: Timestamp) {
-    for (name, &at) in released {
-        assert!(
-            at >= deadline,
-            "{name} released at {at}, before the deadline {deadline}"
-        );
-        assert!(
-            at <= deadline + SLACK,
-            "{name} released at {at}, later than {SLACK:?} after the deadline {deadline}"
-        );
-    }
-}
-
-/// [`releases`] of `expect` (up to `limit`), each [`on_time`] for `deadline`.
-async fn released_on_time(
-    cp: &ControlPlane,
-    nodes: &Api<Node>,
-    expect: &[(&str, usize)],
-    limit: Duration,
-    deadline: Timestamp,
-) {
-    on_time(&releases(cp, nodes, expect, limit).await, deadline);
-}
 
 /// Creates new-1, held by the webhook, and waits until every [`OLD`] node is
 /// held.

@@ -263,28 +263,13 @@ pub fn patched(served: &Served, action: &str) -> u64 {
 /// When the API server received node-holder's successful PATCHes of node
 /// `name`, in order.
 pub fn node_holder_patches(cp: &ControlPlane, name: &str) -> Vec<Timestamp> {
-    let mut times: Vec<Timestamp> = cp
-        .audit_events()
-        .unwrap()
+    node_holder_patch_log(cp)
+        .remove(name)
+        .unwrap_or_default()
         .into_iter()
-        .filter(|e| {
-            e["verb"] == "patch"
-                && e["stage"] == "ResponseComplete"
-                && e["objectRef"]["resource"] == "nodes"
-                && e["objectRef"]["name"] == name
-                && e["user"]["username"] == testenv::NODE_HOLDER_USER
-                && e["responseStatus"]["code"] == 200
-        })
-        .map(|e| {
-            e["requestReceivedTimestamp"]
-                .as_str()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
-    times.sort();
-    times
+        .filter(|&(_, code)| code == 200)
+        .map(|(at, _)| at)
+        .collect()
 }
 
 /// Asserts node-holder never patched any of `names`.
@@ -382,34 +367,10 @@ impl Cluster {
 /// API server received them. Reads the audit log once, so it stays cheap with
 /// thousands of nodes.
 pub fn node_holder_patch_codes(cp: &ControlPlane) -> BTreeMap<String, Vec<u16>> {
-    let mut patches: Vec<(Timestamp, String, u16)> = cp
-        .audit_events()
-        .unwrap()
+    node_holder_patch_log(cp)
         .into_iter()
-        .filter(|e| {
-            e["verb"] == "patch"
-                && e["stage"] == "ResponseComplete"
-                && e["objectRef"]["resource"] == "nodes"
-                && e["user"]["username"] == testenv::NODE_HOLDER_USER
-        })
-        .map(|e| {
-            (
-                e["requestReceivedTimestamp"]
-                    .as_str()
-                    .unwrap()
-                    .parse()
-                    .unwrap(),
-                e["objectRef"]["name"].as_str().unwrap().to_string(),
-                e["responseStatus"]["code"].as_u64().unwrap() as u16,
-            )
-        })
-        .collect();
-    patches.sort();
-    let mut by_node: BTreeMap<String, Vec<u16>> = BTreeMap::new();
-    for (_, name, code) in patches {
-        by_node.entry(name).or_default().push(code);
-    }
-    by_node
+        .map(|(name, patches)| (name, patches.into_iter().map(|(_, code)| code).collect()))
+        .collect()
 }
 
 /// Creates `names` from the admin's client, 32 at a time (one by one, a
@@ -434,8 +395,9 @@ pub async fn marked_count(nodes: &Api<Node>) -> usize {
     nodes.list_metadata(&selector).await.unwrap().items.len()
 }
 
-/// As [`node_holder_patch_codes`], with the time the API server received each
-/// PATCH: the audit log is at Metadata level for PATCHes, so when a PATCH came
+/// Every node PATCH node-holder's identity sent that the API server answered,
+/// by node: when the API server received it and its HTTP status, in order. The
+/// audit log is at Metadata level for PATCHes, so when a PATCH came
 /// (before or after a deadline, a kill, a restart) is what tells a hold from a
 /// release and one process from the next.
 pub fn node_holder_patch_log(cp: &ControlPlane) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
@@ -463,4 +425,32 @@ pub fn node_holder_patch_log(cp: &ControlPlane) -> BTreeMap<String, Vec<(Timesta
         patches.sort();
     }
     by_node
+}
+
+/// How long after its deadline a release may come.
+pub const SLACK: Duration = Duration::from_secs(3);
+
+/// Asserts each release came at or after `deadline` and within [`SLACK`] of it.
+pub fn on_time(released: &BTreeMap<String, Timestamp>, deadline: Timestamp) {
+    for (name, &at) in released {
+        assert!(
+            at >= deadline,
+            "{name} released at {at}, before the deadline {deadline}"
+        );
+        assert!(
+            at <= deadline + SLACK,
+            "{name} released at {at}, later than {SLACK:?} after the deadline {deadline}"
+        );
+    }
+}
+
+/// [`releases`] of `expect` (up to `limit`), each [`on_time`] for `deadline`.
+pub async fn released_on_time(
+    cp: &ControlPlane,
+    nodes: &Api<Node>,
+    expect: &[(&str, usize)],
+    limit: Duration,
+    deadline: Timestamp,
+) {
+    on_time(&releases(cp, nodes, expect, limit).await, deadline);
 }
