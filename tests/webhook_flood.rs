@@ -84,13 +84,7 @@ struct Usage {
 
 impl Usage {
     fn read(pid: u32, webhook_port: u16) -> Usage {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let rss_kib = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .expect("VmRSS in /proc/<pid>/status");
+        let rss_kib = status_kib(pid, "VmRSS");
         let mut fds = 0;
         let mut sockets = HashSet::new();
         for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
@@ -140,6 +134,17 @@ impl Usage {
             webhook_connections: self.webhook_connections.max(other.webhook_connections),
         }
     }
+}
+
+/// A `kB` figure of `/proc/<pid>/status` (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/<pid>/status"))
 }
 
 fn mib(kib: u64) -> f64 {
@@ -481,4 +486,61 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
         "{:?}",
         again.elapsed()
     );
+}
+
+/// Bodies of the largest size the webhook accepts.
+const LARGE_BODY: usize = 7 * 1024 * 1024 - 4096;
+/// How many of them are sent at once: 224 MiB of bodies together.
+const LARGE_AT_ONCE: usize = 32;
+/// Peak RSS growth allowed while they are read. The webhook reads at most
+/// 32 MiB of bodies at once, plus connection buffers: measured +42 to +48 MiB
+/// (without the budget +104 MiB for 32 bodies).
+const LARGE_GROWTH_KIB: u64 = 72 * 1024;
+
+#[tokio::test]
+async fn many_of_the_largest_bodies_at_once_are_read_within_a_memory_budget() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--request-timeout=20s"]).await;
+    let pid = served.child.id();
+    assert_eq!(post_review(&served, "warm-up").await, 200);
+    let before = status_kib(pid, "VmRSS");
+
+    let mut requests = Vec::new();
+    for i in 0..LARGE_AT_ONCE {
+        // A real review with a large field the webhook ignores.
+        let mut body = serde_json::to_value(review(
+            "Node",
+            "CREATE",
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": format!("large-{i}")}}),
+        ))
+        .unwrap();
+        body["padding"] = serde_json::Value::String(String::new());
+        let base = serde_json::to_vec(&body).unwrap().len();
+        body["padding"] = serde_json::Value::String("x".repeat(LARGE_BODY - base));
+        let bytes = serde_json::to_vec(&body).unwrap();
+        assert_eq!(bytes.len(), LARGE_BODY);
+        let served = &served;
+        requests.push(async move {
+            https(served, "POST", "/mutate", Some("application/json"), bytes)
+                .await
+                .status
+        });
+    }
+    let statuses = futures::future::join_all(requests).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    let peak = status_kib(pid, "VmHWM");
+    eprintln!(
+        "RSS before {:.1} MiB, peak {:.1} MiB: +{:.1} MiB for {LARGE_AT_ONCE} bodies of {:.1} MiB",
+        mib(before),
+        mib(peak),
+        mib(peak.saturating_sub(before)),
+        LARGE_BODY as f64 / 1048576.0
+    );
+    assert!(
+        peak.saturating_sub(before) < LARGE_GROWTH_KIB,
+        "peak RSS grew by {:.1} MiB",
+        mib(peak.saturating_sub(before))
+    );
+    // Still serving.
+    assert_eq!(post_review(&served, "after").await, 200);
 }

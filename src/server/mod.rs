@@ -52,9 +52,11 @@ pub struct WebhookState {
 /// The webhook's routes: `POST /mutate`, with body, time and concurrency
 /// bounds. Other paths get 404, other methods 405.
 pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
+    let body_budget = Arc::new(Semaphore::new(BODY_BUDGET_KIB));
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(body_budget, reserve_body))
         .layer(ConcurrencyLimitLayer::new(limits.max_concurrent))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -62,6 +64,35 @@ pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
         ))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), record))
         .with_state(state)
+}
+
+/// The request bodies read at once, together, in KiB: four of the largest
+/// (7 MiB), or thousands of real reviews (a Node's is about 6 KiB). Without it
+/// `--max-concurrent-requests` bodies of 7 MiB (1.8 GB at the default) could
+/// be read at once, far over the chart's memory limit.
+const BODY_BUDGET_KIB: usize = 32 * 1024;
+
+/// Reserves the request's body size (its Content-Length, or the largest
+/// allowed when it has none) from the body budget until the response is
+/// made; waits while the budget is spent (within the request timeout).
+async fn reserve_body(
+    State(budget): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(MAX_BODY_BYTES)
+        .min(MAX_BODY_BYTES);
+    let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+    let Ok(_reserved) = budget.acquire_many(kib).await else {
+        // The semaphore is never closed.
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    next.run(request).await
 }
 
 async fn record(State(state): State<Arc<WebhookState>>, request: Request, next: Next) -> Response {
