@@ -12,21 +12,20 @@ mod common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use common::window::{
-    Cluster, MARKER, all_held, at, carries_anything_of_node_holders, create, created, eventually,
-    eventually_logging, fast, held, metric, node_holder_patch_codes, old_nodes, record_at,
-    released_on_time, secs, strs, window,
+    Cluster, MARKER, all_held, at, create, created, eventually, eventually_logging, fast, held,
+    metric, node_holder_patch_codes, old_nodes, record_at, released_on_time, releases, secs, strs,
+    window,
 };
 use common::{register_webhook, serve};
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use node_holder::metrics::TlsMetrics;
 use node_holder::server::tls::ReloadingCert;
 use node_holder::server::{TlsServing, serve_tls};
@@ -254,7 +253,7 @@ async fn under_priority_and_fairness_rejections_every_node_is_held_and_released_
 
     let mut expect: Vec<(&str, usize)> = old.iter().map(|n| (n.as_str(), 2)).collect();
     expect.push(("new-1", 1));
-    every_hold_released_once(&cp, &nodes, &expect, secs(30)).await;
+    releases(&cp, &nodes, &expect, secs(30)).await;
 
     let codes = node_holder_patch_codes(&cp);
     let attempts: usize = codes.values().map(Vec::len).sum();
@@ -288,43 +287,6 @@ async fn under_priority_and_fairness_rejections_every_node_is_held_and_released_
 
 /// node-holder's window over this many old nodes under APF.
 const APF_NODES: usize = 80;
-
-/// Waits (up to `limit`) until none of the nodes in `expect` carries anything
-/// of node-holder's and each got exactly the given number of successful
-/// node-holder PATCHes (its holds, then one release).
-async fn every_hold_released_once(
-    cp: &ControlPlane,
-    nodes: &Api<Node>,
-    expect: &[(&str, usize)],
-    limit: Duration,
-) {
-    eventually("every hold released", limit, || async {
-        nodes
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .all(|n| !carries_anything_of_node_holders(n))
-    })
-    .await;
-    // The audit event trails the response a little.
-    eventually("every release in the audit log", secs(10), || async {
-        let codes = node_holder_patch_codes(cp);
-        expect.iter().all(|&(name, count)| {
-            let applied = codes
-                .get(name)
-                .map_or(0, |c| c.iter().filter(|&&c| c == 200).count());
-            assert!(
-                applied <= count,
-                "{name}: node-holder patched it {applied} times, expected {count}: {:?}",
-                codes.get(name)
-            );
-            applied == count
-        })
-    })
-    .await;
-}
 
 /// A validating admission webhook served by the test, which refuses the
 /// first attempt of each node-holder hold and release of each node with

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::window::{eventually, metric};
-use common::{Served, https, review, serve};
+use common::{Served, https, node_create, node_object, review, serve};
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -51,11 +51,6 @@ const SLACK: Duration = Duration::from_secs(3);
 const SLOWLORIS_BOUND: Duration = Duration::from_secs(1 + 10 + 3);
 /// See where the good client connects.
 const GOOD_CLIENT_BOUND: Duration = Duration::from_secs(60);
-
-fn node_create(name: &str) -> Vec<u8> {
-    let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
-    serde_json::to_vec(&review("Node", "CREATE", node)).unwrap()
-}
 
 /// One request on a fresh connection; its status.
 async fn post_review(served: &Served, name: &str) -> u16 {
@@ -508,12 +503,7 @@ async fn many_of_the_largest_bodies_at_once_are_read_within_a_memory_budget() {
     let mut requests = Vec::new();
     for i in 0..LARGE_AT_ONCE {
         // A real review with a large field the webhook ignores.
-        let mut body = serde_json::to_value(review(
-            "Node",
-            "CREATE",
-            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": format!("large-{i}")}}),
-        ))
-        .unwrap();
+        let mut body = review("Node", "CREATE", node_object(&format!("large-{i}")));
         body["padding"] = serde_json::Value::String(String::new());
         let base = serde_json::to_vec(&body).unwrap().len();
         body["padding"] = serde_json::Value::String("x".repeat(LARGE_BODY - base));

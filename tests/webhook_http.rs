@@ -6,18 +6,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Http1, Served, http_get, https, https_h2, make_certs, request, review, serve};
+use common::{
+    Http1, Served, http_get, https, https_h2, make_certs, node_create, node_object, request,
+    review, serve,
+};
 use serde_json::{Value, json};
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn node_json(name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-}
-
-fn node_create(name: &str) -> Vec<u8> {
-    serde_json::to_vec(&review("Node", "CREATE", node_json(name))).unwrap()
-}
 
 async fn post_json(served: &Served, body: Vec<u8>) -> common::Reply {
     https(served, "POST", "/mutate", Some("application/json"), body).await
@@ -56,9 +51,9 @@ async fn a_node_create_gets_a_base64_json_patch_in_an_admission_review() {
 async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
     let cp = ControlPlane::start().await.unwrap();
     let served = serve(&cp, &[]).await;
-    let mut wrong_version = review("Node", "CREATE", node_json("n"));
+    let mut wrong_version = review("Node", "CREATE", node_object("n"));
     wrong_version["apiVersion"] = json!("admission.k8s.io/v1beta1");
-    let mut wrong_kind = review("Node", "CREATE", node_json("n"));
+    let mut wrong_kind = review("Node", "CREATE", node_object("n"));
     wrong_kind["kind"] = json!("ConversionReview");
     let no_request = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
     // (method, path, content type, body, status, message)
@@ -165,7 +160,7 @@ async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
 async fn a_body_over_seven_mebibytes_is_refused_with_413() {
     let cp = ControlPlane::start().await.unwrap();
     let served = serve(&cp, &[]).await;
-    let mut object = node_json("huge");
+    let mut object = node_object("huge");
     object["metadata"]["annotations"] = json!({"blob": "x".repeat(7 * 1024 * 1024)});
     let body = serde_json::to_vec(&review("Node", "CREATE", object)).unwrap();
     let reply = post_json(&served, body).await;
@@ -181,8 +176,8 @@ async fn other_kinds_and_operations_are_allowed_untouched() {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d"}});
     for body in [
         review("Pod", "CREATE", pod),
-        review("Node", "UPDATE", node_json("n")),
-        review("Node", "DELETE", node_json("n")),
+        review("Node", "UPDATE", node_object("n")),
+        review("Node", "DELETE", node_object("n")),
     ] {
         let reply = post_json(&served, serde_json::to_vec(&body).unwrap()).await;
         assert_eq!(reply.status, 200);
@@ -196,7 +191,7 @@ async fn other_kinds_and_operations_are_allowed_untouched() {
 async fn a_node_create_without_its_object_is_answered_as_an_invalid_request() {
     let cp = ControlPlane::start().await.unwrap();
     let served = serve(&cp, &[]).await;
-    let mut body = review("Node", "CREATE", node_json("n"));
+    let mut body = review("Node", "CREATE", node_object("n"));
     body["request"]["object"] = Value::Null;
     let reply = post_json(&served, serde_json::to_vec(&body).unwrap()).await;
     assert_eq!(reply.status, 200, "the API server expects a review back");

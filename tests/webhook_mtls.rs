@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::window::{HOLD, eventually, eventually_logging, held};
-use common::{Served, create_webhook_configuration, http_get, make_certs, node, review, serve};
+use common::{Served, create_webhook_configuration, http_get, make_certs, node, serve};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use rcgen::{
@@ -128,12 +128,7 @@ async fn post_review(served: &Served, connector: &TlsConnector) -> Result<u16, S
         .connect(name, tcp)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    let body = serde_json::to_vec(&review(
-        "Node",
-        "CREATE",
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "direct"}}),
-    ))
-    .unwrap();
+    let body = common::node_create("direct");
     let mut message = format!(
         "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::window::{
     Cluster, HOLD, all_held, annotate, at, carries_anything_of_node_holders, create, created,
-    eventually_logging, fast, held, old_nodes, scrape, strs, window,
+    eventually_logging, fast, held, no_node_carries_anything, old_nodes, scrape, strs, window,
 };
 use common::{has_node_events, register_webhook, serve};
 use jiff::Timestamp;
@@ -115,12 +115,7 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
         "every node-holder hold released",
         Duration::from_secs(10),
         &served,
-        || async {
-            all(&nodes)
-                .await
-                .iter()
-                .all(|n| !carries_anything_of_node_holders(n))
-        },
+        || no_node_carries_anything(&nodes),
     )
     .await;
     assert!(Timestamp::now() >= deadline, "released before the deadline");

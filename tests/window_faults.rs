@@ -411,12 +411,7 @@ async fn of_two_replicas_both_answer_the_webhook_one_leads_and_a_failover_releas
     // Both answer the webhook...
     for (i, replica) in replicas.iter().enumerate() {
         let name = format!("direct-{i}");
-        let body = serde_json::to_vec(&common::review(
-            "Node",
-            "CREATE",
-            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-        ))
-        .unwrap();
+        let body = common::node_create(&name);
         let reply = common::https(replica, "POST", "/mutate", Some("application/json"), body).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         let response = &reply.json()["response"];

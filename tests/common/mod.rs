@@ -392,6 +392,16 @@ pub async fn https_h2(served: &Served, body: Vec<u8>) -> Reply {
     Reply::read(response).await
 }
 
+/// A Node with only a name, as a review carries a new one.
+pub fn node_object(name: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+}
+
+/// The body of a Node CREATE review for `name`.
+pub fn node_create(name: &str) -> Vec<u8> {
+    serde_json::to_vec(&review("Node", "CREATE", node_object(name))).unwrap()
+}
+
 /// An AdmissionReview of `kind` (`operation`) as the API server sends it.
 pub fn review(kind: &str, operation: &str, object: serde_json::Value) -> serde_json::Value {
     let (group, version, resource) = match kind {

@@ -165,6 +165,17 @@ pub async fn all_held(nodes: &Api<Node>, names: &[&str]) -> bool {
     true
 }
 
+/// Whether no node in the cluster carries anything of node-holder's.
+pub async fn no_node_carries_anything(nodes: &Api<Node>) -> bool {
+    nodes
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .all(|n| !carries_anything_of_node_holders(n))
+}
+
 pub async fn none_carries_anything(nodes: &Api<Node>, names: &[&str]) -> bool {
     for name in names {
         if carries_anything_of_node_holders(&nodes.get(name).await.unwrap()) {
@@ -297,10 +308,20 @@ pub async fn releases(
         none_carries_anything(nodes, &names)
     })
     .await;
-    // The audit event trails the response a little.
+    // The audit event trails the response a little. The log is read once a
+    // poll, however many nodes there are.
+    let successes = |log: &BTreeMap<String, Vec<(Timestamp, u16)>>, name: &str| -> Vec<Timestamp> {
+        log.get(name)
+            .into_iter()
+            .flatten()
+            .filter(|&&(_, code)| code == 200)
+            .map(|&(at, _)| at)
+            .collect()
+    };
     eventually("the releases in the audit log", secs(10), || async {
+        let log = node_holder_patch_log(cp);
         expect.iter().all(|&(name, count)| {
-            let patches = node_holder_patches(cp, name);
+            let patches = successes(&log, name);
             assert!(
                 patches.len() <= count,
                 "{name}: node-holder patched it {} times, expected {count}: {patches:?}",
@@ -310,12 +331,10 @@ pub async fn releases(
         })
     })
     .await;
+    let log = node_holder_patch_log(cp);
     expect
         .iter()
-        .map(|&(name, _)| {
-            let patches = node_holder_patches(cp, name);
-            (name.to_string(), *patches.last().unwrap())
-        })
+        .map(|&(name, _)| (name.to_string(), *successes(&log, name).last().unwrap()))
         .collect()
 }
 
