@@ -219,7 +219,7 @@ fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
                                     f.broken = false;
                                 });
                                 tracing::info!(
-                                    nodes = listed.state().len(),
+                                    nodes = listed.len(),
                                     after_a_failure = was_broken,
                                     "node watch listed every node"
                                 );
