@@ -42,7 +42,7 @@ const SLOW_BODY_LENGTH: usize = 3 * 1024 * 1024;
 /// loaded machine, while an unbounded buffer would not fit: the slow POSTs in
 /// the slots alone declare over 60 MiB of bodies.
 const RSS_GROWTH_KIB: u64 = 8 * 1024;
-/// Descriptors beyond the baseline and the held connections.
+/// Webhook descriptors beyond the baseline and the held connections.
 const FD_SLACK: usize = 8;
 /// Scheduling delay allowed on top of a timeout on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);
@@ -69,8 +69,14 @@ async fn post_review(served: &Served, name: &str) -> u16 {
 #[derive(Debug, Clone, Copy, Default)]
 struct Usage {
     rss_kib: u64,
-    /// Entries of `/proc/<pid>/fd`.
+    /// Entries of `/proc/<pid>/fd`, for the report.
     fds: usize,
+    /// The descriptors the flood can reach: everything but sockets, plus the
+    /// sockets on the webhook port (the listener and accepted connections).
+    /// The Kubernetes client's connections to the API server (Lease renewals,
+    /// the node watch, Events) and admin-port scrapes come and go with the
+    /// machine's load and are not the webhook's to bound.
+    webhook_fds: usize,
     /// Of those, connected (not listening) TCP sockets on the webhook port:
     /// connections the process has accepted. Ones still in the listen backlog
     /// belong to no process yet.
@@ -80,7 +86,7 @@ struct Usage {
 impl Usage {
     fn read(pid: u32, webhook_port: u16) -> Usage {
         let rss_kib = status_kib(pid, "VmRSS");
-        let mut fds = 0;
+        let mut fds = 0usize;
         let mut sockets = HashSet::new();
         for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
             let Ok(entry) = entry else { continue };
@@ -96,7 +102,8 @@ impl Usage {
             }
         }
         let port = format!(":{webhook_port:04X}");
-        let webhook_connections = ["/proc/net/tcp", "/proc/net/tcp6"]
+        // local_address, state (0A is LISTEN), inode
+        let on_webhook_port: Vec<Vec<String>> = ["/proc/net/tcp", "/proc/net/tcp6"]
             .iter()
             .filter_map(|table| std::fs::read_to_string(table).ok())
             .flat_map(|table| {
@@ -106,18 +113,26 @@ impl Usage {
                     .map(|line| line.split_whitespace().map(String::from).collect())
                     .collect::<Vec<Vec<String>>>()
             })
-            // local_address, state (0A is LISTEN), inode
-            .filter(|f| {
-                f.len() > 9 && f[1].ends_with(&port) && f[3] != "0A" && sockets.contains(&f[9])
+            .filter(|f: &Vec<String>| {
+                f.len() > 9 && f[1].ends_with(&port) && sockets.contains(&f[9])
             })
-            // The kernel writes these tables a page at a time, so a table
-            // that changes while it is read can list a socket twice.
-            .map(|f| f[9].clone())
-            .collect::<HashSet<_>>()
-            .len();
+            .collect();
+        // The kernel writes these tables a page at a time, so a table that
+        // changes while it is read can list a socket twice.
+        let distinct = |listening: Option<bool>| {
+            on_webhook_port
+                .iter()
+                .filter(|f| listening.is_none_or(|l| (f[3] == "0A") == l))
+                .map(|f| f[9].as_str())
+                .collect::<HashSet<_>>()
+                .len()
+        };
+        let webhook_connections = distinct(Some(false));
+        let webhook_fds = fds.saturating_sub(sockets.len()) + distinct(None);
         Usage {
             rss_kib,
             fds,
+            webhook_fds,
             webhook_connections,
         }
     }
@@ -126,6 +141,7 @@ impl Usage {
         Usage {
             rss_kib: self.rss_kib.max(other.rss_kib),
             fds: self.fds.max(other.fds),
+            webhook_fds: self.webhook_fds.max(other.webhook_fds),
             webhook_connections: self.webhook_connections.max(other.webhook_connections),
         }
     }
@@ -319,11 +335,12 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
     for n in 0..8 {
         assert_eq!(post_review(&served, &format!("warm-{n}")).await, 200);
     }
-    eventually("warm-up connections closed", Duration::from_secs(5), || {
-        std::future::ready(connections() == 0)
-    })
+    eventually(
+        "warm-up connections closed",
+        Duration::from_secs(30),
+        || std::future::ready(connections() == 0),
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let baseline = Usage::read(pid, port);
 
     // The flood: connects one after another, so the backlog's order is known
@@ -421,11 +438,10 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
     eprintln!("{report}");
 
     // Bounded while the flood was on: no more connections than the limit;
-    // besides them only the baseline's descriptors and a few passing ones (an
-    // admin scrape, a new connection of the Kubernetes client).
+    // besides them only the baseline's descriptors and a few passing ones.
     assert!(peak.webhook_connections <= MAX_CONNECTIONS, "{report}");
     assert!(
-        peak.fds <= baseline.fds + MAX_CONNECTIONS + FD_SLACK,
+        peak.webhook_fds <= baseline.webhook_fds + MAX_CONNECTIONS + FD_SLACK,
         "{report}"
     );
     assert!(
@@ -454,19 +470,20 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
         assert!(*after <= REQUEST_TIMEOUT + SLACK, "{report}");
     }
 
-    // Recovered: the flood's connections close at once, the descriptors are
-    // back to the baseline's (the Kubernetes client's pool may hold one more
-    // connection than then), memory is near it, and requests are served.
+    // Recovered: the flood's connections close once their clients are gone,
+    // the webhook's descriptors are back to the baseline's, memory is near
+    // it, and requests are served. (The limits are for a loaded machine: the
+    // conditions are what is asserted, not how fast they come.)
     eventually(
         "every flood connection closed",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         || std::future::ready(connections() == 0),
     )
     .await;
     eventually(
-        "descriptors back to the baseline",
-        Duration::from_secs(5),
-        || std::future::ready(Usage::read(pid, port).fds <= baseline.fds + 1),
+        "the webhook's descriptors back to the baseline",
+        Duration::from_secs(30),
+        || std::future::ready(Usage::read(pid, port).webhook_fds <= baseline.webhook_fds),
     )
     .await;
     let after = Usage::read(pid, port);
@@ -474,10 +491,12 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
         after.rss_kib <= baseline.rss_kib + RSS_GROWTH_KIB,
         "after {after:?}; {report}"
     );
+    // Served without queueing behind anything: within one request timeout
+    // (the flood kept the good client waiting for many of them).
     let again = Instant::now();
     assert_eq!(post_review(&served, "after").await, 200);
     assert!(
-        again.elapsed() < Duration::from_secs(2),
+        again.elapsed() < REQUEST_TIMEOUT + SLACK,
         "{:?}",
         again.elapsed()
     );

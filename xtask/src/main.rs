@@ -62,26 +62,96 @@ fn test() -> Result<()> {
             "warnings",
         ])
     })?;
+    let listed = step("listing every test", list_tests)?;
     let mut counts = Counts::default();
     let result = step("cargo test", || cargo_test(&mut counts));
     eprintln!("xtask: finished in {:.0?}", total.elapsed());
-    // The closing line CI reads: every test binary's results added up.
-    println!("tests: {} passed, {} failed", counts.passed, counts.failed);
-    result
+    close(listed, &counts, result)
+}
+
+/// The closing line CI reads, and the verdict. A test that was listed but
+/// neither passed nor failed (its binary crashed, or it was ignored) counts as
+/// failed: every test runs and is counted on every run.
+fn close(listed: u64, counts: &Counts, result: Result<()>) -> Result<()> {
+    let counted = counts.passed.saturating_add(counts.failed);
+    let not_run = listed.saturating_sub(counted);
+    if not_run > 0 || counts.ignored > 0 {
+        eprintln!(
+            "xtask: {listed} tests listed, {counted} ran, {} ignored: {not_run} did not run \
+             and count as failed",
+            counts.ignored
+        );
+    }
+    let failed = counts.failed.saturating_add(not_run);
+    println!("tests: {} passed, {failed} failed", counts.passed);
+    result?;
+    if failed > 0 {
+        bail!("{failed} tests failed or did not run");
+    }
+    if counts.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+/// The arguments every `cargo test` run shares: the whole workspace, the
+/// locked dependencies, and no stop at the first failing binary.
+const CARGO_TEST: [&str; 4] = ["test", "--workspace", "--locked", "--no-fail-fast"];
+
+/// How many tests the workspace has, doc tests included: `cargo test --
+/// --list` prints one `NAME: test` line each (benchmarks are `: benchmark`).
+fn list_tests() -> Result<u64> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(&cargo)
+        .args(CARGO_TEST)
+        .args(["--", "--list"])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {cargo}"))?;
+    if !output.status.success() {
+        bail!("`cargo test -- --list` exited with {}", output.status);
+    }
+    let listed = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.ends_with(": test"))
+        .count();
+    eprintln!("xtask: {listed} tests");
+    Ok(u64::try_from(listed)?)
 }
 
 #[derive(Default)]
 struct Counts {
     passed: u64,
     failed: u64,
+    ignored: u64,
 }
 
-/// Runs `cargo test`, echoing its output and adding up each binary's
-/// `test result: ok. N passed; M failed; ...` line.
+impl Counts {
+    /// Adds one binary's `test result: ok. N passed; M failed; K ignored; ...`.
+    fn add(&mut self, summary: &str) {
+        for part in summary.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            let (Some(Ok(n)), Some(what)) = (words.next().map(str::parse::<u64>), words.next())
+            else {
+                continue;
+            };
+            let slot = match what {
+                "passed" => &mut self.passed,
+                "failed" => &mut self.failed,
+                "ignored" => &mut self.ignored,
+                _ => continue,
+            };
+            *slot = slot.saturating_add(n);
+        }
+    }
+}
+
+/// Runs `cargo test` over every binary (a failing one does not stop the
+/// rest), echoing its output and adding up each binary's results.
 fn cargo_test(counts: &mut Counts) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut child = Command::new(&cargo)
-        .args(["test", "--workspace", "--locked"])
+        .args(CARGO_TEST)
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cargo}"))?;
@@ -90,14 +160,7 @@ fn cargo_test(counts: &mut Counts) -> Result<()> {
         let line = line?;
         println!("{line}");
         if let Some(summary) = line.strip_prefix("test result: ") {
-            for part in summary.split(['.', ';']) {
-                let mut words = part.split_whitespace();
-                match (words.next().map(str::parse::<u64>), words.next()) {
-                    (Some(Ok(n)), Some("passed")) => counts.passed += n,
-                    (Some(Ok(n)), Some("failed")) => counts.failed += n,
-                    _ => {}
-                }
-            }
+            counts.add(summary);
         }
     }
     let status = child.wait()?;
@@ -107,12 +170,12 @@ fn cargo_test(counts: &mut Counts) -> Result<()> {
     Ok(())
 }
 
-fn step(name: &str, run: impl FnOnce() -> Result<()>) -> Result<()> {
+fn step<T>(name: &str, run: impl FnOnce() -> Result<T>) -> Result<T> {
     eprintln!("xtask: {name}");
     let started = Instant::now();
-    run().with_context(|| format!("{name} failed"))?;
+    let value = run().with_context(|| format!("{name} failed"))?;
     eprintln!("xtask: {name}: done in {:.0?}", started.elapsed());
-    Ok(())
+    Ok(value)
 }
 
 fn cargo(args: &[&str]) -> Result<()> {

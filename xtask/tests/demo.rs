@@ -54,11 +54,13 @@ fn the_quick_demo_shows_holds_from_creation_a_window_that_extends_and_a_full_rel
     assert!(position("burst 1") < position("hold window opened"));
     assert!(position("burst 2") < position("window extended"));
     assert!(position("window extended") < position("window closed"));
+    // The release is a process, not an instant: the "window closed" line may
+    // still count a few holds, and a later line shows all five gone.
     assert!(
-        events
+        events[position("window closed")..]
             .iter()
-            .any(|l| l.contains("window closed") && l.ends_with(" 0/5")),
-        "all five released:\n{stdout}"
+            .any(|l| l.ends_with(" 0/5")),
+        "all five released after the window closed:\n{stdout}"
     );
     assert!(
         events.iter().any(|l| l.ends_with(" 6/6")),
