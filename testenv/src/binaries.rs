@@ -39,16 +39,7 @@ fn target_dir() -> PathBuf {
 /// Returns the binaries for the current pins, building them first if needed.
 pub fn ensure_built() -> Result<Binaries> {
     let module = module_dir();
-    // `go build` leaves the version stamp empty (`v0.0.0-master`); stamp the
-    // pinned release as the upstream build does, so /version tells the truth.
-    let version = kubernetes_version(&module)?;
-    let minor = version.split('.').nth(1).unwrap_or_default();
-    let stamp = format!(
-        "-X k8s.io/component-base/version.gitVersion={version} \
-         -X k8s.io/component-base/version.gitMajor=1 \
-         -X k8s.io/component-base/version.gitMinor={minor} \
-         -X k8s.io/component-base/version.gitTreeState=clean"
-    );
+    let stamp = kubernetes_stamp(&module)?;
     let out = build_once(
         "kube-apiserver and etcd",
         &target_dir().join("controlplane"),
@@ -70,6 +61,20 @@ pub fn ensure_built() -> Result<Binaries> {
         kube_apiserver: out.join("kube-apiserver"),
         etcd: out.join("etcd"),
     })
+}
+
+/// `go build` leaves the version stamp empty (`v0.0.0-master`); stamp the
+/// pinned release as the upstream build does, so `/version` and
+/// `--version` tell the truth.
+fn kubernetes_stamp(module: &Path) -> Result<String> {
+    let version = kubernetes_version(module)?;
+    let minor = version.split('.').nth(1).unwrap_or_default();
+    Ok(format!(
+        "-X k8s.io/component-base/version.gitVersion={version} \
+         -X k8s.io/component-base/version.gitMajor=1 \
+         -X k8s.io/component-base/version.gitMinor={minor} \
+         -X k8s.io/component-base/version.gitTreeState=clean"
+    ))
 }
 
 /// The pinned `k8s.io/kubernetes` release, read from go.mod.
@@ -290,23 +295,29 @@ pub fn cert_manager_module_dir() -> PathBuf {
 /// The pinned cert-manager module's source in the Go module cache,
 /// downloaded (and checked against go.sum) if needed.
 pub fn cert_manager_source() -> Result<PathBuf> {
-    let module = cert_manager_module_dir();
-    let output = go_command(&module)
-        .args(["mod", "download", "-json", CERT_MANAGER_MODULE])
+    module_source(&cert_manager_module_dir(), CERT_MANAGER_MODULE)
+}
+
+/// The source of `module_path`, at the version the Go module at `module`
+/// pins, in the Go module cache: downloaded (and checked against go.sum) if
+/// needed. Read-only, as the module cache is.
+pub fn module_source(module: &Path, module_path: &str) -> Result<PathBuf> {
+    let output = go_command(module)
+        .args(["mod", "download", "-json", module_path])
         .output()
         .context("running `go mod download` (is Go >= 1.26 on PATH?)")?;
     let info: serde_json::Value = serde_json::from_slice(&output.stdout).with_context(|| {
         format!(
-            "`go mod download {CERT_MANAGER_MODULE}` printed no JSON: {}",
+            "`go mod download {module_path}` printed no JSON: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         )
     })?;
     if let Some(error) = info["Error"].as_str() {
-        bail!("`go mod download {CERT_MANAGER_MODULE}` failed: {error}");
+        bail!("`go mod download {module_path}` failed: {error}");
     }
     if !output.status.success() {
         bail!(
-            "`go mod download {CERT_MANAGER_MODULE}` failed with {}: {}",
+            "`go mod download {module_path}` failed with {}: {}",
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         );
@@ -397,5 +408,104 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         helm: ensure_helm_built()?,
         cert_manager_source: cert_manager_source()?,
         cert_manager: ensure_cert_manager_built()?,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The autoscaler's cluster: kube-scheduler and kube-controller-manager from
+// the control plane's own pin, kwok (the kubelets) and Karpenter's KWOK
+// provider from their Go modules under `testenv/tools/`.
+
+const KUBE_SCHEDULER_PKG: &str = "k8s.io/kubernetes/cmd/kube-scheduler";
+const KUBE_CONTROLLER_MANAGER_PKG: &str = "k8s.io/kubernetes/cmd/kube-controller-manager";
+const KWOK_MODULE: &str = "sigs.k8s.io/kwok";
+const KWOK_PKG: &str = "sigs.k8s.io/kwok/cmd/kwok";
+const KARPENTER_MODULE: &str = "sigs.k8s.io/karpenter";
+const KARPENTER_PKG: &str = "sigs.k8s.io/karpenter/kwok";
+
+/// What runs beside the control plane so that Karpenter decides for real.
+#[derive(Debug, Clone)]
+pub struct ClusterBinaries {
+    pub kube_scheduler: PathBuf,
+    pub kube_controller_manager: PathBuf,
+    /// kwok, playing every kubelet: nodes Ready, pods Running, Jobs done.
+    pub kwok: PathBuf,
+    /// Karpenter with its KWOK cloud provider (`sigs.k8s.io/karpenter/kwok`).
+    pub karpenter: PathBuf,
+    /// The pinned kwok module's source (its stage configurations).
+    pub kwok_source: PathBuf,
+    /// The pinned Karpenter module's source (its CRDs).
+    pub karpenter_source: PathBuf,
+}
+
+/// The Go module pinning kwok (`testenv/tools/kwok`).
+pub fn kwok_module_dir() -> PathBuf {
+    tool_module_dir("kwok")
+}
+
+/// The Go module pinning Karpenter (`testenv/tools/karpenter`).
+pub fn karpenter_module_dir() -> PathBuf {
+    tool_module_dir("karpenter")
+}
+
+/// The pinned Karpenter release (`v1.14.1`), read from its tool module.
+pub fn karpenter_version() -> Result<String> {
+    required_version(&karpenter_module_dir(), KARPENTER_MODULE)
+}
+
+/// Builds kube-scheduler, kube-controller-manager, kwok and Karpenter if
+/// needed (each group once per pin) and fetches kwok's and Karpenter's
+/// sources.
+pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
+    let module = module_dir();
+    let stamp = kubernetes_stamp(&module)?;
+    let kube = build_once(
+        "kube-scheduler and kube-controller-manager",
+        &target_dir().join("kube-components"),
+        &module,
+        &[
+            GoTool {
+                package: KUBE_SCHEDULER_PKG,
+                binary: "kube-scheduler",
+                ldflags: &stamp,
+            },
+            GoTool {
+                package: KUBE_CONTROLLER_MANAGER_PKG,
+                binary: "kube-controller-manager",
+                ldflags: &stamp,
+            },
+        ],
+    )?;
+    // kwok's version is a constant of its source; Karpenter's is stamped.
+    let kwok_module = kwok_module_dir();
+    let kwok = ensure_tools_built(
+        "kwok",
+        &kwok_module,
+        &[GoTool {
+            package: KWOK_PKG,
+            binary: "kwok",
+            ldflags: "",
+        }],
+    )?;
+    let karpenter_module = karpenter_module_dir();
+    let karpenter = ensure_tools_built(
+        "karpenter",
+        &karpenter_module,
+        &[GoTool {
+            package: KARPENTER_PKG,
+            binary: "karpenter",
+            ldflags: &format!(
+                "-X sigs.k8s.io/karpenter/pkg/operator.Version={}",
+                karpenter_version()?
+            ),
+        }],
+    )?;
+    Ok(ClusterBinaries {
+        kube_scheduler: kube.join("kube-scheduler"),
+        kube_controller_manager: kube.join("kube-controller-manager"),
+        kwok: kwok.join("kwok"),
+        karpenter: karpenter.join("karpenter"),
+        kwok_source: module_source(&kwok_module, KWOK_MODULE)?,
+        karpenter_source: module_source(&karpenter_module, KARPENTER_MODULE)?,
     })
 }

@@ -14,6 +14,7 @@
 //! through `PR_SET_PDEATHSIG`, when the owning process dies without unwinding.
 
 mod binaries;
+mod karpenter;
 pub mod netns;
 mod process;
 
@@ -33,9 +34,15 @@ use tempfile::TempDir;
 
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
 pub use binaries::{
-    CertManagerBinaries, GoTool, InstallTools, cert_manager_crds, cert_manager_module_dir,
-    cert_manager_source, ensure_cert_manager_built, ensure_helm_built, ensure_install_tools,
-    ensure_tools_built, helm_module_dir, required_version, tool_module_dir,
+    CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, cert_manager_crds,
+    cert_manager_module_dir, cert_manager_source, ensure_cert_manager_built, ensure_cluster_built,
+    ensure_helm_built, ensure_install_tools, ensure_tools_built, helm_module_dir,
+    karpenter_module_dir, karpenter_version, kwok_module_dir, module_source, required_version,
+    tool_module_dir,
+};
+pub use karpenter::{
+    Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,
+    filler_job, filler_pod, node_claims, node_pool, node_pools,
 };
 pub use process::ManagedChild;
 
@@ -45,6 +52,9 @@ pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";
 pub const NODE_HOLDER_USER: &str = "system:serviceaccount:node-holder:node-holder";
 /// The admin's user name.
 pub const ADMIN_USER: &str = "testenv-admin";
+/// The autoscaler's user name (also `system:masters`: Karpenter is not under
+/// test), so the audit log tells its requests from the admin's.
+pub const AUTOSCALER_USER: &str = "karpenter";
 
 const AUDIT_POLICY: &str = include_str!("../../docs/audit-policy.yaml");
 const NODE_HOLDER_RBAC: &str = include_str!("../../webhook-config/rbac.yaml");
@@ -61,6 +71,7 @@ pub struct ControlPlane {
     url: String,
     admin_kubeconfig: PathBuf,
     node_holder_kubeconfig: PathBuf,
+    autoscaler_kubeconfig: PathBuf,
     audit_log: PathBuf,
     /// How the API server was started, to start it again.
     apiserver_command: (PathBuf, Vec<String>),
@@ -157,6 +168,7 @@ impl ControlPlane {
         let url = format!("https://127.0.0.1:{apiserver_port}");
         let admin_kubeconfig = root.join("admin.kubeconfig");
         let node_holder_kubeconfig = root.join("node-holder.kubeconfig");
+        let autoscaler_kubeconfig = root.join("autoscaler.kubeconfig");
         write_kubeconfig(
             &admin_kubeconfig,
             &url,
@@ -171,6 +183,13 @@ impl ControlPlane {
             "node-holder",
             &files.node_holder_token,
         )?;
+        write_kubeconfig(
+            &autoscaler_kubeconfig,
+            &url,
+            &files.ca,
+            AUTOSCALER_USER,
+            &files.autoscaler_token,
+        )?;
 
         let mut cp = ControlPlane {
             apiserver,
@@ -178,6 +197,7 @@ impl ControlPlane {
             url,
             admin_kubeconfig,
             node_holder_kubeconfig,
+            autoscaler_kubeconfig,
             audit_log,
             apiserver_command: (binaries.kube_apiserver.clone(), apiserver_args),
             restarts: 0,
@@ -238,6 +258,12 @@ impl ControlPlane {
     /// Kubeconfig of node-holder's restricted identity ([`NODE_HOLDER_USER`]).
     pub fn node_holder_kubeconfig(&self) -> &Path {
         &self.node_holder_kubeconfig
+    }
+
+    /// Kubeconfig of the autoscaler's identity ([`AUTOSCALER_USER`], in
+    /// `system:masters`).
+    pub fn autoscaler_kubeconfig(&self) -> &Path {
+        &self.autoscaler_kubeconfig
     }
 
     /// Process ids of etcd and kube-apiserver.
@@ -346,6 +372,7 @@ struct Files {
     ca: PathBuf,
     admin_token: String,
     node_holder_token: String,
+    autoscaler_token: String,
 }
 
 fn write_files(root: &Path) -> Result<Files> {
@@ -371,10 +398,12 @@ fn write_files(root: &Path) -> Result<Files> {
 
     let admin_token = random_token()?;
     let node_holder_token = random_token()?;
+    let autoscaler_token = random_token()?;
     // token,user,uid,"groups"
     let tokens = format!(
         "{admin_token},{ADMIN_USER},admin,\"system:masters\"\n\
-         {node_holder_token},{NODE_HOLDER_USER},node-holder,\"system:serviceaccounts,system:serviceaccounts:{NODE_HOLDER_NAMESPACE}\"\n"
+         {node_holder_token},{NODE_HOLDER_USER},node-holder,\"system:serviceaccounts,system:serviceaccounts:{NODE_HOLDER_NAMESPACE}\"\n\
+         {autoscaler_token},{AUTOSCALER_USER},autoscaler,\"system:masters\"\n"
     );
 
     let write = |name: &str, contents: &str| -> Result<()> {
@@ -393,6 +422,7 @@ fn write_files(root: &Path) -> Result<Files> {
         ca: root.join("ca.crt"),
         admin_token,
         node_holder_token,
+        autoscaler_token,
     })
 }
 

@@ -48,6 +48,10 @@ fn test() -> Result<()> {
         "building helm and cert-manager, fetching cert-manager's CRDs",
         || testenv::ensure_install_tools().map(|_| ()),
     )?;
+    step(
+        "building kube-scheduler, kube-controller-manager, kwok and Karpenter",
+        || testenv::ensure_cluster_built().map(|_| ()),
+    )?;
     step("cargo fmt --check", || {
         cargo(&["fmt", "--all", "--", "--check"])
     })?;

@@ -1,0 +1,410 @@
+//! The churn node-holder saves, with the real Karpenter: `cargo bench --bench churn`.
+//!
+//! A compressed day of batch work, the same for both runs (a fixed seed):
+//! waves of Jobs of different sizes and lengths, with gaps both shorter and
+//! longer than the hold duration. Two Karpenter clusters (testenv: control
+//! plane, scheduler, controller-manager, kwok, Karpenter's KWOK provider) play
+//! it side by side on the same machine, one without node-holder and one with
+//! `node-holder serve` registered as the webhook; then each waits until
+//! Karpenter has removed every node. Reported for each:
+//! - nodes launched and terminated by Karpenter (the API server's audit log
+//!   of its identity's Node creates and deletes);
+//! - node-seconds from the first wave until the last node is gone (the cost);
+//! - each pod's wait from creation to `PodScheduled` (p50, p95; the API
+//!   records both to the second);
+//! - Karpenter's disruption decisions (its `decisions_total` metric);
+//! - the node count over time of both runs, drawn to `docs/churn.svg`.
+//!
+//! `NODE_HOLDER_BENCH_SEED` changes the day. Loopback only; about 15 minutes
+//! once the tools are built.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use plotters::prelude::*;
+use testenv::{Disruption, KarpenterCluster};
+
+/// node-holder's hold duration in the compressed day.
+const HOLD: Duration = Duration::from_secs(60);
+/// Each Karpenter node's `consolidateAfter`.
+const CONSOLIDATE_AFTER: &str = "15s";
+const WAVES: usize = 8;
+/// How long a run may take to lose its last node after the last Job ends.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+/// One wave: a Job of `pods` pods that run for `run_for`, started `gap`
+/// after the previous wave started.
+#[derive(Debug, Clone)]
+struct Wave {
+    gap: Duration,
+    pods: i32,
+    run_for: Duration,
+}
+
+/// The day: gaps of 20-150 s (the hold is 60 s), 1-5 pods, 20-80 s each.
+fn day(seed: u64) -> Vec<Wave> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..WAVES)
+        .map(|n| Wave {
+            gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(20..=150) }),
+            pods: rng.i32(1..=5),
+            run_for: Duration::from_secs(rng.u64(20..=80)),
+        })
+        .collect()
+}
+
+/// What one run measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    launched: usize,
+    terminated: usize,
+    node_seconds: f64,
+    waits: Vec<f64>,
+    decisions: BTreeMap<String, f64>,
+    /// (seconds since the first wave, nodes) at every change.
+    nodes_over_time: Vec<(f64, usize)>,
+    wall: Duration,
+}
+
+async fn run(day: &[Wave], with_node_holder: bool) -> Result<Outcome> {
+    let disruption = Disruption {
+        consolidation_policy: "WhenEmptyOrUnderutilized".into(),
+        consolidate_after: CONSOLIDATE_AFTER.into(),
+        // Karpenter's own default budget.
+        budgets: serde_json::json!([{"nodes": "10%"}]),
+    };
+    let mut cluster = KarpenterCluster::start(&disruption).await?;
+    let served = if with_node_holder {
+        let hold = format!("--hold-duration={}s", HOLD.as_secs());
+        let served = common::serve(cluster.control_plane(), &[&hold]).await;
+        common::register_webhook(cluster.control_plane(), &served).await;
+        Some(served)
+    } else {
+        None
+    };
+    let client = cluster.control_plane().admin_client().await?;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let started = Timestamp::now();
+    let clock = Instant::now();
+    for (n, wave) in day.iter().enumerate() {
+        // The day's own schedule: the gaps are the workload, not a wait.
+        tokio::time::sleep(wave.gap).await;
+        cluster.check_running()?;
+        let job = testenv::filler_job(&format!("wave-{n}"), wave.pods, wave.run_for);
+        jobs.create(&PostParams::default(), &job).await?;
+    }
+    wait_all_done(&jobs, day.len()).await?;
+    wait_no_nodes(&mut cluster, &client).await?;
+    let wall = clock.elapsed();
+    let outcome = measure(&cluster, &client, started, wall).await?;
+    drop(served);
+    Ok(outcome)
+}
+
+/// Until every Job has succeeded.
+async fn wait_all_done(jobs: &Api<Job>, count: usize) -> Result<()> {
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    loop {
+        let done = jobs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0)
+            .filter(|j| {
+                j.status.as_ref().and_then(|s| s.succeeded)
+                    == j.spec.as_ref().and_then(|s| s.completions)
+            })
+            .count();
+        if done == count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{done} of {count} Jobs done after {DRAIN_LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Until Karpenter has removed its last node.
+async fn wait_no_nodes(cluster: &mut KarpenterCluster, client: &kube::Client) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    loop {
+        cluster.check_running()?;
+        let left = nodes
+            .list_metadata(&ListParams::default().labels("karpenter.sh/nodepool"))
+            .await?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{left} nodes left {DRAIN_LIMIT:?} after the last Job");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn measure(
+    cluster: &KarpenterCluster,
+    client: &kube::Client,
+    started: Timestamp,
+    wall: Duration,
+) -> Result<Outcome> {
+    let events = cluster.control_plane().audit_events()?;
+    let by_karpenter = |verb: &str| -> Vec<f64> {
+        events
+            .iter()
+            .filter(|e| {
+                e["verb"] == verb
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["user"]["username"] == testenv::AUTOSCALER_USER
+                    && e["stage"] == "ResponseComplete"
+                    && e["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| (200..300).contains(&c))
+            })
+            .filter_map(|e| {
+                e["requestReceivedTimestamp"]
+                    .as_str()?
+                    .parse::<Timestamp>()
+                    .ok()
+            })
+            .map(|at| at.duration_since(started).as_secs_f64())
+            .collect()
+    };
+    let (creates, deletes) = (by_karpenter("create"), by_karpenter("delete"));
+    let nodes_over_time = step_series(&creates, &deletes);
+    Ok(Outcome {
+        launched: creates.len(),
+        terminated: deletes.len(),
+        node_seconds: node_seconds(&nodes_over_time),
+        waits: pod_waits(client).await?,
+        decisions: decisions(&cluster.karpenter_metrics().await?),
+        nodes_over_time,
+        wall,
+    })
+}
+
+/// The node count after each create (+1) and delete (-1), in time order.
+fn step_series(creates: &[f64], deletes: &[f64]) -> Vec<(f64, usize)> {
+    let mut changes: Vec<(f64, i64)> = creates.iter().map(|&t| (t, 1)).collect();
+    changes.extend(deletes.iter().map(|&t| (t, -1)));
+    changes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut count = 0i64;
+    let mut series = vec![(0.0, 0)];
+    for (at, change) in changes {
+        count = (count + change).max(0);
+        series.push((at, usize::try_from(count).unwrap_or(0)));
+    }
+    series
+}
+
+/// The area under the node count.
+fn node_seconds(series: &[(f64, usize)]) -> f64 {
+    series
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0) * w[0].1 as f64)
+        .sum()
+}
+
+/// Each Job pod's seconds from creation to `PodScheduled`.
+async fn pod_waits(client: &kube::Client) -> Result<Vec<f64>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut waits = Vec::new();
+    for pod in pods.list(&ListParams::default()).await?.items {
+        let created = pod
+            .metadata
+            .creation_timestamp
+            .context("a pod without creation")?
+            .0;
+        let scheduled = pod
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+            .and_then(|c| c.last_transition_time)
+            .context("a pod that was never scheduled")?
+            .0;
+        waits.push(scheduled.duration_since(created).as_secs_f64());
+    }
+    waits.sort_by(f64::total_cmp);
+    Ok(waits)
+}
+
+/// Karpenter's `voluntary_disruption_decisions_total`, by decision and reason.
+fn decisions(metrics: &str) -> BTreeMap<String, f64> {
+    let mut found = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(labels) = line.strip_prefix("karpenter_voluntary_disruption_decisions_total{")
+        else {
+            continue;
+        };
+        let Some((labels, value)) = labels.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let key = format!("{} {}", label("decision"), label("reason"));
+        *found.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    found
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
+    let end = without.wall.max(with.wall).as_secs_f64();
+    let top = without
+        .nodes_over_time
+        .iter()
+        .chain(&with.nodes_over_time)
+        .map(|p| p.1)
+        .max()
+        .unwrap_or(1)
+        + 1;
+    let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Karpenter nodes over a compressed batch day",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(40)
+        .build_cartesian_2d(0.0..end, 0usize..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the first wave")
+        .y_desc("nodes")
+        .draw()?;
+    for (outcome, label, color) in [
+        (without, "without node-holder", RED),
+        (with, "with node-holder", BLUE),
+    ] {
+        let mut steps = Vec::new();
+        for pair in outcome.nodes_over_time.windows(2) {
+            steps.push((pair[0].0, pair[0].1));
+            steps.push((pair[1].0, pair[0].1));
+        }
+        if let Some(&(at, n)) = outcome.nodes_over_time.last() {
+            steps.push((at, n));
+            steps.push((end, n));
+        }
+        chart
+            .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn report(day: &[Wave], without: &Outcome, with: &Outcome) {
+    println!("\nThe day ({} waves):", day.len());
+    for (n, w) in day.iter().enumerate() {
+        println!(
+            "  wave {n}: +{}s, {} pods for {}s",
+            w.gap.as_secs(),
+            w.pods,
+            w.run_for.as_secs()
+        );
+    }
+    println!("\n| measure | without node-holder | with node-holder |");
+    println!("| --- | --- | --- |");
+    let row = |what: &str, a: String, b: String| println!("| {what} | {a} | {b} |");
+    row(
+        "nodes launched",
+        without.launched.to_string(),
+        with.launched.to_string(),
+    );
+    row(
+        "nodes terminated",
+        without.terminated.to_string(),
+        with.terminated.to_string(),
+    );
+    row(
+        "node-seconds",
+        format!("{:.0}", without.node_seconds),
+        format!("{:.0}", with.node_seconds),
+    );
+    for p in [50.0, 95.0] {
+        row(
+            &format!("pod wait p{p:.0} (s)"),
+            format!("{:.0}", percentile(&without.waits, p)),
+            format!("{:.0}", percentile(&with.waits, p)),
+        );
+    }
+    row(
+        "pods",
+        without.waits.len().to_string(),
+        with.waits.len().to_string(),
+    );
+    let keys: std::collections::BTreeSet<&String> = without
+        .decisions
+        .keys()
+        .chain(with.decisions.keys())
+        .collect();
+    for key in keys {
+        row(
+            &format!("Karpenter decisions: {key}"),
+            format!("{:.0}", without.decisions.get(key).unwrap_or(&0.0)),
+            format!("{:.0}", with.decisions.get(key).unwrap_or(&0.0)),
+        );
+    }
+    row(
+        "run (until the last node was gone)",
+        format!("{:.0?}", without.wall),
+        format!("{:.0?}", with.wall),
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    if std::env::args().any(|a| a == "--list") {
+        return Ok(());
+    }
+    let seed = std::env::var("NODE_HOLDER_BENCH_SEED")
+        .ok()
+        .map(|s| s.parse::<u64>())
+        .transpose()
+        .context("NODE_HOLDER_BENCH_SEED")?
+        .unwrap_or(2026);
+    let day = day(seed);
+    eprintln!("churn: seed {seed}, {day:?}");
+    tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
+    let (without, with) = tokio::try_join!(run(&day, false), run(&day, true))?;
+    let svg = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/churn.svg");
+    plot(svg, &without, &with)?;
+    report(&day, &without, &with);
+    println!("\nnode count over time: {svg}");
+    Ok(())
+}

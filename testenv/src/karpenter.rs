@@ -1,0 +1,443 @@
+//! A small cluster in which the real Karpenter decides: the control plane, plus
+//! kube-scheduler, kube-controller-manager, kwok (every kubelet) and
+//! Karpenter's KWOK cloud provider, all built from pinned Go modules.
+//!
+//! Karpenter "launches" an instance by creating the Node through the API, as a
+//! kubelet registers, so the Node CREATE goes through whatever mutating
+//! webhook the test registered. kwok turns those nodes Ready, runs the pods the
+//! scheduler binds to them (a Job's pods finish after the delay their
+//! annotations ask for) and completes evictions; kube-controller-manager lifts
+//! the `not-ready` taint and runs the Job and ReplicaSet controllers. Karpenter
+//! runs as its own identity ([`AUTOSCALER_USER`](crate::AUTOSCALER_USER)),
+//! with the NodePool the test chooses.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::binaries::{ClusterBinaries, ensure_cluster_built};
+use crate::{ControlPlane, ManagedChild, apply_objects, free_ports, parse_manifests};
+
+/// The NodePool every cluster gets.
+pub const NODE_POOL: &str = "default";
+/// Its KWOKNodeClass.
+pub const NODE_CLASS: &str = "default";
+/// The one instance type the pool may launch: one vCPU (about 900m
+/// allocatable after kube-reserved), so a pod of [`POD_CPU`] fills a node and
+/// N such pods need N nodes. Pinning the type, the capacity type and the zone
+/// leaves Karpenter no random tie-break.
+pub const INSTANCE_TYPE: &str = "c-1x-amd64-linux";
+/// The CPU request of a pod that fills one node of [`INSTANCE_TYPE`].
+pub const POD_CPU: &str = "600m";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The disruption settings of the NodePool, as the test chooses them.
+#[derive(Debug, Clone)]
+pub struct Disruption {
+    /// `WhenEmpty`, `WhenEmptyOrUnderutilized` or `Balanced`.
+    pub consolidation_policy: String,
+    /// How long a node must be without pod changes before it may go (`5s`).
+    pub consolidate_after: String,
+    /// `spec.disruption.budgets`, as Karpenter reads it.
+    pub budgets: Value,
+}
+
+impl Default for Disruption {
+    /// Empty nodes go 5 s after their last pod, all at once: short enough for
+    /// a test to watch Karpenter churn.
+    fn default() -> Self {
+        Disruption {
+            consolidation_policy: "WhenEmpty".into(),
+            consolidate_after: "5s".into(),
+            budgets: json!([{"nodes": "100%"}]),
+        }
+    }
+}
+
+/// A running cluster with Karpenter. Dropping it stops every process, the
+/// autoscaler first.
+pub struct KarpenterCluster {
+    // Field order is drop order: the deciders stop before the API server.
+    karpenter: ManagedChild,
+    kwok: ManagedChild,
+    controller_manager: ManagedChild,
+    scheduler: ManagedChild,
+    karpenter_metrics_port: u16,
+    karpenter_log: PathBuf,
+    binaries: ClusterBinaries,
+    cp: ControlPlane,
+}
+
+impl KarpenterCluster {
+    /// Builds what is missing, starts the control plane and every component
+    /// beside it, creates the KWOKNodeClass and a NodePool with `disruption`,
+    /// and waits until Karpenter is ready.
+    pub async fn start(disruption: &Disruption) -> Result<Self> {
+        let binaries = tokio::task::spawn_blocking(ensure_cluster_built)
+            .await
+            .context("cluster build task")??;
+        let cp = ControlPlane::start().await?;
+        let admin = cp.admin_client().await?;
+        apply_objects(&admin, &karpenter_crds(&binaries.karpenter_source)?).await?;
+        apply_objects(&admin, &[node_class(), node_pool(disruption)]).await?;
+
+        let scheduler = start_scheduler(&cp, &binaries)?;
+        let controller_manager = start_controller_manager(&cp, &binaries)?;
+        let kwok = start_kwok(&cp, &binaries)?;
+        let [metrics_port, health_port] = free_ports()?;
+        let karpenter_log = cp.dir().join("karpenter.log");
+        let karpenter = start_karpenter(&cp, &binaries, metrics_port, health_port)?;
+        let mut cluster = KarpenterCluster {
+            karpenter,
+            kwok,
+            controller_manager,
+            scheduler,
+            karpenter_metrics_port: metrics_port,
+            karpenter_log,
+            binaries,
+            cp,
+        };
+        cluster.wait_ready(health_port).await?;
+        Ok(cluster)
+    }
+
+    /// The control plane under it all.
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.cp
+    }
+
+    /// Karpenter's log (JSON lines).
+    pub fn karpenter_log(&self) -> &Path {
+        &self.karpenter_log
+    }
+
+    /// The Karpenter release that runs (`v1.14.1`).
+    pub fn karpenter_version(&self) -> Result<String> {
+        crate::binaries::karpenter_version()
+    }
+
+    /// Karpenter's Prometheus metrics, as text.
+    pub async fn karpenter_metrics(&self) -> Result<String> {
+        http_get_loopback(self.karpenter_metrics_port, "/metrics").await
+    }
+
+    /// The binaries the cluster runs.
+    pub fn binaries(&self) -> &ClusterBinaries {
+        &self.binaries
+    }
+
+    /// Fails with the end of a component's log if one of them has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.scheduler.check_running()?;
+        self.controller_manager.check_running()?;
+        self.kwok.check_running()?;
+        self.karpenter.check_running()
+    }
+
+    async fn wait_ready(&mut self, health_port: u16) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_running()?;
+            match http_get_loopback(health_port, "/readyz").await {
+                Ok(_) => return Ok(()),
+                Err(err) if Instant::now() > deadline => {
+                    bail!(
+                        "Karpenter not ready after {READY_TIMEOUT:?}: {err:#}\n{}",
+                        self.karpenter.log_tail()
+                    );
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+impl Drop for KarpenterCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "testenv: test failed; last lines of Karpenter's log ({}):\n{}",
+                self.karpenter_log.display(),
+                self.karpenter.log_tail()
+            );
+        }
+    }
+}
+
+/// Karpenter's CRDs as its KWOK build ships them (NodePool, NodeClaim,
+/// NodeOverlay, CapacityBuffer) and the KWOKNodeClass CRD.
+fn karpenter_crds(source: &Path) -> Result<Vec<Value>> {
+    let mut objects = Vec::new();
+    for dir in ["kwok/charts/crds", "kwok/apis/crds"] {
+        let dir = source.join(dir);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .map(|entry| entry.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+        files.sort();
+        for file in files {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            objects.extend(parse_manifests(&text)?);
+        }
+    }
+    if objects.is_empty() {
+        bail!("no CRDs in {}", source.display());
+    }
+    Ok(objects)
+}
+
+fn node_class() -> Value {
+    json!({
+        "apiVersion": "karpenter.kwok.sh/v1alpha1",
+        "kind": "KWOKNodeClass",
+        "metadata": {"name": NODE_CLASS},
+        "spec": {}
+    })
+}
+
+/// The NodePool: one small on-demand instance type in one zone, with the
+/// test's disruption settings.
+pub fn node_pool(disruption: &Disruption) -> Value {
+    let requirement =
+        |key: &str, value: &str| json!({"key": key, "operator": "In", "values": [value]});
+    json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": NODE_POOL},
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeClassRef": {
+                        "group": "karpenter.kwok.sh",
+                        "kind": "KWOKNodeClass",
+                        "name": NODE_CLASS
+                    },
+                    "requirements": [
+                        requirement("node.kubernetes.io/instance-type", INSTANCE_TYPE),
+                        requirement("karpenter.sh/capacity-type", "on-demand"),
+                        requirement("topology.kubernetes.io/zone", "test-zone-a"),
+                    ],
+                    "expireAfter": "Never"
+                }
+            },
+            "disruption": {
+                "consolidationPolicy": disruption.consolidation_policy,
+                "consolidateAfter": disruption.consolidate_after,
+                "budgets": disruption.budgets
+            },
+            "limits": {"cpu": "1000"}
+        }
+    })
+}
+
+fn start_scheduler(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
+    ManagedChild::spawn(
+        "kube-scheduler",
+        &binaries.kube_scheduler,
+        &[
+            format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
+            "--leader-elect=false".into(),
+            // No serving port at all: nothing here scrapes it.
+            "--secure-port=0".into(),
+            "--v=1".into(),
+        ],
+        &cp.dir().join("kube-scheduler.log"),
+    )
+}
+
+/// The controllers a Karpenter cluster needs: node lifecycle (lifts the
+/// `not-ready` taint the API server puts on every new Node), Jobs,
+/// ReplicaSets and Deployments, and garbage collection of their pods.
+const CONTROLLERS: &str = "node-lifecycle-controller,job-controller,replicaset-controller,\
+deployment-controller,garbage-collector-controller,pod-garbage-collector-controller,\
+ttl-after-finished-controller";
+
+fn start_controller_manager(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
+    ManagedChild::spawn(
+        "kube-controller-manager",
+        &binaries.kube_controller_manager,
+        &[
+            format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            format!("--controllers={CONTROLLERS}"),
+            // kwok renews node Leases every few seconds; a loaded 2-core
+            // machine must not turn a node NotReady because one renewal
+            // came late.
+            "--node-monitor-grace-period=2m".into(),
+            "--v=1".into(),
+        ],
+        &cp.dir().join("kube-controller-manager.log"),
+    )
+}
+
+/// kwok manages exactly Karpenter's KWOK nodes (the annotation its cloud
+/// provider sets) and the pods bound to them, with its upstream stages:
+/// nodes Ready at once with Lease heartbeats; pods Ready at once; a Job's pod
+/// finishes after `pod-complete.stage.kwok.x-k8s.io/delay` (set
+/// `.../jitter-delay` to the same value for an exact time); deleted pods go.
+fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
+    let stages = binaries.kwok_source.join("kustomize/stage");
+    let mut args = vec![
+        format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
+        "--manage-all-nodes=false".into(),
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+        "--node-lease-duration-seconds=40".into(),
+    ];
+    for stage in [
+        "node/fast/node-initialize.yaml",
+        "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+        "pod/fast/pod-ready.yaml",
+        "pod/general/pod-complete.yaml",
+        "pod/fast/pod-delete.yaml",
+    ] {
+        let path = stages.join(stage);
+        if !path.exists() {
+            bail!("kwok stage {} is missing", path.display());
+        }
+        args.push(format!("--config={}", path.display()));
+    }
+    ManagedChild::spawn("kwok", &binaries.kwok, &args, &cp.dir().join("kwok.log"))
+}
+
+fn start_karpenter(
+    cp: &ControlPlane,
+    binaries: &ClusterBinaries,
+    metrics_port: u16,
+    health_port: u16,
+) -> Result<ManagedChild> {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = std::process::Command::new(&binaries.karpenter);
+    // Karpenter reads its options from the environment; `--kubeconfig` is not
+    // one of its flags (controller-runtime reads KUBECONFIG). Its argv[0]
+    // names the cluster's directory, as the other components' flags do, so
+    // `ps` tells which cluster a Karpenter belongs to.
+    command
+        .arg0(cp.dir().join("karpenter"))
+        .env("KUBECONFIG", cp.autoscaler_kubeconfig())
+        .env("DISABLE_LEADER_ELECTION", "true")
+        .env("METRICS_PORT", metrics_port.to_string())
+        .env("HEALTH_PROBE_PORT", health_port.to_string())
+        .env("LOG_LEVEL", "debug");
+    ManagedChild::spawn_command("karpenter", command, &cp.dir().join("karpenter.log"))
+}
+
+/// A plain HTTP GET on a loopback port; the body of a 200 answer.
+async fn http_get_loopback(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer without a header end")?;
+    let status = head.split_whitespace().nth(1).unwrap_or_default();
+    if status != "200" {
+        bail!("GET {path} answered {status}: {body}");
+    }
+    Ok(body.to_string())
+}
+
+/// The spec of a pod that asks for [`POD_CPU`]: one fills one node.
+/// ServiceAccount admission is off in the test control plane, so the pod
+/// needs no token; kwok "runs" it once it is bound.
+fn filler_spec() -> Value {
+    json!({
+        "containers": [{
+            "name": "work",
+            "image": "registry.invalid/work:1",
+            "resources": {"requests": {"cpu": POD_CPU}}
+        }],
+        "terminationGracePeriodSeconds": 0
+    })
+}
+
+/// A bare pod named `name` in `default` that fills one node.
+pub fn filler_pod(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": filler_spec()
+    }))
+    .expect("a valid Pod")
+}
+
+/// A Job `name` in `default` of `pods` pods at once, each filling one node
+/// and running for `run_for` (kwok's pod-complete stage finishes it then:
+/// delay and jitter both set, so the time is exact).
+pub fn filler_job(name: &str, pods: i32, run_for: Duration) -> k8s_openapi::api::batch::v1::Job {
+    let run_for = format!("{}ms", run_for.as_millis());
+    let mut spec = filler_spec();
+    spec["restartPolicy"] = json!("Never");
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {
+                    "labels": {"app": name},
+                    "annotations": {
+                        "pod-complete.stage.kwok.x-k8s.io/delay": run_for,
+                        "pod-complete.stage.kwok.x-k8s.io/jitter-delay": run_for
+                    }
+                },
+                "spec": spec
+            }
+        }
+    }))
+    .expect("a valid Job")
+}
+
+/// A Deployment `name` in `default` of `replicas` pods that each fill one
+/// node: pods that come back elsewhere when their node goes.
+pub fn filler_deployment(name: &str, replicas: i32) -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": filler_spec()}
+        }
+    }))
+    .expect("a valid Deployment")
+}
+
+/// Karpenter's NodeClaims (`karpenter.sh/v1`, cluster-scoped).
+pub fn node_claims(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "karpenter.sh".into(),
+        version: "v1".into(),
+        api_version: "karpenter.sh/v1".into(),
+        kind: "NodeClaim".into(),
+        plural: "nodeclaims".into(),
+    };
+    kube::Api::all_with(client.clone(), &resource)
+}
+
+/// Karpenter's NodePools (`karpenter.sh/v1`, cluster-scoped).
+pub fn node_pools(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "karpenter.sh".into(),
+        version: "v1".into(),
+        api_version: "karpenter.sh/v1".into(),
+        kind: "NodePool".into(),
+        plural: "nodepools".into(),
+    };
+    kube::Api::all_with(client.clone(), &resource)
+}

@@ -1,0 +1,318 @@
+//! The real Karpenter beside node-holder: waves of pods that make it launch
+//! nodes, and what it then decides about them (NodeClaims launched and
+//! deleted, its `DisruptionBlocked` and `DisruptionTerminating` Events, its
+//! disruption passes and eligible candidates from its own metrics).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use testenv::{Disruption, KarpenterCluster};
+
+/// Karpenter's message when the hold annotation blocks a node.
+pub const BLOCKED_BY_HOLD: &str =
+    "Disruption is blocked through the \"karpenter.sh/do-not-disrupt\" annotation";
+/// Karpenter's disruption loop polls every 10 s and validates a command for
+/// 15 s before acting; a minute and a half covers a few rounds of both on a
+/// loaded machine.
+pub const KARPENTER_ROUND: Duration = Duration::from_secs(90);
+
+/// A Karpenter cluster and the admin's view of what the tests watch.
+pub struct Autoscaled {
+    pub cluster: KarpenterCluster,
+    pub client: kube::Client,
+    pub pods: Api<Pod>,
+    pub nodes: Api<Node>,
+    pub claims: Api<DynamicObject>,
+    pub events: Api<Event>,
+}
+
+impl Autoscaled {
+    pub async fn start(disruption: &Disruption) -> Autoscaled {
+        let cluster = KarpenterCluster::start(disruption)
+            .await
+            .expect("the Karpenter cluster starts");
+        let client = cluster.control_plane().admin_client().await.unwrap();
+        Autoscaled {
+            pods: Api::namespaced(client.clone(), "default"),
+            nodes: Api::all(client.clone()),
+            claims: testenv::node_claims(&client),
+            events: Api::namespaced(client.clone(), "default"),
+            client,
+            cluster,
+        }
+    }
+
+    pub fn cp(&self) -> &testenv::ControlPlane {
+        self.cluster.control_plane()
+    }
+
+    /// Creates `count` pods named `{wave}-{n}` that each fill a node, and
+    /// waits until every one runs; returns the nodes they run on.
+    pub async fn wave(&mut self, wave: &str, count: usize) -> BTreeSet<String> {
+        for n in 0..count {
+            self.pods
+                .create(
+                    &PostParams::default(),
+                    &testenv::filler_pod(&format!("{wave}-{n}")),
+                )
+                .await
+                .unwrap();
+        }
+        self.until(
+            &format!("every pod of {wave} runs"),
+            KARPENTER_ROUND,
+            async |a| a.running_on(wave).await.len() == count,
+        )
+        .await;
+        self.running_nodes(wave).await
+    }
+
+    /// Creates a Deployment `name` of `replicas` pods that each fill a node,
+    /// and waits until every one runs; returns the nodes they run on.
+    pub async fn deployment(&mut self, name: &str, replicas: usize) -> BTreeSet<String> {
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), "default");
+        let count = i32::try_from(replicas).unwrap();
+        deployments
+            .create(
+                &PostParams::default(),
+                &testenv::filler_deployment(name, count),
+            )
+            .await
+            .unwrap();
+        self.until(
+            &format!("every pod of {name} runs"),
+            KARPENTER_ROUND,
+            async |a| a.running_on(name).await.len() == replicas,
+        )
+        .await;
+        self.running_nodes(name).await
+    }
+
+    /// The pods of `wave` that run, by name.
+    async fn running_on(&self, wave: &str) -> BTreeSet<String> {
+        self.wave_pods(wave)
+            .await
+            .into_iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase.as_deref() == Some("Running"))
+            })
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    }
+
+    /// The nodes the running pods of `wave` are bound to.
+    pub async fn running_nodes(&self, wave: &str) -> BTreeSet<String> {
+        self.wave_pods(wave)
+            .await
+            .into_iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase.as_deref() == Some("Running"))
+            })
+            .filter_map(|p| p.spec?.node_name)
+            .collect()
+    }
+
+    async fn wave_pods(&self, wave: &str) -> Vec<Pod> {
+        let prefix = format!("{wave}-");
+        self.pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .collect()
+    }
+
+    /// Deletes the pods of `wave` (the batch is done) and waits until they are
+    /// gone.
+    pub async fn end_wave(&mut self, wave: &str) {
+        for pod in self.wave_pods(wave).await {
+            let name = pod.metadata.name.unwrap();
+            let _ = self.pods.delete(&name, &DeleteParams::default()).await;
+        }
+        self.until(
+            &format!("the pods of {wave} gone"),
+            KARPENTER_ROUND,
+            async |a| a.wave_pods(wave).await.is_empty(),
+        )
+        .await;
+    }
+
+    /// The NodeClaims that exist, by name.
+    pub async fn claim_names(&self) -> BTreeSet<String> {
+        self.claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect()
+    }
+
+    /// The nodes of Karpenter's NodePool that exist, by name.
+    pub async fn karpenter_nodes(&self) -> BTreeSet<String> {
+        self.nodes
+            .list(&ListParams::default().labels("karpenter.sh/nodepool"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect()
+    }
+
+    /// The Nodes Karpenter's identity created, with when, from the API
+    /// server's audit log (a node that is gone again still counts).
+    pub fn nodes_launched(&self) -> BTreeMap<String, Timestamp> {
+        self.karpenter_node_requests("create")
+    }
+
+    /// The Nodes Karpenter's identity deleted, with when (audit log).
+    pub fn nodes_deleted(&self) -> BTreeMap<String, Timestamp> {
+        self.karpenter_node_requests("delete")
+    }
+
+    fn karpenter_node_requests(&self, verb: &str) -> BTreeMap<String, Timestamp> {
+        self.cp()
+            .audit_events()
+            .unwrap()
+            .into_iter()
+            .filter(|e| {
+                e["verb"] == verb
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["user"]["username"] == testenv::AUTOSCALER_USER
+                    && e["stage"] == "ResponseComplete"
+                    && e["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| (200..300).contains(&c))
+            })
+            .filter_map(|e| {
+                let name = e["objectRef"]["name"].as_str()?.to_string();
+                let at = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+                Some((name, at))
+            })
+            .collect()
+    }
+
+    /// Whether every NodeClaim whose node is in `nodes` is gone or Karpenter
+    /// has set its `Consolidatable` condition (its `consolidateAfter` ran out).
+    pub async fn consolidatable_or_gone(&self, nodes: &BTreeSet<String>) -> bool {
+        self.claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|c| {
+                c.data["status"]["nodeName"]
+                    .as_str()
+                    .is_some_and(|n| nodes.contains(n))
+            })
+            .all(|c| condition_true(c, "Consolidatable"))
+    }
+
+    /// How many times Karpenter has evaluated empty nodes for disruption.
+    pub async fn emptiness_passes(&self) -> f64 {
+        let metrics = self.cluster.karpenter_metrics().await.unwrap();
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(
+                    "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count{",
+                ) && l.contains("reason=\"empty\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Karpenter's last count of nodes it may disrupt because they are empty.
+    pub async fn eligible_empty_nodes(&self) -> f64 {
+        let metrics = self.cluster.karpenter_metrics().await.unwrap();
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("karpenter_voluntary_disruption_eligible_nodes{")
+                    && l.contains("reason=\"empty\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until Karpenter has made `passes` more disruption passes over
+    /// empty nodes than it had when called.
+    pub async fn karpenter_passes(&mut self, passes: f64) {
+        let start = self.emptiness_passes().await;
+        self.until(
+            "Karpenter's disruption passes",
+            KARPENTER_ROUND * 2,
+            async |a| a.emptiness_passes().await >= start + passes,
+        )
+        .await;
+    }
+
+    /// The messages of Karpenter's Events of `reason` about Node `node`.
+    pub async fn node_events(&self, node: &str, reason: &str) -> Vec<String> {
+        self.events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some("Node")
+                    && e.involved_object.name.as_deref() == Some(node)
+                    && e.reason.as_deref() == Some(reason)
+            })
+            .filter_map(|e| e.message)
+            .collect()
+    }
+
+    /// Polls `check` every 200 ms until it holds; fails after `limit` with
+    /// what Karpenter and the cluster look like, or at once if a component
+    /// of the cluster has exited.
+    pub async fn until<F>(&mut self, what: &str, limit: Duration, mut check: F)
+    where
+        F: AsyncFnMut(&Autoscaled) -> bool,
+    {
+        let deadline = Instant::now() + limit;
+        loop {
+            if check(self).await {
+                return;
+            }
+            self.cluster.check_running().unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {limit:?}; NodeClaims {:?}, Karpenter nodes {:?}",
+                self.claim_names().await,
+                self.karpenter_nodes().await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Whether `object`'s status condition `kind` is `True`.
+pub fn condition_true(object: &DynamicObject, kind: &str) -> bool {
+    object.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == kind && c["status"] == "True")
+        })
+}

@@ -1,0 +1,356 @@
+//! What node-holder is for, with the real Karpenter deciding: without it,
+//! Karpenter removes empty nodes within `consolidateAfter` and launches new
+//! ones for the next wave; with it, Karpenter keeps the held nodes for the
+//! window, says why, reuses them, and consolidates them once the window
+//! closes. Karpenter's KWOK provider creates every Node through the API, so
+//! each one goes through node-holder's webhook like a kubelet registration.
+
+mod common;
+#[path = "common/karpenter.rs"]
+mod karpenter;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use testenv::Disruption;
+
+use common::window::{HOLD, annotate, at, sleep_until, window};
+use common::{Served, register_webhook, serve};
+use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND, condition_true};
+
+/// What one run of [`two_waves`] saw.
+struct TwoWaves {
+    /// The nodes the first wave ran on.
+    first: BTreeSet<String>,
+    /// The nodes the second wave ran on.
+    second: BTreeSet<String>,
+    /// Nodes Karpenter had launched before the second wave, and after it.
+    launched_before_second: usize,
+    launched_after_second: usize,
+}
+
+/// The batch day in miniature: three pods that each need a node; the wave
+/// ends; Karpenter gets its chance (every node's `consolidateAfter` has run
+/// out, by Karpenter's own `Consolidatable` condition, and it has evaluated
+/// empty nodes twice since); then the same three pods come back.
+async fn two_waves(a: &mut Autoscaled) -> TwoWaves {
+    let first = a.wave("wave-1", 3).await;
+    assert_eq!(first.len(), 3, "one node a pod: {first:?}");
+    a.end_wave("wave-1").await;
+    a.until(
+        "the first wave's nodes consolidatable (or gone)",
+        KARPENTER_ROUND,
+        async |a| a.consolidatable_or_gone(&first).await,
+    )
+    .await;
+    a.karpenter_passes(2.0).await;
+    let launched_before_second = a.nodes_launched().len();
+    let second = a.wave("wave-2", 3).await;
+    TwoWaves {
+        first,
+        second,
+        launched_before_second,
+        launched_after_second: a.nodes_launched().len(),
+    }
+}
+
+/// node-holder's window record in its namespace.
+fn records(a: &Autoscaled) -> Api<ConfigMap> {
+    Api::namespaced(a.client.clone(), testenv::NODE_HOLDER_NAMESPACE)
+}
+
+/// `node-holder serve` with `flags`, registered as the cluster's webhook.
+async fn install_node_holder(a: &Autoscaled, flags: &[&str]) -> Served {
+    let mut args = vec![
+        "--coalesce-idle=200ms",
+        "--coalesce-max=1s",
+        "--lease-duration=3s",
+    ];
+    args.extend_from_slice(flags);
+    let served = serve(a.cp(), &args).await;
+    register_webhook(a.cp(), &served).await;
+    served
+}
+
+/// Every node Karpenter created went through node-holder's webhook and came
+/// out held (the API server's audit log of each CREATE).
+fn created_held(a: &Autoscaled, nodes: &BTreeSet<String>) {
+    let events = a.cp().audit_events().unwrap();
+    for node in nodes {
+        let create = events
+            .iter()
+            .find(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["objectRef"]["name"] == node.as_str()
+                    && e["stage"] == "ResponseComplete"
+            })
+            .unwrap_or_else(|| panic!("no audit event of {node}'s create"));
+        assert_eq!(
+            create["user"]["username"],
+            testenv::AUTOSCALER_USER,
+            "{create}"
+        );
+        assert_eq!(
+            create["annotations"]["hold.node-holder.dev/decision"], "held",
+            "{create}"
+        );
+        let mutation: serde_json::Value = serde_json::from_str(
+            create["annotations"]["mutation.webhook.admission.k8s.io/round_0_index_0"]
+                .as_str()
+                .unwrap_or("{}"),
+        )
+        .unwrap();
+        assert_eq!(mutation["mutated"], true, "{create}");
+    }
+}
+
+#[tokio::test]
+async fn without_node_holder_karpenter_removes_empty_nodes_and_launches_new_ones_for_the_next_wave()
+{
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let waves = two_waves(&mut a).await;
+
+    // Karpenter consolidated every node of the first wave, as empty...
+    let first = waves.first.clone();
+    a.until(
+        "the first wave's nodes deleted",
+        KARPENTER_ROUND,
+        async |a| first.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    for node in &waves.first {
+        let said = a.node_events(node, "DisruptionTerminating").await;
+        assert!(said.iter().any(|m| m.contains("Empty")), "{node}: {said:?}");
+    }
+    // ...so the second wave needed three new nodes: the churn.
+    assert!(
+        waves.first.is_disjoint(&waves.second),
+        "{:?} {:?}",
+        waves.first,
+        waves.second
+    );
+    assert_eq!(
+        waves.launched_after_second,
+        waves.launched_before_second + 3
+    );
+}
+
+#[tokio::test]
+async fn with_node_holder_karpenter_keeps_the_held_nodes_reuses_them_and_consolidates_them_after_the_window()
+ {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    // Long enough to outlast Karpenter's two-minute silence on a node it has
+    // already told about (it reports one reason per node per two minutes, and
+    // the first may be "not initialized yet").
+    let _served = install_node_holder(&a, &["--hold-duration=180s"]).await;
+    let records = records(&a);
+    let waves = two_waves(&mut a).await;
+
+    // Held from their CREATE on, by node-holder's webhook.
+    created_held(&a, &waves.first);
+    let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
+
+    // Karpenter's consolidateAfter ran out and it looked twice, yet it found
+    // no empty node it may disrupt and deleted nothing; the second wave ran
+    // on the held nodes and Karpenter launched nothing for it.
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+    assert_eq!(waves.second, waves.first);
+    assert_eq!(waves.launched_after_second, waves.launched_before_second);
+    assert_eq!(waves.launched_before_second, 3);
+    a.end_wave("wave-2").await;
+
+    // Karpenter says why, on every held node, before the window closes.
+    let first = waves.first.clone();
+    let open_for =
+        Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+    a.until(
+        "Karpenter blames the hold on every node",
+        open_for,
+        async |a| {
+            for node in &first {
+                if !a
+                    .node_events(node, "DisruptionBlocked")
+                    .await
+                    .iter()
+                    .any(|m| m == BLOCKED_BY_HOLD)
+                {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    assert_eq!(a.eligible_empty_nodes().await, 0.0);
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+
+    // The window closes, node-holder strips its holds, and Karpenter
+    // consolidates every node, none of them before the deadline.
+    a.until(
+        "the held nodes consolidated after the window",
+        KARPENTER_ROUND * 3,
+        async |a| first.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    let deleted = a.nodes_deleted();
+    for node in &waves.first {
+        assert!(
+            deleted[node] >= deadline,
+            "{node} deleted at {} < {deadline}",
+            deleted[node]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hold_a_user_put_on_a_karpenter_node_outlives_node_holders_release() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    // A node Karpenter launched before node-holder came, held by hand.
+    let kept = a.wave("kept", 1).await;
+    let kept = kept.first().unwrap().clone();
+    annotate(&a.nodes, &kept, HOLD, "true").await;
+
+    let served = install_node_holder(&a, &["--hold-duration=30s"]).await;
+    let records = records(&a);
+    let wave = a.wave("wave", 2).await;
+    created_held(&a, &wave);
+    let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
+    a.end_wave("kept").await;
+    a.end_wave("wave").await;
+
+    // After the window node-holder's nodes go, the user's stays.
+    a.until(
+        "node-holder's nodes consolidated",
+        KARPENTER_ROUND * 2,
+        async |a| wave.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    let deleted = a.nodes_deleted();
+    for node in &wave {
+        assert!(deleted[node] >= deadline, "{node}");
+    }
+    a.karpenter_passes(2.0).await;
+    assert!(!a.nodes_deleted().contains_key(&kept));
+    let node = a.nodes.get(&kept).await.unwrap();
+    let annotations = node.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(HOLD).map(String::as_str),
+        Some("true"),
+        "{annotations:?}"
+    );
+    assert_eq!(a.eligible_empty_nodes().await, 0.0);
+    drop(served);
+}
+
+#[tokio::test]
+async fn in_node_scope_karpenter_removes_old_nodes_at_once_and_each_new_node_after_its_own_hold() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let old = a.wave("old", 1).await;
+    let old = old.first().unwrap().clone();
+    // Old means older than the hold: a node created within the hold
+    // duration before node-holder started is as new to it as any other.
+    let hold = Duration::from_secs(30);
+    sleep_until(a.nodes_launched()[&old] + hold + Duration::from_secs(1)).await;
+
+    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=30s"]).await;
+    let new = a.wave("new", 1).await;
+    let new = new.first().unwrap().clone();
+    created_held(&a, &BTreeSet::from([new.clone()]));
+    let new_created = a.nodes_launched()[&new];
+    a.end_wave("old").await;
+    a.end_wave("new").await;
+
+    // The old node is not node-holder's to hold in node scope: Karpenter
+    // removes it as soon as it is empty; the new one only after its hold.
+    a.until("both nodes consolidated", KARPENTER_ROUND * 2, async |a| {
+        let deleted = a.nodes_deleted();
+        deleted.contains_key(&old) && deleted.contains_key(&new)
+    })
+    .await;
+    let deleted = a.nodes_deleted();
+    let held_until = new_created + hold;
+    assert!(
+        deleted[&old] < held_until,
+        "{deleted:?}, new node held until {held_until}"
+    );
+    assert!(
+        deleted[&new] >= held_until,
+        "{deleted:?}, new node held until {held_until}"
+    );
+}
+
+#[tokio::test]
+async fn the_hold_blocks_drift_too_until_it_ends() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let hold = Duration::from_secs(45);
+    // Node scope: the replacement Karpenter launches for the drifted node is
+    // held on its own and does not hold the drifted one again.
+    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=45s"]).await;
+    let nodes = a.deployment("busy", 1).await;
+    let drifting = nodes.first().unwrap().clone();
+    let held_until: Timestamp = a.nodes_launched()[&drifting] + hold;
+
+    // The NodePool's template changes (a new label): the node has drifted.
+    testenv::node_pools(&a.client)
+        .patch(
+            testenv::NODE_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    a.until(
+        "Karpenter sees the node drifted",
+        KARPENTER_ROUND,
+        async |a| {
+            a.claims
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|c| {
+                    c.data["status"]["nodeName"] == drifting.as_str()
+                        && condition_true(c, "Drifted")
+                })
+        },
+    )
+    .await;
+    let drifted_at = Timestamp::now();
+    assert!(
+        drifted_at < held_until,
+        "drift seen at {drifted_at}, after the hold ended"
+    );
+
+    // Held, the drifted node stays; after the hold Karpenter replaces it.
+    a.until(
+        "the drifted node replaced",
+        KARPENTER_ROUND * 2,
+        async |a| a.nodes_deleted().contains_key(&drifting),
+    )
+    .await;
+    let deleted: BTreeMap<String, Timestamp> = a.nodes_deleted();
+    assert!(
+        deleted[&drifting] >= held_until,
+        "{deleted:?}, held until {held_until}"
+    );
+    let said = a.node_events(&drifting, "DisruptionTerminating").await;
+    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
+    // The pod moved to the replacement, a new node Karpenter launched.
+    a.until(
+        "the pod runs on the replacement",
+        KARPENTER_ROUND,
+        async |a| {
+            let now = a.running_nodes("busy").await;
+            now.len() == 1 && !now.contains(&drifting)
+        },
+    )
+    .await;
+}
