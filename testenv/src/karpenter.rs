@@ -123,6 +123,32 @@ impl KarpenterCluster {
         http_get_loopback(self.karpenter_metrics_port, "/metrics").await
     }
 
+    /// How many times Karpenter's disruption loop has evaluated `reason`
+    /// (`empty`, `underutilized`, `drifted`): its own
+    /// `decision_evaluation_duration_seconds` count.
+    pub async fn disruption_passes(&self, reason: &str) -> Result<f64> {
+        let metrics = self.karpenter_metrics().await?;
+        Ok(samples(
+            &metrics,
+            "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count",
+            reason,
+        )
+        .sum())
+    }
+
+    /// How many nodes Karpenter last found it may disrupt for `reason`
+    /// (its `eligible_nodes` gauge; 0 before its first pass).
+    pub async fn eligible_nodes(&self, reason: &str) -> Result<f64> {
+        let metrics = self.karpenter_metrics().await?;
+        Ok(samples(
+            &metrics,
+            "karpenter_voluntary_disruption_eligible_nodes",
+            reason,
+        )
+        .next()
+        .unwrap_or(0.0))
+    }
+
     /// The binaries the cluster runs.
     pub fn binaries(&self) -> &ClusterBinaries {
         &self.binaries
@@ -324,6 +350,17 @@ fn start_karpenter(
         .env("HEALTH_PROBE_PORT", health_port.to_string())
         .env("LOG_LEVEL", "debug");
     ManagedChild::spawn_command("karpenter", command, &cp.dir().join("karpenter.log"))
+}
+
+/// The values of metric `name`'s series labelled `reason="{reason}"` in
+/// Prometheus text.
+fn samples<'a>(metrics: &'a str, name: &str, reason: &str) -> impl Iterator<Item = f64> + 'a {
+    let prefix = format!("{name}{{");
+    let label = format!("reason=\"{reason}\"");
+    metrics
+        .lines()
+        .filter(move |l| l.starts_with(&prefix) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
 }
 
 /// A plain HTTP GET on a loopback port; the body of a 200 answer.

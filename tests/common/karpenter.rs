@@ -229,29 +229,12 @@ impl Autoscaled {
 
     /// How many times Karpenter has evaluated empty nodes for disruption.
     pub async fn emptiness_passes(&self) -> f64 {
-        let metrics = self.cluster.karpenter_metrics().await.unwrap();
-        metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with(
-                    "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count{",
-                ) && l.contains("reason=\"empty\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.cluster.disruption_passes("empty").await.unwrap()
     }
 
     /// Karpenter's last count of nodes it may disrupt because they are empty.
     pub async fn eligible_empty_nodes(&self) -> f64 {
-        let metrics = self.cluster.karpenter_metrics().await.unwrap();
-        metrics
-            .lines()
-            .find(|l| {
-                l.starts_with("karpenter_voluntary_disruption_eligible_nodes{")
-                    && l.contains("reason=\"empty\"")
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0.0)
+        self.cluster.eligible_nodes("empty").await.unwrap()
     }
 
     /// Waits until Karpenter has made `passes` more disruption passes over

@@ -1,14 +1,18 @@
-//! `cargo xtask demo`: node-holder's whole job on a real control plane, live.
+//! `cargo xtask demo`: node-holder's whole job with the real Karpenter, live.
 //!
-//! It starts etcd and kube-apiserver on loopback, runs `node-holder serve`
-//! with development certificates, the url-based webhook registration of
-//! `webhook-config/webhook-local.yaml` and the RBAC of
-//! `webhook-config/rbac.yaml`, then creates nodes the way a Karpenter
-//! scale-up does: a burst, a pause, another burst, and after the release one
-//! more node in a quiet cluster. A line is printed whenever the window or the
-//! holds change. Every process it started stops with it, Ctrl-C included.
+//! It starts a small cluster on loopback (etcd, kube-apiserver,
+//! kube-scheduler, kube-controller-manager, kwok as every kubelet, and
+//! Karpenter's KWOK provider, all built from pinned Go modules), runs `node-holder
+//! serve` with development certificates, the url-based webhook registration
+//! of `webhook-config/webhook-local.yaml` and the RBAC of
+//! `webhook-config/rbac.yaml`, then plays two waves of batch pods: Karpenter
+//! launches nodes for the first, node-holder holds them from their creation,
+//! the wave ends and Karpenter wants the empty nodes gone but is blocked, the
+//! second wave runs on the held nodes, the window closes and Karpenter
+//! consolidates. One line is printed per thing that happens. Every process
+//! it started stops with it, Ctrl-C included.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -16,56 +20,106 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use testenv::{ControlPlane, ManagedChild};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use testenv::{Disruption, KarpenterCluster, ManagedChild};
 
 /// How the demo runs.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// node-holder's --hold-duration: how long each new node holds the cluster.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub hold_duration: Duration,
 
-    /// The pause between the two bursts of the scale-up.
-    #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
-    pub pause: Duration,
+    /// Pods in each wave; each needs a node of its own.
+    #[arg(long, default_value_t = 3)]
+    pub pods: usize,
 
-    /// A short run (4s holds, 2s pause) that exits when done: what the test runs.
+    /// A short run (2 pods, 30s holds) that exits when done: what the test runs.
     #[arg(long)]
     pub quick: bool,
 }
 
 const HELD_LABEL: &str = "node-holder.dev/held";
 const RECORD: &str = "node-holder-window";
+/// The NodePool's consolidateAfter: Karpenter would remove an empty node
+/// this long after its last pod left.
+const CONSOLIDATE_AFTER: &str = "5s";
+/// Karpenter polls for disruption every 10 s and validates a decision for
+/// 15 s; anything it does comes within a few such rounds.
+const KARPENTER_ROUNDS: Duration = Duration::from_secs(120);
 
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let (hold, pause) = if args.quick {
-        (Duration::from_secs(4), Duration::from_secs(2))
+    let (hold, pods) = if args.quick {
+        (Duration::from_secs(30), 2)
     } else {
-        (args.hold_duration, args.pause)
+        (args.hold_duration, args.pods.max(1))
     };
     tokio::select! {
-        result = demo(hold, pause) => result,
+        result = demo(hold, pods) => result,
         _ = tokio::signal::ctrl_c() => {
-            println!("\ndemo: interrupted; stopping node-holder, kube-apiserver and etcd");
+            println!("\ndemo: interrupted; stopping node-holder, Karpenter, kwok and the control plane");
             Ok(())
         }
     }
 }
 
-async fn demo(hold: Duration, pause: Duration) -> Result<()> {
+async fn demo(hold: Duration, pods: usize) -> Result<()> {
     let started = Instant::now();
-    say("starting etcd and kube-apiserver on loopback (the first run builds them)…");
-    let cp = ControlPlane::start().await?;
+    let mut cluster = start_cluster().await?;
+    say(&format!("cluster ready in {:.1?}", started.elapsed()));
+    let (_serve, log) = start_node_holder(&cluster, hold).await?;
+    let client = cluster.control_plane().admin_client().await?;
     say(&format!(
-        "control plane ready in {:.1?} at {}",
-        started.elapsed(),
-        cp.url()
+        "watch along: kubectl --kubeconfig {} get nodes -L {HELD_LABEL} -w",
+        cluster.control_plane().admin_kubeconfig().display()
     ));
+    println!();
+    let mut story = Story::new(client, pods);
+    story.play(&mut cluster).await?;
+    println!();
+    let launched = story.launched.len();
+    say(&format!(
+        "done in {:.0?}: Karpenter launched {launched} nodes for two waves of {pods} pods, \
+         kept them while node-holder's window was open, and consolidated them once it closed; \
+         node-holder's log: {}",
+        started.elapsed(),
+        log.display()
+    ));
+    cluster.check_running()?;
+    Ok(())
+}
+
+async fn start_cluster() -> Result<KarpenterCluster> {
+    say(&format!(
+        "starting a small cluster on loopback: etcd, kube-apiserver, kube-scheduler, \
+         kube-controller-manager, kwok (the kubelets) and Karpenter {} with its KWOK provider \
+         (the first run builds them from their Go modules: about 15 minutes on 2 cores)…",
+        testenv::karpenter_version()?
+    ));
+    let disruption = Disruption {
+        consolidation_policy: "WhenEmpty".into(),
+        consolidate_after: CONSOLIDATE_AFTER.into(),
+        budgets: serde_json::json!([{"nodes": "100%"}]),
+    };
+    let cluster = KarpenterCluster::start(&disruption).await?;
+    say(&format!(
+        "NodePool \"{}\": {} nodes (one pod each), consolidationPolicy WhenEmpty, consolidateAfter {CONSOLIDATE_AFTER}",
+        testenv::NODE_POOL,
+        testenv::INSTANCE_TYPE
+    ));
+    Ok(cluster)
+}
+
+/// Builds node-holder, starts `serve` as its least-privilege identity and
+/// registers the webhook; returns the process and its log's path.
+async fn start_node_holder(
+    cluster: &KarpenterCluster,
+    hold: Duration,
+) -> Result<(ManagedChild, PathBuf)> {
+    let cp = cluster.control_plane();
     say("building node-holder…");
     let binary = build_node_holder()?;
-
     let certs = cp.dir().join("certs");
     let status = Command::new(&binary)
         .args(["certs", "--out-dir"])
@@ -78,8 +132,7 @@ async fn demo(hold: Duration, pause: Duration) -> Result<()> {
         bail!("node-holder certs failed: {status}");
     }
     cp.install_node_holder_rbac().await?;
-    let webhook_port = free_port()?;
-    let admin_port = free_port()?;
+    let (webhook_port, admin_port) = (free_port()?, free_port()?);
     let log = cp.dir().join("node-holder.log");
     let mut serve = Command::new(&binary);
     serve
@@ -106,15 +159,8 @@ async fn demo(hold: Duration, pause: Duration) -> Result<()> {
         .env("KUBECONFIG", cp.node_holder_kubeconfig());
     let mut serve = ManagedChild::spawn_command("node-holder", serve, &log)?;
     wait_ready(&mut serve, admin_port).await?;
-    say(&format!(
-        "node-holder serve is running as its own least-privilege identity (hold {}, cluster scope); its log: {}",
-        humantime::format_duration(hold),
-        log.display()
-    ));
-
-    let client = cp.admin_client().await?;
     let ca = std::fs::read(certs.join("ca.crt")).context("reading the development CA")?;
-    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(cp.admin_client().await?);
     configs
         .create(
             &PostParams::default(),
@@ -122,67 +168,336 @@ async fn demo(hold: Duration, pause: Duration) -> Result<()> {
         )
         .await
         .context("registering the webhook")?;
-    say(
-        "webhook registered from webhook-config/webhook-local.yaml; the API server now calls node-holder on every Node CREATE",
-    );
     say(&format!(
-        "watch along: kubectl --kubeconfig {} get nodes -L {HELD_LABEL} -w",
-        cp.admin_kubeconfig().display()
+        "node-holder serve runs as its own least-privilege identity (hold {}, cluster scope), \
+         registered from webhook-config/webhook-local.yaml; its log: {}",
+        humantime::format_duration(hold),
+        log.display()
     ));
-    println!();
-    println!(
-        "{:>8}  {:<58} {:<16} held",
-        "time", "what happened", "window"
-    );
+    Ok((serve, log))
+}
 
-    let mut monitor = Monitor::new(client.clone());
-    let nodes: Api<Node> = Api::all(client);
-    let t0 = Instant::now();
-    let mut scenario = Scenario { nodes: &nodes, t0 };
-    scenario
-        .burst(
-            "burst 1: Karpenter scales up",
-            &["wave-1-a", "wave-1-b", "wave-1-c"],
-        )
-        .await?;
-    monitor.follow_for(t0, pause).await?;
-    scenario
-        .burst(
-            "burst 2: more pending pods, more nodes",
-            &["wave-2-a", "wave-2-b"],
-        )
-        .await?;
-    monitor.follow_until_closed(t0, hold * 3).await?;
-    monitor.follow_for(t0, Duration::from_secs(2)).await?;
-    scenario
-        .burst("one more node joins the quiet cluster", &["late-1"])
-        .await?;
-    monitor.follow_until_closed(t0, hold * 3).await?;
-    println!();
-    let held = monitor.state().await?.held;
-    if held != 0 {
-        bail!(
-            "{held} node(s) still held after the window closed; see {}",
-            log.display()
+/// The two waves, told as they happen.
+struct Story {
+    pods: Api<Pod>,
+    nodes: Api<Node>,
+    events: Api<Event>,
+    claims: Api<DynamicObject>,
+    record: Api<ConfigMap>,
+    per_wave: usize,
+    t0: Instant,
+    /// Nodes seen so far, and the ones seen gone.
+    launched: BTreeSet<String>,
+    gone: BTreeSet<String>,
+    /// Events already told, by name.
+    told: BTreeSet<String>,
+    /// Waves whose pods all run.
+    running: BTreeSet<String>,
+    /// NodeClaims whose consolidateAfter has run out.
+    consolidatable: usize,
+    deadline: Option<String>,
+    released: bool,
+}
+
+impl Story {
+    fn new(client: kube::Client, per_wave: usize) -> Self {
+        Story {
+            pods: Api::namespaced(client.clone(), "default"),
+            nodes: Api::all(client.clone()),
+            events: Api::namespaced(client.clone(), "default"),
+            claims: testenv::node_claims(&client),
+            record: Api::namespaced(client, testenv::NODE_HOLDER_NAMESPACE),
+            per_wave,
+            t0: Instant::now(),
+            launched: BTreeSet::new(),
+            gone: BTreeSet::new(),
+            told: BTreeSet::new(),
+            running: BTreeSet::new(),
+            consolidatable: 0,
+            deadline: None,
+            released: false,
+        }
+    }
+
+    async fn play(&mut self, cluster: &mut KarpenterCluster) -> Result<()> {
+        println!("{:>8}  what happened", "time");
+        self.wave(cluster, "wave-1").await?;
+        let first = self.launched.clone();
+        self.end_wave(cluster, "wave-1").await?;
+        self.tell(&format!(
+            "Karpenter would remove the {} empty nodes now (their consolidateAfter has run out)",
+            first.len()
+        ));
+        self.karpenter_looks(cluster).await?;
+        self.wave(cluster, "wave-2").await?;
+        let reused = self.launched == first;
+        self.tell(&if reused {
+            "wave-2 runs on the held nodes: Karpenter launched no node for it".to_string()
+        } else {
+            format!(
+                "wave-2 needed new nodes: {:?}",
+                self.launched.difference(&first)
+            )
+        });
+        self.end_wave(cluster, "wave-2").await?;
+        self.follow(cluster, "Karpenter consolidates after the window", |s| {
+            s.released && s.gone.is_superset(&s.launched)
+        })
+        .await
+    }
+
+    /// Creates the wave's pods and follows until every one runs.
+    async fn wave(&mut self, cluster: &mut KarpenterCluster, wave: &str) -> Result<()> {
+        for n in 0..self.per_wave {
+            self.pods
+                .create(
+                    &PostParams::default(),
+                    &testenv::filler_pod(&format!("{wave}-{n}")),
+                )
+                .await?;
+        }
+        self.tell(&format!(
+            "{wave}: {} pods arrive; each needs a node of its own",
+            self.per_wave
+        ));
+        self.follow(cluster, "the wave's pods running", |s| {
+            s.running.contains(wave)
+        })
+        .await
+    }
+
+    /// Deletes the wave's pods (the batch is done) and follows until its
+    /// nodes are empty and Karpenter would remove them, were they not held.
+    async fn end_wave(&mut self, cluster: &mut KarpenterCluster, wave: &str) -> Result<()> {
+        for n in 0..self.per_wave {
+            let name = format!("{wave}-{n}");
+            self.pods.delete(&name, &DeleteParams::default()).await?;
+        }
+        self.tell(&format!(
+            "{wave} is done: its pods are gone, the nodes are empty"
+        ));
+        self.running.remove(wave);
+        self.follow(cluster, "Karpenter's consolidateAfter run out", |s| {
+            s.released || s.consolidatable >= s.launched.len().saturating_sub(s.gone.len())
+        })
+        .await
+    }
+
+    /// Follows until Karpenter's disruption loop has looked at the empty
+    /// nodes once more, and tells how many it found it may remove.
+    async fn karpenter_looks(&mut self, cluster: &mut KarpenterCluster) -> Result<()> {
+        let before = cluster.disruption_passes("empty").await?;
+        let deadline = Instant::now() + KARPENTER_ROUNDS;
+        while cluster.disruption_passes("empty").await? <= before {
+            self.look().await?;
+            cluster.check_running()?;
+            if Instant::now() > deadline {
+                bail!("Karpenter's disruption loop did not run within {KARPENTER_ROUNDS:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let eligible = cluster.eligible_nodes("empty").await?;
+        let empty = self.launched.len().saturating_sub(self.gone.len());
+        self.tell(&format!(
+            "Karpenter looked: {eligible} of {empty} empty nodes may go; \
+             the others carry karpenter.sh/do-not-disrupt"
+        ));
+        Ok(())
+    }
+
+    /// Looks every 250 ms, telling what changed, until `done`.
+    async fn follow(
+        &mut self,
+        cluster: &mut KarpenterCluster,
+        what: &str,
+        done: impl Fn(&Story) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + KARPENTER_ROUNDS * 2;
+        loop {
+            self.look().await?;
+            if done(self) {
+                return Ok(());
+            }
+            cluster.check_running()?;
+            if Instant::now() > deadline {
+                bail!("{what}: not within {:?}", KARPENTER_ROUNDS * 2);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// One look at the cluster: new and gone nodes, the window, and what
+    /// Karpenter said about the nodes.
+    async fn look(&mut self) -> Result<()> {
+        self.look_at_pods().await?;
+        self.look_at_nodes().await?;
+        self.look_at_claims().await?;
+        self.look_at_window().await?;
+        self.look_at_events().await
+    }
+
+    /// Tells when every pod of a wave runs.
+    async fn look_at_pods(&mut self) -> Result<()> {
+        let mut running: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in self.pods.list(&ListParams::default()).await?.items {
+            let phase = pod.status.and_then(|s| s.phase);
+            if let (Some(name), Some("Running")) = (pod.metadata.name, phase.as_deref())
+                && let Some((wave, _)) = name.rsplit_once('-')
+            {
+                *running.entry(wave.to_string()).or_default() += 1;
+            }
+        }
+        for (wave, count) in running {
+            if count >= self.per_wave && self.running.insert(wave.clone()) {
+                self.tell(&format!("{wave}: {count}/{} pods running", self.per_wave));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the NodeClaims Karpenter calls `Consolidatable`.
+    async fn look_at_claims(&mut self) -> Result<()> {
+        self.consolidatable = self
+            .claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| {
+                c.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Consolidatable" && c["status"] == "True")
+                })
+            })
+            .count();
+        Ok(())
+    }
+
+    async fn look_at_nodes(&mut self) -> Result<()> {
+        let nodes = self
+            .nodes
+            .list_metadata(&ListParams::default().labels("karpenter.sh/nodepool"))
+            .await?;
+        let mut now = BTreeSet::new();
+        for node in nodes.items {
+            let Some(name) = node.metadata.name else {
+                continue;
+            };
+            if self.launched.insert(name.clone()) {
+                let held = node
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(HELD_LABEL));
+                self.tell(&format!(
+                    "Karpenter launched node {name}{}",
+                    if held {
+                        ", held by node-holder from its creation"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            now.insert(name);
+        }
+        let gone: Vec<String> = self.launched.difference(&now).cloned().collect();
+        for name in gone {
+            if self.gone.insert(name.clone()) {
+                self.tell(&format!("node {name} is gone"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn look_at_window(&mut self) -> Result<()> {
+        let deadline = match self.record.get_opt(RECORD).await? {
+            Some(config_map) => {
+                let window: serde_json::Value = config_map
+                    .data
+                    .and_then(|d| d.get("window.json").cloned())
+                    .map(|text| serde_json::from_str(&text))
+                    .transpose()?
+                    .unwrap_or_default();
+                window["open"]["deadline"].as_str().map(str::to_string)
+            }
+            None => None,
+        };
+        if deadline == self.deadline {
+            return Ok(());
+        }
+        match (&self.deadline, &deadline) {
+            (None, Some(d)) => self.tell(&format!(
+                "node-holder's hold window opened: every node is held until {}",
+                self.clock(d)
+            )),
+            (Some(_), Some(d)) => self.tell(&format!("window extended to {}", self.clock(d))),
+            (Some(_), None) => {
+                self.released = true;
+                self.tell("window closed: node-holder strips its holds");
+            }
+            (None, None) => {}
+        }
+        self.deadline = deadline;
+        Ok(())
+    }
+
+    /// Karpenter's DisruptionBlocked and DisruptionTerminating Events on
+    /// nodes, each told once.
+    async fn look_at_events(&mut self) -> Result<()> {
+        let mut events = self.events.list(&ListParams::default()).await?.items;
+        events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        let mut said = BTreeMap::new();
+        for event in events {
+            let (Some(name), Some(reason)) = (event.metadata.name.clone(), event.reason.clone())
+            else {
+                continue;
+            };
+            if event.involved_object.kind.as_deref() != Some("Node")
+                || !matches!(
+                    reason.as_str(),
+                    "DisruptionBlocked" | "DisruptionTerminating"
+                )
+                || self.told.contains(&name)
+            {
+                continue;
+            }
+            let node = event.involved_object.name.unwrap_or_default();
+            said.insert(
+                name,
+                format!("Karpenter on {node}: {}", event.message.unwrap_or_default()),
+            );
+        }
+        for (name, line) in said {
+            self.told.insert(name);
+            self.tell(&line);
+        }
+        Ok(())
+    }
+
+    fn tell(&self, what: &str) {
+        println!(
+            "{:>8}  {what}",
+            format!("+{:.1}s", self.t0.elapsed().as_secs_f64())
         );
     }
-    say(&format!(
-        "done in {:.0?}: every node was held from the instant it existed, the cluster stayed held while nodes kept coming, and node-holder released every hold it placed",
-        started.elapsed()
-    ));
-    serve.check_running()?;
-    Ok(())
+
+    /// An RFC 3339 time as seconds since the story began (`+62.0s`).
+    fn clock(&self, rfc3339: &str) -> String {
+        use k8s_openapi::jiff::Timestamp;
+        match rfc3339.parse::<Timestamp>() {
+            Ok(at) => {
+                let ahead = at.duration_since(Timestamp::now()).as_secs_f64();
+                format!("+{:.1}s", self.t0.elapsed().as_secs_f64() + ahead)
+            }
+            Err(_) => rfc3339.to_string(),
+        }
+    }
 }
 
 fn say(text: &str) {
     println!("demo: {text}");
 }
 
-fn stamp(t0: Instant) -> String {
-    format!("+{:.1}s", t0.elapsed().as_secs_f64())
-}
-
-/// The target directory's node-holder, built now.
 fn build_node_holder() -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -234,172 +549,5 @@ async fn wait_ready(serve: &mut ManagedChild, admin_port: u16) -> Result<()> {
             bail!("node-holder never turned ready:\n{}", serve.log_tail());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-struct Scenario<'a> {
-    nodes: &'a Api<Node>,
-    t0: Instant,
-}
-
-impl Scenario<'_> {
-    async fn burst(&mut self, what: &str, names: &[&str]) -> Result<()> {
-        let mut labels = BTreeMap::new();
-        labels.insert("karpenter.sh/nodepool".to_string(), "default".to_string());
-        for name in names {
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    labels: Some(labels.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..Node::default()
-            };
-            let created = self
-                .nodes
-                .create(&PostParams::default(), &node)
-                .await
-                .with_context(|| format!("creating node {name}"))?;
-            let held_at_birth = created
-                .metadata
-                .labels
-                .is_some_and(|l| l.contains_key(HELD_LABEL));
-            if !held_at_birth {
-                bail!("node {name} was created without the hold: the webhook was not called");
-            }
-        }
-        println!(
-            "{:>8}  {:<58}",
-            stamp(self.t0),
-            format!("{what}: {} (held at creation)", names.join(", "))
-        );
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct State {
-    deadline: Option<String>,
-    held: usize,
-    total: usize,
-}
-
-/// Prints a line whenever the window or the held count changes.
-struct Monitor {
-    nodes: Api<Node>,
-    record: Api<ConfigMap>,
-    last: Option<State>,
-}
-
-impl Monitor {
-    fn new(client: kube::Client) -> Self {
-        Monitor {
-            nodes: Api::all(client.clone()),
-            record: Api::namespaced(client, testenv::NODE_HOLDER_NAMESPACE),
-            last: None,
-        }
-    }
-
-    async fn state(&self) -> Result<State> {
-        let nodes = self.nodes.list_metadata(&ListParams::default()).await?;
-        let held = nodes
-            .items
-            .iter()
-            .filter(|n| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.contains_key(HELD_LABEL))
-            })
-            .count();
-        let deadline = match self.record.get_opt(RECORD).await? {
-            Some(config_map) => {
-                let window: serde_json::Value = config_map
-                    .data
-                    .and_then(|d| d.get("window.json").cloned())
-                    .map(|text| serde_json::from_str(&text))
-                    .transpose()?
-                    .unwrap_or_default();
-                window["open"]["deadline"].as_str().map(str::to_string)
-            }
-            None => None,
-        };
-        Ok(State {
-            deadline,
-            held,
-            total: nodes.items.len(),
-        })
-    }
-
-    /// Prints what changed since the last look.
-    async fn look(&mut self, t0: Instant) -> Result<State> {
-        let state = self.state().await?;
-        if self.last.as_ref() != Some(&state) {
-            let (last_deadline, last_held) = self
-                .last
-                .as_ref()
-                .map_or((None, 0), |l| (l.deadline.as_deref(), l.held));
-            let what = match (last_deadline, state.deadline.as_deref()) {
-                (None, Some(_)) => "hold window opened: every node in scope is held",
-                (Some(a), Some(b)) if a != b => "window extended to the newest node + hold",
-                (Some(_), None) => "window closed: node-holder strips its holds",
-                (_, Some(_)) => "holding",
-                (_, None) if state.held == 0 => "every hold node-holder placed is gone",
-                (_, None) if state.held > last_held => "the webhook held the new nodes",
-                (_, None) => "releasing",
-            };
-            let window = match &state.deadline {
-                Some(deadline) => format!("until {}", until(t0, deadline)),
-                None => "closed".to_string(),
-            };
-            println!(
-                "{:>8}  {:<58} {:<16} {}/{}",
-                stamp(t0),
-                what,
-                window,
-                state.held,
-                state.total
-            );
-            self.last = Some(state.clone());
-        }
-        Ok(state)
-    }
-
-    async fn follow_for(&mut self, t0: Instant, span: Duration) -> Result<()> {
-        let end = Instant::now() + span;
-        while Instant::now() < end {
-            self.look(t0).await?;
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        Ok(())
-    }
-
-    /// Follows until the window has opened and closed again with nothing held.
-    async fn follow_until_closed(&mut self, t0: Instant, limit: Duration) -> Result<()> {
-        let end = Instant::now() + limit;
-        let mut seen_open = false;
-        loop {
-            let state = self.look(t0).await?;
-            seen_open |= state.deadline.is_some();
-            if seen_open && state.deadline.is_none() && state.held == 0 {
-                return Ok(());
-            }
-            if Instant::now() > end {
-                bail!("the window did not close within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-}
-
-/// An RFC 3339 time as seconds since the demo's start (`+12.0s`).
-fn until(t0: Instant, rfc3339: &str) -> String {
-    use k8s_openapi::jiff::Timestamp;
-    match rfc3339.parse::<Timestamp>() {
-        Ok(at) => {
-            let ahead = at.duration_since(Timestamp::now()).as_secs_f64();
-            format!("+{:.1}s", t0.elapsed().as_secs_f64() + ahead)
-        }
-        Err(_) => rfc3339.to_string(),
     }
 }
