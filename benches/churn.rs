@@ -161,29 +161,14 @@ async fn measure(
     started: Timestamp,
     wall: Duration,
 ) -> Result<Outcome> {
-    let events = cluster.control_plane().audit_events()?;
-    let by_karpenter = |verb: &str| -> Vec<f64> {
-        events
-            .iter()
-            .filter(|e| {
-                e["verb"] == verb
-                    && e["objectRef"]["resource"] == "nodes"
-                    && e["user"]["username"] == testenv::AUTOSCALER_USER
-                    && e["stage"] == "ResponseComplete"
-                    && e["responseStatus"]["code"]
-                        .as_u64()
-                        .is_some_and(|c| (200..300).contains(&c))
-            })
-            .filter_map(|e| {
-                e["requestReceivedTimestamp"]
-                    .as_str()?
-                    .parse::<Timestamp>()
-                    .ok()
-            })
-            .map(|at| at.duration_since(started).as_secs_f64())
-            .collect()
+    let by_karpenter = |verb: &str| -> Result<Vec<f64>> {
+        Ok(cluster
+            .karpenter_node_requests(verb)?
+            .into_iter()
+            .map(|(_, at)| at.duration_since(started).as_secs_f64())
+            .collect())
     };
-    let (creates, deletes) = (by_karpenter("create"), by_karpenter("delete"));
+    let (creates, deletes) = (by_karpenter("create")?, by_karpenter("delete")?);
     let nodes_over_time = step_series(&creates, &deletes);
     Ok(Outcome {
         launched: creates.len(),

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::binaries::{ClusterBinaries, ensure_cluster_built};
@@ -147,6 +148,31 @@ impl KarpenterCluster {
         )
         .next()
         .unwrap_or(0.0))
+    }
+
+    /// The Nodes Karpenter's identity `verb`ed (`create`, `delete`)
+    /// successfully, with when the API server received each request, from
+    /// its audit log, in log order. A node that is gone still counts.
+    pub fn karpenter_node_requests(&self, verb: &str) -> Result<Vec<(String, Timestamp)>> {
+        Ok(self
+            .cp
+            .audit_events()?
+            .into_iter()
+            .filter(|e| {
+                e["verb"] == verb
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["user"]["username"] == crate::AUTOSCALER_USER
+                    && e["stage"] == "ResponseComplete"
+                    && e["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| (200..300).contains(&c))
+            })
+            .filter_map(|e| {
+                let name = e["objectRef"]["name"].as_str()?.to_string();
+                let at = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
+                Some((name, at))
+            })
+            .collect())
     }
 
     /// The binaries the cluster runs.
@@ -457,24 +483,25 @@ pub fn filler_deployment(name: &str, replicas: i32) -> k8s_openapi::api::apps::v
 
 /// Karpenter's NodeClaims (`karpenter.sh/v1`, cluster-scoped).
 pub fn node_claims(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
-    let resource = kube::api::ApiResource {
-        group: "karpenter.sh".into(),
-        version: "v1".into(),
-        api_version: "karpenter.sh/v1".into(),
-        kind: "NodeClaim".into(),
-        plural: "nodeclaims".into(),
-    };
-    kube::Api::all_with(client.clone(), &resource)
+    karpenter_api(client, "NodeClaim", "nodeclaims")
 }
 
 /// Karpenter's NodePools (`karpenter.sh/v1`, cluster-scoped).
 pub fn node_pools(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    karpenter_api(client, "NodePool", "nodepools")
+}
+
+fn karpenter_api(
+    client: &kube::Client,
+    kind: &str,
+    plural: &str,
+) -> kube::Api<kube::api::DynamicObject> {
     let resource = kube::api::ApiResource {
         group: "karpenter.sh".into(),
         version: "v1".into(),
         api_version: "karpenter.sh/v1".into(),
-        kind: "NodePool".into(),
-        plural: "nodepools".into(),
+        kind: kind.into(),
+        plural: plural.into(),
     };
     kube::Api::all_with(client.clone(), &resource)
 }

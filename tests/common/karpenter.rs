@@ -66,7 +66,7 @@ impl Autoscaled {
         self.until(
             &format!("every pod of {wave} runs"),
             KARPENTER_ROUND,
-            async |a| a.running_on(wave).await.len() == count,
+            async |a| a.running(wave).await.len() == count,
         )
         .await;
         self.running_nodes(wave).await
@@ -87,14 +87,14 @@ impl Autoscaled {
         self.until(
             &format!("every pod of {name} runs"),
             KARPENTER_ROUND,
-            async |a| a.running_on(name).await.len() == replicas,
+            async |a| a.running(name).await.len() == replicas,
         )
         .await;
         self.running_nodes(name).await
     }
 
-    /// The pods of `wave` that run, by name.
-    async fn running_on(&self, wave: &str) -> BTreeSet<String> {
+    /// The running pods of `wave` (by name), with the node each runs on.
+    async fn running(&self, wave: &str) -> BTreeMap<String, String> {
         self.wave_pods(wave)
             .await
             .into_iter()
@@ -103,22 +103,13 @@ impl Autoscaled {
                     .as_ref()
                     .is_some_and(|s| s.phase.as_deref() == Some("Running"))
             })
-            .filter_map(|p| p.metadata.name)
+            .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
             .collect()
     }
 
     /// The nodes the running pods of `wave` are bound to.
     pub async fn running_nodes(&self, wave: &str) -> BTreeSet<String> {
-        self.wave_pods(wave)
-            .await
-            .into_iter()
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .is_some_and(|s| s.phase.as_deref() == Some("Running"))
-            })
-            .filter_map(|p| p.spec?.node_name)
-            .collect()
+        self.running(wave).await.into_values().collect()
     }
 
     async fn wave_pods(&self, wave: &str) -> Vec<Pod> {
@@ -180,33 +171,19 @@ impl Autoscaled {
     /// The Nodes Karpenter's identity created, with when, from the API
     /// server's audit log (a node that is gone again still counts).
     pub fn nodes_launched(&self) -> BTreeMap<String, Timestamp> {
-        self.karpenter_node_requests("create")
+        self.cluster
+            .karpenter_node_requests("create")
+            .unwrap()
+            .into_iter()
+            .collect()
     }
 
     /// The Nodes Karpenter's identity deleted, with when (audit log).
     pub fn nodes_deleted(&self) -> BTreeMap<String, Timestamp> {
-        self.karpenter_node_requests("delete")
-    }
-
-    fn karpenter_node_requests(&self, verb: &str) -> BTreeMap<String, Timestamp> {
-        self.cp()
-            .audit_events()
+        self.cluster
+            .karpenter_node_requests("delete")
             .unwrap()
             .into_iter()
-            .filter(|e| {
-                e["verb"] == verb
-                    && e["objectRef"]["resource"] == "nodes"
-                    && e["user"]["username"] == testenv::AUTOSCALER_USER
-                    && e["stage"] == "ResponseComplete"
-                    && e["responseStatus"]["code"]
-                        .as_u64()
-                        .is_some_and(|c| (200..300).contains(&c))
-            })
-            .filter_map(|e| {
-                let name = e["objectRef"]["name"].as_str()?.to_string();
-                let at = e["requestReceivedTimestamp"].as_str()?.parse().ok()?;
-                Some((name, at))
-            })
             .collect()
     }
 
