@@ -12,6 +12,8 @@
 //! - node-seconds from the first wave until the last node is gone (the cost);
 //! - each pod's wait from creation to `PodScheduled` (p50, p95; the API
 //!   records both to the second);
+//! - Job pods interrupted: evicted by a disruption while they ran, so their
+//!   Job ran them again (the Jobs' `failed` counts);
 //! - Karpenter's disruption decisions (its `decisions_total` metric);
 //! - the node count over time of both runs, drawn to `docs/churn.svg`.
 //!
@@ -32,10 +34,9 @@ use kube::api::{Api, ListParams, PostParams};
 use plotters::prelude::*;
 use testenv::{Disruption, KarpenterCluster};
 
-/// node-holder's hold duration in the compressed day.
-const HOLD: Duration = Duration::from_secs(60);
-/// Each Karpenter node's `consolidateAfter`.
-const CONSOLIDATE_AFTER: &str = "15s";
+/// node-holder's hold duration in the compressed day: longer than a Job,
+/// shorter than the longer gaps, as an operator would choose it.
+const HOLD: Duration = Duration::from_secs(120);
 const WAVES: usize = 8;
 /// How long a run may take to lose its last node after the last Job ends.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
@@ -49,13 +50,13 @@ struct Wave {
     run_for: Duration,
 }
 
-/// The day: gaps of 20-150 s (the hold is 60 s), 1-5 pods, 20-80 s each.
+/// The day: gaps of 30-200 s (the hold is 120 s), 1-6 pods, 20-80 s each.
 fn day(seed: u64) -> Vec<Wave> {
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..WAVES)
         .map(|n| Wave {
-            gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(20..=150) }),
-            pods: rng.i32(1..=5),
+            gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(30..=200) }),
+            pods: rng.i32(1..=6),
             run_for: Duration::from_secs(rng.u64(20..=80)),
         })
         .collect()
@@ -68,6 +69,8 @@ struct Outcome {
     terminated: usize,
     node_seconds: f64,
     waits: Vec<f64>,
+    /// Job pods that failed, evicted while they ran, and ran again.
+    interrupted: i32,
     decisions: BTreeMap<String, f64>,
     /// (seconds since the first wave, nodes) at every change.
     nodes_over_time: Vec<(f64, usize)>,
@@ -75,10 +78,11 @@ struct Outcome {
 }
 
 async fn run(day: &[Wave], with_node_holder: bool) -> Result<Outcome> {
+    // Karpenter's own defaults: what a NodePool gets unless its owner says
+    // otherwise.
     let disruption = Disruption {
         consolidation_policy: "WhenEmptyOrUnderutilized".into(),
-        consolidate_after: CONSOLIDATE_AFTER.into(),
-        // Karpenter's own default budget.
+        consolidate_after: "0s".into(),
         budgets: serde_json::json!([{"nodes": "10%"}]),
     };
     let mut cluster = KarpenterCluster::start(&disruption).await?;
@@ -92,6 +96,7 @@ async fn run(day: &[Wave], with_node_holder: bool) -> Result<Outcome> {
     };
     let client = cluster.control_plane().admin_client().await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let waits = PodWaits::follow(client.clone());
     let started = Timestamp::now();
     let clock = Instant::now();
     for (n, wave) in day.iter().enumerate() {
@@ -101,31 +106,39 @@ async fn run(day: &[Wave], with_node_holder: bool) -> Result<Outcome> {
         let job = testenv::filler_job(&format!("wave-{n}"), wave.pods, wave.run_for);
         jobs.create(&PostParams::default(), &job).await?;
     }
-    wait_all_done(&jobs, day.len()).await?;
+    let interrupted = wait_all_done(&jobs, day.len()).await?;
     wait_no_nodes(&mut cluster, &client).await?;
     let wall = clock.elapsed();
-    let outcome = measure(&cluster, &client, started, wall).await?;
+    let mut outcome = measure(&cluster, started, wall).await?;
+    outcome.waits = waits.stop();
+    outcome.interrupted = interrupted;
     drop(served);
     Ok(outcome)
 }
 
-/// Until every Job has succeeded.
-async fn wait_all_done(jobs: &Api<Job>, count: usize) -> Result<()> {
+/// Until every Job has finished (complete, or failed for good); returns how
+/// many of their pods failed on the way: a pod evicted by a disruption
+/// counts as failed, and the Job runs it again.
+async fn wait_all_done(jobs: &Api<Job>, count: usize) -> Result<i32> {
     let deadline = Instant::now() + DRAIN_LIMIT;
     loop {
-        let done = jobs
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0)
-            .filter(|j| {
-                j.status.as_ref().and_then(|s| s.succeeded)
-                    == j.spec.as_ref().and_then(|s| s.completions)
-            })
-            .count();
+        let listed = jobs.list(&ListParams::default()).await?.items;
+        let finished = |j: &&Job| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                    })
+                })
+        };
+        let done = listed.iter().filter(finished).count();
         if done == count {
-            return Ok(());
+            return Ok(listed
+                .iter()
+                .filter_map(|j| j.status.as_ref()?.failed)
+                .sum());
         }
         if Instant::now() > deadline {
             bail!("{done} of {count} Jobs done after {DRAIN_LIMIT:?}");
@@ -157,7 +170,6 @@ async fn wait_no_nodes(cluster: &mut KarpenterCluster, client: &kube::Client) ->
 
 async fn measure(
     cluster: &KarpenterCluster,
-    client: &kube::Client,
     started: Timestamp,
     wall: Duration,
 ) -> Result<Outcome> {
@@ -174,7 +186,8 @@ async fn measure(
         launched: creates.len(),
         terminated: deletes.len(),
         node_seconds: node_seconds(&nodes_over_time),
-        waits: pod_waits(client).await?,
+        waits: Vec::new(),
+        interrupted: 0,
         decisions: decisions(&cluster.karpenter_metrics().await?),
         nodes_over_time,
         wall,
@@ -203,29 +216,69 @@ fn node_seconds(series: &[(f64, usize)]) -> f64 {
         .sum()
 }
 
-/// Each Job pod's seconds from creation to `PodScheduled`.
-async fn pod_waits(client: &kube::Client) -> Result<Vec<f64>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let mut waits = Vec::new();
-    for pod in pods.list(&ListParams::default()).await?.items {
-        let created = pod
-            .metadata
-            .creation_timestamp
-            .context("a pod without creation")?
-            .0;
-        let scheduled = pod
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "True")
-            .and_then(|c| c.last_transition_time)
-            .context("a pod that was never scheduled")?
-            .0;
-        waits.push(scheduled.duration_since(created).as_secs_f64());
+/// Each Job pod's seconds from creation to `PodScheduled`, read while the
+/// day runs: the pod garbage collector deletes a finished pod once its node
+/// is gone, so the pods are not all there at the end.
+struct PodWaits {
+    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, f64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodWaits {
+    fn follow(client: kube::Client) -> PodWaits {
+        let seen = std::sync::Arc::default();
+        let task = tokio::spawn(Self::poll(
+            Api::namespaced(client, "default"),
+            std::sync::Arc::clone(&seen),
+        ));
+        PodWaits { seen, task }
     }
-    waits.sort_by(f64::total_cmp);
-    Ok(waits)
+
+    async fn poll(pods: Api<Pod>, seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, f64>>>) {
+        loop {
+            if let Ok(list) = pods.list(&ListParams::default()).await {
+                let mut seen = seen
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for pod in list.items {
+                    if let (Some(uid), Some(wait)) =
+                        (pod.metadata.uid.clone(), scheduled_after(&pod))
+                    {
+                        seen.entry(uid).or_insert(wait);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The waits seen, sorted.
+    fn stop(self) -> Vec<f64> {
+        self.task.abort();
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut waits: Vec<f64> = seen.values().copied().collect();
+        waits.sort_by(f64::total_cmp);
+        waits
+    }
+}
+
+/// Seconds from the pod's creation to its `PodScheduled=True`, once it has one.
+fn scheduled_after(pod: &Pod) -> Option<f64> {
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let scheduled = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "True")?
+        .last_transition_time
+        .as_ref()?
+        .0;
+    Some(scheduled.duration_since(created).as_secs_f64())
 }
 
 /// Karpenter's `voluntary_disruption_decisions_total`, by decision and reason.
@@ -269,7 +322,7 @@ fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
         .map(|p| p.1)
         .max()
         .unwrap_or(1)
-        + 1;
+        + 3;
     let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -286,9 +339,11 @@ fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
         .x_desc("seconds since the first wave")
         .y_desc("nodes")
         .draw()?;
-    for (outcome, label, color) in [
-        (without, "without node-holder", RED),
-        (with, "with node-holder", BLUE),
+    // The run with node-holder first and wider, so the other shows on top
+    // where both have the same count.
+    for (outcome, label, color, width) in [
+        (with, "with node-holder", BLUE, 4),
+        (without, "without node-holder", RED, 2),
     ] {
         let mut steps = Vec::new();
         for pair in outcome.nodes_over_time.windows(2) {
@@ -300,12 +355,15 @@ fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
             steps.push((end, n));
         }
         chart
-            .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
+            .draw_series(LineSeries::new(steps, color.stroke_width(width)))?
             .label(label)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 16, y)], color.stroke_width(width))
+            });
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
@@ -352,6 +410,11 @@ fn report(day: &[Wave], without: &Outcome, with: &Outcome) {
         "pods",
         without.waits.len().to_string(),
         with.waits.len().to_string(),
+    );
+    row(
+        "Job pods interrupted (evicted while running, run again)",
+        without.interrupted.to_string(),
+        with.interrupted.to_string(),
     );
     let keys: std::collections::BTreeSet<&String> = without
         .decisions

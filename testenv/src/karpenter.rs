@@ -449,7 +449,6 @@ pub fn filler_job(name: &str, pods: i32, run_for: Duration) -> k8s_openapi::api:
         "spec": {
             "parallelism": pods,
             "completions": pods,
-            "backoffLimit": 0,
             "template": {
                 "metadata": {
                     "labels": {"app": name},
