@@ -15,8 +15,13 @@
 //! - Job pods interrupted: evicted by a disruption while they ran, so their
 //!   Job ran them again (the Jobs' `failed` counts);
 //! - Karpenter's disruption decisions (its `decisions_total` metric);
-//! - the node count over time of both runs, drawn to `docs/churn.svg`.
+//! - the node count over time of both runs, drawn to
+//!   `docs/churn-budget-<N>-hold-<S>s.svg`.
 //!
+//! The NodePool has Karpenter's default disruption settings
+//! (`WhenEmptyOrUnderutilized`, `consolidateAfter: 0s`, budget `nodes: 10%`);
+//! `NODE_HOLDER_BENCH_BUDGET=100%` sets another budget,
+//! `NODE_HOLDER_BENCH_HOLD=180s` another hold duration, and
 //! `NODE_HOLDER_BENCH_SEED` changes the day. Loopback only; about 15 minutes
 //! once the tools are built.
 
@@ -34,8 +39,9 @@ use kube::api::{Api, ListParams, PostParams};
 use plotters::prelude::*;
 use testenv::{Disruption, KarpenterCluster};
 
-/// node-holder's hold duration in the compressed day: longer than a Job,
-/// shorter than the longer gaps, as an operator would choose it.
+/// node-holder's hold duration in the compressed day unless
+/// `NODE_HOLDER_BENCH_HOLD` says otherwise: longer than a Job, shorter than
+/// the longer gaps, as an operator would choose it.
 const HOLD: Duration = Duration::from_secs(120);
 const WAVES: usize = 8;
 /// How long a run may take to lose its last node after the last Job ends.
@@ -77,17 +83,21 @@ struct Outcome {
     wall: Duration,
 }
 
-async fn run(day: &[Wave], with_node_holder: bool) -> Result<Outcome> {
-    // Karpenter's own defaults: what a NodePool gets unless its owner says
-    // otherwise.
+async fn run(
+    day: &[Wave],
+    budget: &str,
+    hold: Duration,
+    with_node_holder: bool,
+) -> Result<Outcome> {
+    // Karpenter's own defaults, but for the budget the run asks for.
     let disruption = Disruption {
         consolidation_policy: "WhenEmptyOrUnderutilized".into(),
         consolidate_after: "0s".into(),
-        budgets: serde_json::json!([{"nodes": "10%"}]),
+        budgets: serde_json::json!([{"nodes": budget}]),
     };
     let mut cluster = KarpenterCluster::start(&disruption).await?;
     let served = if with_node_holder {
-        let hold = format!("--hold-duration={}s", HOLD.as_secs());
+        let hold = format!("--hold-duration={}s", hold.as_secs());
         let served = common::serve(cluster.control_plane(), &[&hold]).await;
         common::register_webhook(cluster.control_plane(), &served).await;
         Some(served)
@@ -173,11 +183,16 @@ async fn measure(
     started: Timestamp,
     wall: Duration,
 ) -> Result<Outcome> {
+    // Each node once, at its first request: Karpenter may ask to delete a
+    // node again while it terminates.
     let by_karpenter = |verb: &str| -> Result<Vec<f64>> {
-        Ok(cluster
-            .karpenter_node_requests(verb)?
-            .into_iter()
-            .map(|(_, at)| at.duration_since(started).as_secs_f64())
+        let mut first = BTreeMap::new();
+        for (node, at) in cluster.karpenter_node_requests(verb)? {
+            first.entry(node).or_insert(at);
+        }
+        Ok(first
+            .into_values()
+            .map(|at| at.duration_since(started).as_secs_f64())
             .collect())
     };
     let (creates, deletes) = (by_karpenter("create")?, by_karpenter("delete")?);
@@ -446,12 +461,28 @@ async fn main() -> Result<()> {
         .transpose()
         .context("NODE_HOLDER_BENCH_SEED")?
         .unwrap_or(2026);
+    let budget = std::env::var("NODE_HOLDER_BENCH_BUDGET").unwrap_or_else(|_| "10%".into());
+    let hold = match std::env::var("NODE_HOLDER_BENCH_HOLD") {
+        Ok(text) => humantime::parse_duration(&text).context("NODE_HOLDER_BENCH_HOLD")?,
+        Err(_) => HOLD,
+    };
     let day = day(seed);
-    eprintln!("churn: seed {seed}, {day:?}");
+    eprintln!(
+        "churn: seed {seed}, NodePool budget nodes: {budget}, hold {}s, {day:?}",
+        hold.as_secs()
+    );
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
-    let (without, with) = tokio::try_join!(run(&day, false), run(&day, true))?;
-    let svg = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/churn.svg");
-    plot(svg, &without, &with)?;
+    let (without, with) = tokio::try_join!(
+        run(&day, &budget, hold, false),
+        run(&day, &budget, hold, true)
+    )?;
+    let svg = format!(
+        "{}/docs/churn-budget-{}-hold-{}s.svg",
+        env!("CARGO_MANIFEST_DIR"),
+        budget.trim_end_matches('%'),
+        hold.as_secs()
+    );
+    plot(&svg, &without, &with)?;
     report(&day, &without, &with);
     println!("\nnode count over time: {svg}");
     Ok(())
