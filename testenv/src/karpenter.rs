@@ -67,7 +67,6 @@ pub struct KarpenterCluster {
     scheduler: ManagedChild,
     karpenter_metrics_port: u16,
     karpenter_log: PathBuf,
-    binaries: ClusterBinaries,
     cp: ControlPlane,
 }
 
@@ -97,7 +96,6 @@ impl KarpenterCluster {
             scheduler,
             karpenter_metrics_port: metrics_port,
             karpenter_log,
-            binaries,
             cp,
         };
         cluster.wait_ready(health_port).await?;
@@ -107,16 +105,6 @@ impl KarpenterCluster {
     /// The control plane under it all.
     pub fn control_plane(&self) -> &ControlPlane {
         &self.cp
-    }
-
-    /// Karpenter's log (JSON lines).
-    pub fn karpenter_log(&self) -> &Path {
-        &self.karpenter_log
-    }
-
-    /// The Karpenter release that runs (`v1.14.1`).
-    pub fn karpenter_version(&self) -> Result<String> {
-        crate::binaries::karpenter_version()
     }
 
     /// Karpenter's Prometheus metrics, as text.
@@ -173,11 +161,6 @@ impl KarpenterCluster {
                 Some((name, at))
             })
             .collect())
-    }
-
-    /// The binaries the cluster runs.
-    pub fn binaries(&self) -> &ClusterBinaries {
-        &self.binaries
     }
 
     /// Fails with the end of a component's log if one of them has exited.
@@ -253,7 +236,7 @@ fn node_class() -> Value {
 
 /// The NodePool: one small on-demand instance type in one zone, with the
 /// test's disruption settings.
-pub fn node_pool(disruption: &Disruption) -> Value {
+fn node_pool(disruption: &Disruption) -> Value {
     let requirement =
         |key: &str, value: &str| json!({"key": key, "operator": "In", "values": [value]});
     json!({
