@@ -254,10 +254,13 @@ async fn in_node_scope_karpenter_removes_old_nodes_at_once_and_each_new_node_aft
     let old = old.first().unwrap().clone();
     // Old means older than the hold: a node created within the hold
     // duration before node-holder started is as new to it as any other.
-    let hold = Duration::from_secs(30);
+    // The hold is long enough for Karpenter to remove the old node well
+    // inside it (consolidateAfter, up to 10 s of pod-event de-duplication,
+    // a 10 s poll and 15 s of validation), even on a loaded machine.
+    let hold = Duration::from_secs(75);
     sleep_until(a.nodes_launched()[&old] + hold + Duration::from_secs(1)).await;
 
-    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=30s"]).await;
+    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=75s"]).await;
     let new = a.wave("new", 1).await;
     let new = new.first().unwrap().clone();
     created_held(&a, &BTreeSet::from([new.clone()]));
