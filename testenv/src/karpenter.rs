@@ -98,7 +98,18 @@ impl KarpenterCluster {
             karpenter_log,
             cp,
         };
-        cluster.wait_ready(health_port).await?;
+        match cluster.wait_ready(health_port).await {
+            // A free port can be taken by someone else between the probe
+            // and Karpenter's bind; one more start on new ports covers it.
+            Err(first) if format!("{first:#}").contains("address already in use") => {
+                let [metrics_port, health_port] = free_ports()?;
+                cluster.karpenter =
+                    start_karpenter(&cluster.cp, &binaries, metrics_port, health_port)?;
+                cluster.karpenter_metrics_port = metrics_port;
+                cluster.wait_ready(health_port).await?;
+            }
+            result => result?,
+        }
         Ok(cluster)
     }
 
