@@ -135,13 +135,29 @@ fn relative(at: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// The readable form.
+/// The readable form: the window, the release request, the leader, then a
+/// table of the held nodes.
 pub fn render_text(status: &Status, now: Timestamp) -> String {
     let mut out = String::new();
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("{label:<13}{value}\n"));
     };
-    let scope = status.settings.as_ref().map_or_else(
+    window_lines(&mut line, status, now);
+    if let Some(at) = status.release_requested_at {
+        line(
+            "Release:",
+            format!("requested {at} ({})", relative(at, now)),
+        );
+    }
+    line("Leader:", leader_text(status, now));
+    line("Held nodes:", status.held_nodes.len().to_string());
+    out.push_str(&held_table(status, now));
+    out
+}
+
+/// The settings the leader recorded, in one phrase.
+fn settings_text(status: &Status) -> String {
+    status.settings.as_ref().map_or_else(
         || "no leader has run yet".to_string(),
         |s| {
             let nodes = if s.node_selector.is_empty() {
@@ -159,7 +175,12 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
             )
             .to_lowercase()
         },
-    );
+    )
+}
+
+/// The window's lines: open with its times, or closed with what it covered.
+fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
+    let scope = settings_text(status);
     match (status.open, status.opened_at, status.deadline) {
         (true, Some(opened), Some(deadline)) => {
             line("Window:", format!("open ({scope})"));
@@ -191,52 +212,49 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
             }
         }
     }
-    if let Some(at) = status.release_requested_at {
-        line(
-            "Release:",
-            format!("requested {at} ({})", relative(at, now)),
-        );
-    }
+}
+
+/// Who leads, and how fresh its Lease is.
+fn leader_text(status: &Status, now: Timestamp) -> String {
     match &status.leader {
-        Some(leader) if !leader.expired => line(
-            "Leader:",
-            format!(
-                "{}{}",
-                leader.identity,
-                leader
-                    .renewed_at
-                    .map(|r| format!(" (renewed {})", relative(r, now)))
-                    .unwrap_or_default()
-            ),
+        Some(leader) if !leader.expired => format!(
+            "{}{}",
+            leader.identity,
+            leader
+                .renewed_at
+                .map(|r| format!(" (renewed {})", relative(r, now)))
+                .unwrap_or_default()
         ),
-        Some(leader) => line(
-            "Leader:",
-            format!("none (lease of {} expired)", leader.identity),
-        ),
-        None => line("Leader:", "none".to_string()),
+        Some(leader) => format!("none (lease of {} expired)", leader.identity),
+        None => "none".to_string(),
     }
-    line("Held nodes:", status.held_nodes.len().to_string());
-    if !status.held_nodes.is_empty() {
-        let width = status
-            .held_nodes
-            .iter()
-            .map(|n| n.name.len())
-            .max()
-            .unwrap_or(0)
-            .max("NODE".len());
-        out.push('\n');
-        out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
-        for node in &status.held_nodes {
-            let age = node.created.map_or("-".to_string(), |c| {
-                human(now.duration_since(c)).replace(' ', "")
-            });
-            out.push_str(&format!(
-                "{:<width$}  {:<9}  {}\n",
-                node.name,
-                age,
-                node.holds.join(",")
-            ));
-        }
+}
+
+/// The held nodes as a table (nothing when there are none).
+fn held_table(status: &Status, now: Timestamp) -> String {
+    let mut out = String::new();
+    if status.held_nodes.is_empty() {
+        return out;
+    }
+    let width = status
+        .held_nodes
+        .iter()
+        .map(|n| n.name.len())
+        .max()
+        .unwrap_or(0)
+        .max("NODE".len());
+    out.push('\n');
+    out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
+    for node in &status.held_nodes {
+        let age = node.created.map_or("-".to_string(), |c| {
+            human(now.duration_since(c)).replace(' ', "")
+        });
+        out.push_str(&format!(
+            "{:<width$}  {:<9}  {}\n",
+            node.name,
+            age,
+            node.holds.join(",")
+        ));
     }
     out
 }
