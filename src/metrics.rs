@@ -31,6 +31,22 @@ pub struct TlsMetrics {
 }
 
 impl TlsMetrics {
+    /// The webhook port's TLS metrics, registered in `registry`.
+    fn register(registry: &mut Registry) -> Self {
+        let tls = TlsMetrics::default();
+        registry.register(
+            "tls_handshake_errors",
+            "Webhook connections that failed before TLS was up, by reason",
+            tls.handshake_errors.clone(),
+        );
+        registry.register(
+            "tls_certificate_not_after_seconds",
+            "Unix time the webhook's serving certificate expires",
+            tls.not_after.clone(),
+        );
+        tls
+    }
+
     /// Counts a connection that never completed its TLS handshake.
     pub fn handshake_error(&self, reason: &'static str) {
         self.handshake_errors
@@ -66,45 +82,8 @@ pub struct WindowMetrics {
 }
 
 impl WindowMetrics {
-    /// Counts a failed node PATCH by HTTP status (`0` for no response).
-    pub fn patch_error(&self, code: u16) {
-        self.patch_errors
-            .get_or_create(&CodeLabel {
-                code: code.to_string(),
-            })
-            .inc();
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("node_holder");
-        let requests = Family::<CodeLabel, Counter>::default();
-        // 50 us .. ~1.6 s
-        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        let in_flight = Gauge::<i64, AtomicI64>::default();
-        let mutations = Counter::default();
-        registry.register(
-            "webhook_requests",
-            "Webhook requests by HTTP status code",
-            requests.clone(),
-        );
-        registry.register(
-            "webhook_latency_seconds",
-            "Webhook request latency",
-            latency.clone(),
-        );
-        registry.register(
-            "webhook_requests_in_flight",
-            "Webhook requests being served",
-            in_flight.clone(),
-        );
-        registry.register(
-            "webhook_mutations",
-            "Node CREATEs the webhook put holds on",
-            mutations.clone(),
-        );
-
+    /// The hold window's metrics, registered in `registry`.
+    fn register(registry: &mut Registry) -> Self {
         let window = WindowMetrics {
             deadline: Gauge::default(),
             held_nodes: Gauge::default(),
@@ -150,17 +129,50 @@ impl Default for Metrics {
             "Duration of one pass of the hold window task",
             window.reconcile.clone(),
         );
-        let tls = TlsMetrics::default();
+        window
+    }
+
+    /// Counts a failed node PATCH by HTTP status (`0` for no response).
+    pub fn patch_error(&self, code: u16) {
+        self.patch_errors
+            .get_or_create(&CodeLabel {
+                code: code.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("node_holder");
+        let requests = Family::<CodeLabel, Counter>::default();
+        // 50 us .. ~1.6 s
+        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let in_flight = Gauge::<i64, AtomicI64>::default();
+        let mutations = Counter::default();
         registry.register(
-            "tls_handshake_errors",
-            "Webhook connections that failed before TLS was up, by reason",
-            tls.handshake_errors.clone(),
+            "webhook_requests",
+            "Webhook requests by HTTP status code",
+            requests.clone(),
         );
         registry.register(
-            "tls_certificate_not_after_seconds",
-            "Unix time the webhook's serving certificate expires",
-            tls.not_after.clone(),
+            "webhook_latency_seconds",
+            "Webhook request latency",
+            latency.clone(),
         );
+        registry.register(
+            "webhook_requests_in_flight",
+            "Webhook requests being served",
+            in_flight.clone(),
+        );
+        registry.register(
+            "webhook_mutations",
+            "Node CREATEs the webhook put holds on",
+            mutations.clone(),
+        );
+
+        let window = WindowMetrics::register(&mut registry);
+        let tls = TlsMetrics::register(&mut registry);
         Metrics {
             registry,
             requests,
