@@ -280,19 +280,27 @@ fn node_pool(disruption: &Disruption) -> Value {
     })
 }
 
+/// Starts one of Kubernetes' own components as the admin, outside a
+/// cluster: no leader election and no serving port (nothing here scrapes
+/// it), with `extra` flags.
+fn start_kube_component(
+    cp: &ControlPlane,
+    name: &'static str,
+    binary: &Path,
+    extra: &[String],
+) -> Result<ManagedChild> {
+    let mut args = vec![
+        format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
+        "--leader-elect=false".into(),
+        "--secure-port=0".into(),
+        "--v=1".into(),
+    ];
+    args.extend_from_slice(extra);
+    ManagedChild::spawn(name, binary, &args, &cp.dir().join(format!("{name}.log")))
+}
+
 fn start_scheduler(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
-    ManagedChild::spawn(
-        "kube-scheduler",
-        &binaries.kube_scheduler,
-        &[
-            format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
-            "--leader-elect=false".into(),
-            // No serving port at all: nothing here scrapes it.
-            "--secure-port=0".into(),
-            "--v=1".into(),
-        ],
-        &cp.dir().join("kube-scheduler.log"),
-    )
+    start_kube_component(cp, "kube-scheduler", &binaries.kube_scheduler, &[])
 }
 
 /// The controllers a Karpenter cluster needs: node lifecycle (lifts the
@@ -303,21 +311,17 @@ deployment-controller,garbage-collector-controller,pod-garbage-collector-control
 ttl-after-finished-controller";
 
 fn start_controller_manager(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
-    ManagedChild::spawn(
+    start_kube_component(
+        cp,
         "kube-controller-manager",
         &binaries.kube_controller_manager,
         &[
-            format!("--kubeconfig={}", cp.admin_kubeconfig().display()),
-            "--leader-elect=false".into(),
-            "--secure-port=0".into(),
             format!("--controllers={CONTROLLERS}"),
             // kwok renews node Leases every few seconds; a loaded 2-core
             // machine must not turn a node NotReady because one renewal
             // came late.
             "--node-monitor-grace-period=2m".into(),
-            "--v=1".into(),
         ],
-        &cp.dir().join("kube-controller-manager.log"),
     )
 }
 
