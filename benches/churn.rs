@@ -22,8 +22,11 @@
 //! (`WhenEmptyOrUnderutilized`, `consolidateAfter: 0s`, budget `nodes: 10%`);
 //! `NODE_HOLDER_BENCH_BUDGET=100%` sets another budget,
 //! `NODE_HOLDER_BENCH_HOLD=180s` another hold duration, and
-//! `NODE_HOLDER_BENCH_SEED` changes the day. Loopback only; about 15 minutes
-//! once the tools are built.
+//! `NODE_HOLDER_BENCH_SEED` changes the day. `NODE_HOLDER_BENCH_DAY=working`
+//! plays a working day at time scales closer to a real cluster's instead
+//! (minutes-long Jobs in two busy stretches, a 10-minute hold; about 70
+//! minutes). Loopback only; the compressed day takes about 15 minutes once the
+//! tools are built.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -39,12 +42,8 @@ use kube::api::{Api, ListParams, PostParams};
 use plotters::prelude::*;
 use testenv::{Disruption, KarpenterCluster};
 
-/// node-holder's hold duration in the compressed day unless
-/// `NODE_HOLDER_BENCH_HOLD` says otherwise: longer than a Job, shorter than
-/// the longer gaps, as an operator would choose it.
-const HOLD: Duration = Duration::from_secs(120);
-const WAVES: usize = 8;
-/// How long a run may take to lose its last node after the last Job ends.
+/// How long a run may take to lose its last node after the last Job ends,
+/// on top of the hold duration.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
 /// One wave: a Job of `pods` pods that run for `run_for`, started `gap`
@@ -56,16 +55,66 @@ struct Wave {
     run_for: Duration,
 }
 
-/// The day: gaps of 30-200 s (the hold is 120 s), 1-6 pods, 20-80 s each.
-fn day(seed: u64) -> Vec<Wave> {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    (0..WAVES)
-        .map(|n| Wave {
-            gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(30..=200) }),
-            pods: rng.i32(1..=6),
-            run_for: Duration::from_secs(rng.u64(20..=80)),
-        })
-        .collect()
+/// A day to play, and the hold duration an operator would choose for it.
+#[derive(Debug)]
+struct Day {
+    name: &'static str,
+    waves: Vec<Wave>,
+    hold: Duration,
+}
+
+impl Day {
+    /// `NODE_HOLDER_BENCH_DAY`: `compressed` (the default) or `working`.
+    fn from_env(seed: u64) -> Result<Self> {
+        match std::env::var("NODE_HOLDER_BENCH_DAY").as_deref() {
+            Err(_) | Ok("compressed") => Ok(Self::compressed(seed)),
+            Ok("working") => Ok(Self::working(seed)),
+            Ok(other) => bail!("NODE_HOLDER_BENCH_DAY={other}: expected compressed or working"),
+        }
+    }
+
+    /// Eight waves: gaps of 30-200 s, 1-6 pods, 20-80 s each; a 120 s hold,
+    /// longer than a Job and shorter than the longer gaps.
+    fn compressed(seed: u64) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let waves = (0..8)
+            .map(|n| Wave {
+                gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(30..=200) }),
+                pods: rng.i32(1..=6),
+                run_for: Duration::from_secs(rng.u64(20..=80)),
+            })
+            .collect();
+        let hold = Duration::from_secs(120);
+        Self {
+            name: "compressed",
+            waves,
+            hold,
+        }
+    }
+
+    /// Two busy stretches of six waves, 1-5 minutes apart, with a quiet
+    /// 15-20 minutes between them; 1-6 pods that run 1-3 minutes. The
+    /// 10-minute hold covers the gaps of a busy stretch, not the quiet one.
+    fn working(seed: u64) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let waves = (0..12)
+            .map(|n| Wave {
+                gap: Duration::from_secs(match n {
+                    0 => 0,
+                    6 => rng.u64(900..=1200),
+                    _ => rng.u64(60..=300),
+                }),
+                pods: rng.i32(1..=6),
+                run_for: Duration::from_secs(rng.u64(60..=180)),
+            })
+            .collect();
+        let hold = Duration::from_secs(600);
+        Self {
+            name: "working",
+            waves,
+            hold,
+        }
+    }
 }
 
 /// What one run measured.
@@ -116,8 +165,9 @@ async fn run(
         let job = testenv::filler_job(&format!("wave-{n}"), wave.pods, wave.run_for);
         jobs.create(&PostParams::default(), &job).await?;
     }
-    let interrupted = wait_all_done(&jobs, day.len()).await?;
-    wait_no_nodes(&mut cluster, &client).await?;
+    let limit = hold + DRAIN_LIMIT;
+    let interrupted = wait_all_done(&jobs, day.len(), limit).await?;
+    wait_no_nodes(&mut cluster, &client, limit).await?;
     let wall = clock.elapsed();
     let mut outcome = measure(&cluster, started, wall).await?;
     outcome.waits = waits.stop();
@@ -129,8 +179,8 @@ async fn run(
 /// Until every Job has finished (complete, or failed for good); returns how
 /// many of their pods failed on the way: a pod evicted by a disruption
 /// counts as failed, and the Job runs it again.
-async fn wait_all_done(jobs: &Api<Job>, count: usize) -> Result<i32> {
-    let deadline = Instant::now() + DRAIN_LIMIT;
+async fn wait_all_done(jobs: &Api<Job>, count: usize, limit: Duration) -> Result<i32> {
+    let deadline = Instant::now() + limit;
     loop {
         let listed = jobs.list(&ListParams::default()).await?.items;
         let finished = |j: &&Job| {
@@ -151,16 +201,20 @@ async fn wait_all_done(jobs: &Api<Job>, count: usize) -> Result<i32> {
                 .sum());
         }
         if Instant::now() > deadline {
-            bail!("{done} of {count} Jobs done after {DRAIN_LIMIT:?}");
+            bail!("{done} of {count} Jobs done {limit:?} after the last started");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
 /// Until Karpenter has removed its last node.
-async fn wait_no_nodes(cluster: &mut KarpenterCluster, client: &kube::Client) -> Result<()> {
+async fn wait_no_nodes(
+    cluster: &mut KarpenterCluster,
+    client: &kube::Client,
+    limit: Duration,
+) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let deadline = Instant::now() + DRAIN_LIMIT;
+    let deadline = Instant::now() + limit;
     loop {
         cluster.check_running()?;
         let left = nodes
@@ -172,7 +226,7 @@ async fn wait_no_nodes(cluster: &mut KarpenterCluster, client: &kube::Client) ->
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("{left} nodes left {DRAIN_LIMIT:?} after the last Job");
+            bail!("{left} nodes left {limit:?} after the last Job");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -328,7 +382,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
+fn plot(path: &str, day_name: &str, without: &Outcome, with: &Outcome) -> Result<()> {
     let end = without.wall.max(with.wall).as_secs_f64();
     let top = without
         .nodes_over_time
@@ -342,7 +396,7 @@ fn plot(path: &str, without: &Outcome, with: &Outcome) -> Result<()> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Karpenter nodes over a compressed batch day",
+            format!("Karpenter nodes over a {day_name} batch day"),
             ("sans-serif", 20),
         )
         .margin(12)
@@ -462,27 +516,36 @@ async fn main() -> Result<()> {
         .context("NODE_HOLDER_BENCH_SEED")?
         .unwrap_or(2026);
     let budget = std::env::var("NODE_HOLDER_BENCH_BUDGET").unwrap_or_else(|_| "10%".into());
+    let day = Day::from_env(seed)?;
     let hold = match std::env::var("NODE_HOLDER_BENCH_HOLD") {
         Ok(text) => humantime::parse_duration(&text).context("NODE_HOLDER_BENCH_HOLD")?,
-        Err(_) => HOLD,
+        Err(_) => day.hold,
     };
-    let day = day(seed);
     eprintln!(
-        "churn: seed {seed}, NodePool budget nodes: {budget}, hold {}s, {day:?}",
-        hold.as_secs()
+        "churn: {} day, seed {seed}, NodePool budget nodes: {budget}, hold {}s, {:?}",
+        day.name,
+        hold.as_secs(),
+        day.waves
     );
+    let day_name = day.name;
+    let day = day.waves;
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
     let (without, with) = tokio::try_join!(
         run(&day, &budget, hold, false),
         run(&day, &budget, hold, true)
     )?;
+    // The compressed day keeps the pictures' first names.
+    let prefix = match day_name {
+        "compressed" => "churn".to_string(),
+        other => format!("churn-{other}-day"),
+    };
     let svg = format!(
-        "{}/docs/churn-budget-{}-hold-{}s.svg",
+        "{}/docs/{prefix}-budget-{}-hold-{}s.svg",
         env!("CARGO_MANIFEST_DIR"),
         budget.trim_end_matches('%'),
         hold.as_secs()
     );
-    plot(&svg, &without, &with)?;
+    plot(&svg, day_name, &without, &with)?;
     report(&day, &without, &with);
     println!("\nnode count over time: {svg}");
     Ok(())

@@ -357,3 +357,142 @@ async fn the_hold_blocks_drift_too_until_it_ends() {
     )
     .await;
 }
+
+/// The test's own finalizer: it keeps a Node object that Karpenter is
+/// deleting until the test has looked at it.
+const KEEP: &str = "test.node-holder.dev/keep";
+
+/// Adds (`keep`) or removes the test's [`KEEP`] finalizer on `node`, leaving
+/// Karpenter's finalizers as they are.
+async fn keep_node(a: &Autoscaled, node: &str, keep: bool) {
+    let patch = if keep {
+        json!({"metadata": {"finalizers": [KEEP]}})
+    } else {
+        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [KEEP]}})
+    };
+    a.nodes
+        .patch(node, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap();
+}
+
+/// Whether Karpenter has chosen `node` for a disruption it is carrying out:
+/// its `karpenter.sh/disrupted` taint, put on before any replacement.
+async fn being_disrupted(a: &Autoscaled, node: &str) -> bool {
+    let node = a.nodes.get(node).await.unwrap();
+    node.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == "karpenter.sh/disrupted")
+}
+
+async fn carries_hold(a: &Autoscaled, node: &str) -> bool {
+    a.nodes
+        .get(node)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .is_some_and(|an| an.get(HOLD).is_some_and(|v| v == "true"))
+}
+
+#[tokio::test]
+async fn a_drift_replacement_opens_the_window_the_node_being_replaced_goes_anyway_the_next_waits() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let nodes = a.deployment("busy", 2).await;
+    assert_eq!(nodes.len(), 2, "one node a pod: {nodes:?}");
+    // Older than the hold when node-holder starts, so no window holds them.
+    let hold = Duration::from_secs(45);
+    let launched = a.nodes_launched();
+    let newest = nodes.iter().map(|n| launched[n]).max().unwrap();
+    sleep_until(newest + hold + Duration::from_secs(1)).await;
+    let _served = install_node_holder(&a, &["--hold-duration=45s"]).await;
+    let records = records(&a);
+    for node in &nodes {
+        keep_node(&a, node, true).await;
+    }
+
+    // Both nodes drift; Karpenter replaces one at a time (its 10% budget).
+    testenv::node_pools(&a.client)
+        .patch(
+            testenv::NODE_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut replaced = String::new();
+    a.until(
+        "Karpenter starts replacing a drifted node",
+        KARPENTER_ROUND * 2,
+        async |a| {
+            for node in &nodes {
+                if being_disrupted(a, node).await {
+                    replaced = node.clone();
+                    return true;
+                }
+            }
+            false
+        },
+    )
+    .await;
+    let waiting = nodes.iter().find(|n| **n != replaced).unwrap().clone();
+
+    // The replacement is a new node: its CREATE opens the window, and
+    // node-holder holds every node, the one being replaced included.
+    a.until(
+        "the replacement opens a window",
+        KARPENTER_ROUND,
+        async |_| at(&window(&records).await, "/open/deadline").is_some(),
+    )
+    .await;
+    let deadline = at(&window(&records).await, "/open/deadline").unwrap();
+    a.until(
+        "node-holder holds both drifted nodes",
+        KARPENTER_ROUND,
+        async |a| carries_hold(a, &replaced).await && carries_hold(a, &waiting).await,
+    )
+    .await;
+
+    // Karpenter does not look at a hold again once it has started: the
+    // node being replaced goes inside the window, the other one waits.
+    a.until(
+        "the node being replaced deleted",
+        KARPENTER_ROUND,
+        async |a| a.nodes_deleted().contains_key(&replaced),
+    )
+    .await;
+    assert!(
+        a.nodes_deleted()[&replaced] < deadline,
+        "window until {deadline}"
+    );
+    let said = a.node_events(&replaced, "DisruptionTerminating").await;
+    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
+    keep_node(&a, &replaced, false).await;
+    a.until(
+        "the waiting node reported blocked by the hold",
+        KARPENTER_ROUND,
+        async |a| {
+            let said = a.node_events(&waiting, "DisruptionBlocked").await;
+            said.iter().any(|m| m.contains(BLOCKED_BY_HOLD))
+        },
+    )
+    .await;
+
+    // After the window Karpenter replaces the other drifted node.
+    a.until(
+        "the waiting node replaced",
+        KARPENTER_ROUND * 2,
+        async |a| a.nodes_deleted().contains_key(&waiting),
+    )
+    .await;
+    let deleted = a.nodes_deleted()[&waiting];
+    assert!(
+        deleted >= deadline,
+        "deleted {deleted}, window until {deadline}"
+    );
+    keep_node(&a, &waiting, false).await;
+}
