@@ -168,6 +168,47 @@ async fn a_body_over_seven_mebibytes_is_refused_with_413() {
     assert_eq!(post_json(&served, node_create("after")).await.status, 200);
 }
 
+/// A client that declares a body over the limit and asks whether to send it
+/// (`Expect: 100-continue`, curl's default for large bodies) gets `413` as
+/// the first and only answer, never a `100 Continue` followed by a closed
+/// connection; every time, not most times.
+#[tokio::test]
+async fn a_declared_body_over_the_limit_gets_413_before_any_100_continue() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let declared = 7 * 1024 * 1024 + 1;
+    for attempt in 0..20 {
+        let mut tls = common::tls_connect(&served, &["http/1.1"]).await;
+        let head = format!(
+            "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+             content-length: {declared}\r\nexpect: 100-continue\r\n\r\n"
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::time::timeout(Duration::from_secs(30), tls.read(&mut buf))
+                .await
+                .expect("an answer without sending the body")
+                .unwrap();
+            assert!(n > 0, "attempt {attempt}: closed after {answer:?}");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {text}"
+        );
+    }
+    assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+    let refused = served
+        .log_lines()
+        .into_iter()
+        .filter(|l| l["message"] == "webhook request refused" && l["error"] == "body too large")
+        .count();
+    assert_eq!(refused, 20, "{}", served.log());
+}
+
 #[tokio::test]
 async fn other_kinds_and_operations_are_allowed_untouched() {
     let cp = ControlPlane::start().await.unwrap();

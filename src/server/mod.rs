@@ -72,9 +72,16 @@ pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
 /// be read at once, far over the chart's memory limit.
 const BODY_BUDGET_KIB: usize = 32 * 1024;
 
-/// Reserves the request's body size (its Content-Length, or the largest
-/// allowed when it has none) from the body budget until the response is
-/// made; waits while the budget is spent (within the request timeout).
+/// Refuses a body whose declared length is over the limit before anything
+/// reads it when the client asked whether to send it (`Expect:
+/// 100-continue`): hyper says `100 Continue` only once the body is read, so
+/// the client gets its `413` instead of a `100 Continue` and then a closed
+/// connection. (A client that sends the body straight away has it read up
+/// to the limit, as before, so it is not cut off mid-write.) Otherwise
+/// reserves the
+/// body's size (its Content-Length, or the largest allowed when it has none)
+/// from the body budget until the response is made; waits while the budget
+/// is spent (within the request timeout).
 async fn reserve_body(
     State(budget): State<Arc<Semaphore>>,
     request: Request,
@@ -84,9 +91,27 @@ async fn reserve_body(
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(MAX_BODY_BYTES)
-        .min(MAX_BODY_BYTES);
+        .and_then(|v| v.parse::<u64>().ok());
+    let asks_to_continue = request
+        .headers()
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let over = declared.filter(|&l| l > MAX_BODY_BYTES as u64);
+    if let Some(length) = over.filter(|_| asks_to_continue) {
+        tracing::warn!(
+            content_length = length,
+            error = "body too large",
+            "webhook request refused"
+        );
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a request body of {length} bytes is over the limit of {MAX_BODY_BYTES}\n"),
+        )
+            .into_response();
+    }
+    let declared = declared.map_or(MAX_BODY_BYTES, |l| {
+        usize::try_from(l).unwrap_or(MAX_BODY_BYTES)
+    });
     let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let Ok(_reserved) = budget.acquire_many(kib).await else {
         // The semaphore is never closed.
