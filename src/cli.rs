@@ -267,7 +267,9 @@ pub struct ReleaseArgs {
 
 #[derive(Debug, Args)]
 pub struct CertsArgs {
-    /// Directory to write ca.crt, tls.crt and tls.key into (created if missing).
+    /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if
+    /// missing); existing certificates are not replaced without --renew or
+    /// --force.
     #[arg(long, env = "NODE_HOLDER_CERTS_OUT_DIR", default_value = "certs/dev")]
     pub out_dir: PathBuf,
 
@@ -284,6 +286,16 @@ pub struct CertsArgs {
     /// How long the certificates are valid (`90d`, `8760h`).
     #[arg(long, env = "NODE_HOLDER_CERTS_VALIDITY", default_value = "365d", value_parser = humantime::parse_duration)]
     pub validity: Duration,
+
+    /// Issue a new serving certificate (tls.crt, tls.key) from the CA already
+    /// in the directory (ca.crt, ca.key); registered caBundles keep matching.
+    #[arg(long, env = "NODE_HOLDER_CERTS_RENEW", conflicts_with = "force")]
+    pub renew: bool,
+
+    /// Replace certificates already in the directory with a new CA; every
+    /// caBundle registered for the old CA stops matching.
+    #[arg(long, env = "NODE_HOLDER_CERTS_FORCE")]
+    pub force: bool,
 }
 
 /// `docs/configuration.md`: every flag of every subcommand with its

@@ -79,8 +79,19 @@ impl Served {
 
 /// Writes development certificates with the real `node-holder certs`.
 pub fn make_certs(dir: &std::path::Path) {
+    certs_command(dir, &[]);
+}
+
+/// Replaces the certificates in `dir` with a new CA and serving pair
+/// (`node-holder certs --force`).
+pub fn replace_certs(dir: &std::path::Path) {
+    certs_command(dir, &["--force"]);
+}
+
+fn certs_command(dir: &std::path::Path, extra: &[&str]) {
     let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
         .args(["certs", "--out-dir", dir.to_str().unwrap()])
+        .args(extra)
         .output()
         .unwrap();
     assert!(
