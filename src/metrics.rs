@@ -12,6 +12,32 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::server::HandshakeFailure;
+
+/// The webhook's answers known in advance, shown at 0 from the start so a
+/// rate over them is 0 rather than absent (as controller-runtime does for
+/// its webhook metrics): admitted, bad review, timed out, body too large,
+/// not JSON, internal error, shutting down.
+const WEBHOOK_CODES: [u16; 7] = [200, 400, 408, 413, 415, 500, 503];
+/// Node PATCH failures known in advance, shown at 0 from the start: no
+/// response, forbidden, conflict, invalid, throttled, server errors.
+const PATCH_ERROR_CODES: [u16; 7] = [0, 403, 409, 422, 429, 500, 503];
+
+/// Creates `label`'s series of `family` at 0, so it is exposed before its
+/// first event.
+fn show_at_zero<L>(family: &Family<L, Counter>, label: L)
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    let _created = family.get_or_create(&label);
+}
+
+fn code_label(code: u16) -> CodeLabel {
+    CodeLabel {
+        code: code.to_string(),
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
     code: String,
@@ -34,6 +60,14 @@ impl TlsMetrics {
     /// The webhook port's TLS metrics, registered in `registry`.
     fn register(registry: &mut Registry) -> Self {
         let tls = TlsMetrics::default();
+        for reason in HandshakeFailure::ALL {
+            show_at_zero(
+                &tls.handshake_errors,
+                ReasonLabel {
+                    reason: reason.label(),
+                },
+            );
+        }
         registry.register(
             "tls_handshake_errors",
             "Webhook connections that failed before TLS was up, by reason",
@@ -48,9 +82,11 @@ impl TlsMetrics {
     }
 
     /// Counts a connection that never completed its TLS handshake.
-    pub fn handshake_error(&self, reason: &'static str) {
+    pub fn handshake_error(&self, reason: HandshakeFailure) {
         self.handshake_errors
-            .get_or_create(&ReasonLabel { reason })
+            .get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            })
             .inc();
     }
 }
@@ -94,6 +130,9 @@ impl WindowMetrics {
             // 1 ms .. ~65 s
             reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
         };
+        for code in PATCH_ERROR_CODES {
+            show_at_zero(&window.patch_errors, code_label(code));
+        }
         registry.register(
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
@@ -134,11 +173,7 @@ impl WindowMetrics {
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).
     pub fn patch_error(&self, code: u16) {
-        self.patch_errors
-            .get_or_create(&CodeLabel {
-                code: code.to_string(),
-            })
-            .inc();
+        self.patch_errors.get_or_create(&code_label(code)).inc();
     }
 }
 
@@ -146,6 +181,9 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("node_holder");
         let requests = Family::<CodeLabel, Counter>::default();
+        for code in WEBHOOK_CODES {
+            show_at_zero(&requests, code_label(code));
+        }
         // 50 us .. ~1.6 s
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         let in_flight = Gauge::<i64, AtomicI64>::default();
@@ -201,11 +239,7 @@ impl Metrics {
     }
 
     pub fn observe(&self, code: u16, latency: Duration) {
-        self.requests
-            .get_or_create(&CodeLabel {
-                code: code.to_string(),
-            })
-            .inc();
+        self.requests.get_or_create(&code_label(code)).inc();
         self.latency.observe(latency.as_secs_f64());
     }
 

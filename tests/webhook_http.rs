@@ -369,6 +369,47 @@ async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
     assert!(metrics.contains("node_holder_webhook_latency_seconds_bucket{le="));
 }
 
+/// A rate over an absent series is no alert at all: every label value
+/// node-holder knows in advance is exposed at 0 before its first event.
+#[tokio::test]
+async fn labelled_counters_show_their_known_label_values_at_zero_from_the_start() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &[]).await;
+    let (status, metrics) = http_get(served.admin_port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    let mut zeros: Vec<String> = Vec::new();
+    for code in [200, 400, 408, 413, 415, 500, 503] {
+        zeros.push(format!(
+            "node_holder_webhook_requests_total{{code=\"{code}\"}} 0"
+        ));
+    }
+    for code in [0, 403, 409, 422, 429, 500, 503] {
+        zeros.push(format!(
+            "node_holder_patch_errors_total{{code=\"{code}\"}} 0"
+        ));
+    }
+    for reason in [
+        "plain-http",
+        "timeout",
+        "no-client-certificate",
+        "client-certificate-rejected",
+        "certificate-rejected",
+        "incompatible-client",
+        "not-tls",
+        "other",
+    ] {
+        zeros.push(format!(
+            "node_holder_tls_handshake_errors_total{{reason=\"{reason}\"}} 0"
+        ));
+    }
+    for line in &zeros {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing from\n{metrics}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn sigterm_turns_not_ready_keeps_serving_through_the_grace_then_drains_and_exits_0() {
     let cp = ControlPlane::start().await.unwrap();

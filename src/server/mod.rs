@@ -375,7 +375,7 @@ pub async fn serve_tls(
             let tls = match handshake {
                 Ok(Ok(Some(tls))) => tls,
                 Ok(Ok(None)) => {
-                    metrics.handshake_error("plain-http");
+                    metrics.handshake_error(HandshakeFailure::PlainHttp);
                     tracing::debug!(%peer, "plain HTTP on the TLS port refused");
                     return;
                 }
@@ -385,17 +385,17 @@ pub async fn serve_tls(
                     match reason {
                         // The API server refusing our certificate: expired, or
                         // not signed by its caBundle. Worth an operator's eye.
-                        "certificate-rejected" => {
+                        HandshakeFailure::CertificateRejected => {
                             tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)")
                         }
                         // With --client-ca-file, the API server's own calls
                         // fail this way when its admission kubeconfig does not
                         // match this webhook or its certificate expired or
                         // was rotated: every node then registers unheld.
-                        "no-client-certificate" => {
+                        HandshakeFailure::NoClientCertificate => {
                             tracing::warn!(%peer, error = %err, "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)")
                         }
-                        "client-certificate-rejected" => {
+                        HandshakeFailure::ClientCertificateRejected => {
                             tracing::warn!(%peer, error = %err, "a client certificate was refused (not signed by the --client-ca-file CA, or expired?)")
                         }
                         _ => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
@@ -403,7 +403,7 @@ pub async fn serve_tls(
                     return;
                 }
                 Err(_) => {
-                    metrics.handshake_error("timeout");
+                    metrics.handshake_error(HandshakeFailure::Timeout);
                     tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
@@ -478,13 +478,13 @@ pub async fn serve_tls(
 /// certificate, the client's own certificate missing or refused (with
 /// `--client-ca-file`), a client the server cannot speak with, garbage, or
 /// anything else.
-fn handshake_failure(err: &std::io::Error) -> &'static str {
+fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
     use rustls::{AlertDescription, Error as TlsError};
     match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
-        Some(TlsError::NoCertificatesPresented) => "no-client-certificate",
+        Some(TlsError::NoCertificatesPresented) => HandshakeFailure::NoClientCertificate,
         // The server verifies no other certificate than the client's: an
         // unknown issuer, an expired or a malformed client certificate.
-        Some(TlsError::InvalidCertificate(_)) => "client-certificate-rejected",
+        Some(TlsError::InvalidCertificate(_)) => HandshakeFailure::ClientCertificateRejected,
         Some(TlsError::AlertReceived(
             AlertDescription::BadCertificate
             | AlertDescription::CertificateExpired
@@ -492,12 +492,53 @@ fn handshake_failure(err: &std::io::Error) -> &'static str {
             | AlertDescription::UnknownCA
             | AlertDescription::UnsupportedCertificate
             | AlertDescription::CertificateRevoked,
-        )) => "certificate-rejected",
+        )) => HandshakeFailure::CertificateRejected,
         // TLS 1.0/1.1 and SSL clients, or no cipher suite or signature
         // scheme in common.
-        Some(TlsError::PeerIncompatible(_)) => "incompatible-client",
-        Some(TlsError::InvalidMessage(_)) => "not-tls",
-        _ => "other",
+        Some(TlsError::PeerIncompatible(_)) => HandshakeFailure::IncompatibleClient,
+        Some(TlsError::InvalidMessage(_)) => HandshakeFailure::NotTls,
+        _ => HandshakeFailure::Other,
+    }
+}
+
+/// Why a connection to the webhook port never completed its TLS handshake:
+/// the `reason` label of `node_holder_tls_handshake_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    PlainHttp,
+    Timeout,
+    NoClientCertificate,
+    ClientCertificateRejected,
+    CertificateRejected,
+    IncompatibleClient,
+    NotTls,
+    Other,
+}
+
+impl HandshakeFailure {
+    /// Every reason, so the metric shows each at 0 from the start.
+    pub const ALL: [HandshakeFailure; 8] = [
+        Self::PlainHttp,
+        Self::Timeout,
+        Self::NoClientCertificate,
+        Self::ClientCertificateRejected,
+        Self::CertificateRejected,
+        Self::IncompatibleClient,
+        Self::NotTls,
+        Self::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::PlainHttp => "plain-http",
+            Self::Timeout => "timeout",
+            Self::NoClientCertificate => "no-client-certificate",
+            Self::ClientCertificateRejected => "client-certificate-rejected",
+            Self::CertificateRejected => "certificate-rejected",
+            Self::IncompatibleClient => "incompatible-client",
+            Self::NotTls => "not-tls",
+            Self::Other => "other",
+        }
     }
 }
 
