@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams};
+use kube::runtime::wait::await_condition;
 
 use crate::cli::ReleaseArgs;
 use crate::controller::default_identity;
@@ -50,16 +52,9 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
     bail!("leadership kept changing during the release; run release again")
 }
 
-/// Whether the release requested at `requested` is done: the record covers it
-/// and no node carries node-holder's hold, unless a window opened since.
-fn done(status: &status::Status, requested: Timestamp) -> bool {
-    status.closed_through.is_some_and(|t| t >= requested)
-        && (status.held_nodes.is_empty()
-            || status.opened_at.is_some_and(|opened| opened > requested))
-}
-
-/// Waits for the leader to handle the request; `false` when no live leader is
-/// left to do it.
+/// Waits for the leader to handle the request: returns the moment the
+/// record says it is done (a watch, not a poll); `false` when no live leader
+/// is left to do it.
 async fn wait_for_leader(
     client: &kube::Client,
     namespace: &str,
@@ -67,40 +62,64 @@ async fn wait_for_leader(
     timeout: Duration,
 ) -> Result<bool> {
     let started = Instant::now();
-    let mut announced = None;
-    loop {
-        let status = status::read(client, namespace, Timestamp::now()).await?;
-        match &status.leader {
-            Some(leader) if !leader.expired && announced.as_ref() != Some(&leader.identity) => {
-                println!("waiting for the leader {} to release…", leader.identity);
-                announced = Some(leader.identity.clone());
-            }
-            Some(leader) if !leader.expired => {}
-            _ if !done(&status, requested) => return Ok(false),
-            _ => {}
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let done = await_condition(records, record::NAME, move |cm: Option<&ConfigMap>| {
+        cm.and_then(|cm| record::release_done_at(&cm.metadata))
+            .is_some_and(|done| done >= requested)
+    });
+    tokio::select! {
+        done = done => {
+            done.context("watching the record for the release")?;
         }
-        if done(&status, requested) {
-            println!(
-                "released by {} in {:.1?}; {} node(s) still held{}",
-                status.leader.map_or("the leader".into(), |l| l.identity),
-                started.elapsed(),
-                status.held_nodes.len(),
-                if status.open {
-                    " by a window opened since"
-                } else {
-                    ""
-                }
-            );
-            return Ok(true);
+        lost = no_live_leader(client, namespace) => {
+            lost?;
+            return Ok(false);
         }
-        if started.elapsed() > timeout {
+        () = tokio::time::sleep(timeout) => {
+            let status = status::read(client, namespace, Timestamp::now()).await?;
             bail!(
                 "the leader has not finished the release after {}: {} node(s) still held; see its log",
                 humantime::format_duration(timeout),
                 status.held_nodes.len()
             );
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let status = status::read(client, namespace, Timestamp::now()).await?;
+    println!(
+        "released by {} in {:.1?}; {} node(s) still held{}",
+        status.leader.map_or("the leader".into(), |l| l.identity),
+        started.elapsed(),
+        status.held_nodes.len(),
+        if status.open {
+            " by a window opened since"
+        } else {
+            ""
+        }
+    );
+    Ok(true)
+}
+
+/// Returns once the Lease has no live holder (the leader died, or handed
+/// over to nobody); says who it waits for meanwhile. Polled: a leader's
+/// death shows only as renewals that stop.
+async fn no_live_leader(client: &kube::Client, namespace: &str) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let mut announced = None;
+    loop {
+        let lease = leases
+            .get_opt(record::NAME)
+            .await
+            .with_context(|| format!("reading Lease {}", record::NAME))?;
+        match lease.and_then(|l| status::leader(&l, Timestamp::now())) {
+            Some(leader) if !leader.expired => {
+                if announced.as_ref() != Some(&leader.identity) {
+                    println!("waiting for the leader {} to release…", leader.identity);
+                    announced = Some(leader.identity);
+                }
+            }
+            _ => return Ok(()),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -120,7 +139,13 @@ async fn release_here(
         }
         Ok(Err(err)) => return Err(err).context("taking the lease"),
     }
-    let result = release_with_lease(client, args, requested).await;
+    let result = match release_with_lease(client, args, requested).await {
+        Ok(()) => RecordStore::new(client.clone(), &args.record.namespace)
+            .release_progress(None, Some(requested))
+            .await
+            .context("recording the release as done"),
+        Err(err) => Err(err),
+    };
     if let Err(err) = manager.release().await {
         eprintln!("warning: releasing the lease failed: {err}");
     }

@@ -25,9 +25,29 @@ pub struct Status {
     /// Nodes created at or before this belong to a closed window.
     pub closed_through: Option<Timestamp>,
     pub release_requested_at: Option<Timestamp>,
+    /// The last release request the leader (or `release`) finished.
+    pub release_done_at: Option<Timestamp>,
+    /// Nodes the release under way started with, as the leader recorded.
+    pub releasing_from: Option<u64>,
     pub settings: Option<Settings>,
     pub leader: Option<Leader>,
     pub held_nodes: Vec<HeldNode>,
+    /// Held at admission, created after every window the record knows: the
+    /// leader has not counted them yet, and will open a window for them.
+    pub window_opening: bool,
+    /// A release that is not finished, if any.
+    pub release: Option<Release>,
+}
+
+/// A release that is not finished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum Release {
+    /// Requested; no leader has taken the request yet.
+    Requested { requested_at: Timestamp },
+    /// The holds of a closed window coming off: `left` nodes still carry
+    /// them, of the `of` the release started with.
+    Releasing { left: usize, of: u64 },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,17 +112,60 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         })
         .collect();
     held_nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Status {
+    let mut status = Status {
         open: open.is_some_and(|open| now < open.deadline),
         opened_at: open.map(|o| o.opened_at),
         deadline: open.map(|o| o.deadline),
         cap,
         closed_through: record.window.closed_through(),
         release_requested_at: record.release_requested_at,
+        release_done_at: record.release_done_at,
+        releasing_from: record.releasing,
         settings: record.settings,
         leader: lease.and_then(|lease| leader(&lease, now)),
         held_nodes,
-    })
+        window_opening: false,
+        release: None,
+    };
+    status.window_opening = window_opening(&status);
+    status.release = release(&status);
+    Ok(status)
+}
+
+/// Whether a held node is newer than every window the record knows (after
+/// the last closed one, and after the deadline of one not yet closed): the
+/// webhook held it at admission and the leader has yet to count it.
+fn window_opening(status: &Status) -> bool {
+    !status.open
+        && status.held_nodes.iter().any(|node| {
+            node.created.is_some_and(|created| {
+                status.closed_through.is_none_or(|t| created > t)
+                    && status.deadline.is_none_or(|d| created >= d)
+            })
+        })
+}
+
+/// The release not yet finished, if any. A request that is done, or that a
+/// window opened since has superseded, is not one.
+fn release(status: &Status) -> Option<Release> {
+    if let Some(of) = status.releasing_from {
+        // The nodes of the closed windows that still carry the hold.
+        let left = status
+            .held_nodes
+            .iter()
+            .filter(|n| {
+                n.created
+                    .zip(status.closed_through)
+                    .is_some_and(|(created, through)| created <= through)
+            })
+            .count();
+        return Some(Release::Releasing { left, of });
+    }
+    let requested_at = status.release_requested_at?;
+    let done = status.release_done_at.is_some_and(|d| d >= requested_at);
+    let handled = status.closed_through.is_some_and(|t| t >= requested_at);
+    let superseded = status.opened_at.is_some_and(|o| o > requested_at);
+    (!done && !handled && !superseded).then_some(Release::Requested { requested_at })
 }
 
 /// The Lease's holder, if any.
@@ -117,6 +180,19 @@ pub fn leader(lease: &Lease, now: Timestamp) -> Option<Leader> {
         renewed_at,
         expired,
     })
+}
+
+/// `3,001` for 3001.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }
 
 /// `14m 32s` for a duration, rounded to seconds.
@@ -143,11 +219,23 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         out.push_str(&format!("{label:<13}{value}\n"));
     };
     window_lines(&mut line, status, now);
-    if let Some(at) = status.release_requested_at {
-        line(
+    match &status.release {
+        Some(Release::Requested { requested_at }) => line(
             "Release:",
-            format!("requested {at} ({})", relative(at, now)),
-        );
+            format!(
+                "requested {requested_at} ({}), waiting for the leader",
+                relative(*requested_at, now)
+            ),
+        ),
+        Some(Release::Releasing { left, of }) => line(
+            "Release:",
+            format!(
+                "releasing {} of {} node(s) still held",
+                thousands(*left as u64),
+                thousands(*of)
+            ),
+        ),
+        None => {}
     }
     line("Leader:", leader_text(status, now));
     line("Held nodes:", status.held_nodes.len().to_string());
@@ -192,6 +280,14 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
             if let Some(cap) = status.cap {
                 line("Cap:", format!("{cap} ({})", relative(cap, now)));
             }
+        }
+        _ if status.window_opening => {
+            line("Window:", format!("opening ({scope})"));
+            line(
+                "Opening:",
+                "a node was held at admission; the leader opens the window at its next pass"
+                    .to_string(),
+            );
         }
         _ => {
             line("Window:", format!("closed ({scope})"));
@@ -304,6 +400,10 @@ mod tests {
             cap: Some(at("2026-11-22T14:00:00Z")),
             closed_through: None,
             release_requested_at: None,
+            release_done_at: None,
+            releasing_from: None,
+            window_opening: false,
+            release: None,
             settings: Some(settings()),
             leader: Some(Leader {
                 identity: "node-holder-abc".into(),
@@ -346,8 +446,14 @@ mod tests {
             opened_at: None,
             deadline: None,
             cap: None,
-            closed_through: Some(at("2026-11-22T11:00:00Z")),
+            closed_through: Some(at("2026-11-22T10:00:00Z")),
             release_requested_at: Some(at("2026-11-22T11:00:00Z")),
+            release_done_at: None,
+            releasing_from: None,
+            window_opening: false,
+            release: Some(Release::Requested {
+                requested_at: at("2026-11-22T11:00:00Z"),
+            }),
             settings: None,
             leader: Some(Leader {
                 identity: "gone".into(),
@@ -362,11 +468,13 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("Last closed: covers nodes created up to 2026-11-22T11:00:00Z\n"),
+            text.contains("Last closed: covers nodes created up to 2026-11-22T10:00:00Z\n"),
             "{text}"
         );
         assert!(
-            text.contains("Release:     requested 2026-11-22T11:00:00Z (1h 10m ago)\n"),
+            text.contains(
+                "Release:     requested 2026-11-22T11:00:00Z (1h 10m ago), waiting for the leader\n"
+            ),
             "{text}"
         );
         assert!(
@@ -374,6 +482,119 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("Held nodes:  0\n"), "{text}");
+    }
+
+    /// A status as `read` derives it, from the record's and the nodes' facts.
+    fn derived(mut status: Status) -> Status {
+        status.window_opening = window_opening(&status);
+        status.release = release(&status);
+        status
+    }
+
+    fn closed(closed_through: &str) -> Status {
+        Status {
+            open: false,
+            opened_at: None,
+            deadline: None,
+            cap: None,
+            closed_through: Some(at(closed_through)),
+            release_requested_at: None,
+            release_done_at: None,
+            releasing_from: None,
+            settings: Some(settings()),
+            leader: None,
+            held_nodes: vec![],
+            window_opening: false,
+            release: None,
+        }
+    }
+
+    fn held(name: &str, created: &str) -> HeldNode {
+        HeldNode {
+            name: name.into(),
+            holds: vec!["karpenter.sh/do-not-disrupt".into()],
+            created: Some(at(created)),
+        }
+    }
+
+    #[test]
+    fn a_node_held_at_admission_before_the_leader_counted_it_is_a_window_opening() {
+        let mut status = closed("2026-11-22T11:00:00Z");
+        status.held_nodes = vec![held("new", "2026-11-22T12:00:00Z")];
+        let status = derived(status);
+        assert!(status.window_opening);
+        let text = render_text(&status, at("2026-11-22T12:00:01Z"));
+        assert!(
+            text.starts_with("Window:      opening (cluster scope"),
+            "{text}"
+        );
+        // A node of the closed window still held is being released, not new.
+        let mut status = closed("2026-11-22T11:00:00Z");
+        status.held_nodes = vec![held("old", "2026-11-22T10:59:00Z")];
+        assert!(!derived(status).window_opening);
+    }
+
+    #[test]
+    fn a_release_request_is_shown_until_it_is_handled_done_or_superseded() {
+        let requested = "2026-11-22T11:30:00Z";
+        let mut pending = closed("2026-11-22T11:00:00Z");
+        pending.release_requested_at = Some(at(requested));
+        assert_eq!(
+            derived(pending.clone()).release,
+            Some(Release::Requested {
+                requested_at: at(requested)
+            })
+        );
+        let mut done = pending.clone();
+        done.closed_through = Some(at(requested));
+        done.release_done_at = Some(at(requested));
+        assert_eq!(derived(done).release, None);
+        // A window opened after the request: the request is history.
+        let mut superseded = pending.clone();
+        superseded.closed_through = Some(at(requested));
+        superseded.open = true;
+        superseded.opened_at = Some(at("2026-11-22T11:40:00Z"));
+        superseded.deadline = Some(at("2026-11-22T12:00:00Z"));
+        let superseded = derived(superseded);
+        assert_eq!(superseded.release, None);
+        let text = render_text(&superseded, at("2026-11-22T11:41:00Z"));
+        assert!(!text.contains("Release:"), "{text}");
+    }
+
+    #[test]
+    fn a_release_under_way_shows_how_many_nodes_are_left_of_how_many() {
+        let mut status = closed("2026-11-22T11:00:00Z");
+        status.releasing_from = Some(3001);
+        status.held_nodes = (0..1840)
+            .map(|n| held(&format!("n{n}"), "2026-11-22T10:00:00Z"))
+            .chain([held("new", "2026-11-22T11:00:01Z")])
+            .collect();
+        let status = derived(status);
+        assert_eq!(
+            status.release,
+            Some(Release::Releasing {
+                left: 1840,
+                of: 3001
+            })
+        );
+        let text = render_text(&status, at("2026-11-22T11:00:05Z"));
+        assert!(
+            text.contains("Release:     releasing 1,840 of 3,001 node(s) still held\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        for (n, text) in [
+            (0, "0"),
+            (999, "999"),
+            (1000, "1,000"),
+            (3001, "3,001"),
+            (1234567, "1,234,567"),
+        ] {
+            assert_eq!(thousands(n), text);
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{Served, node, register_webhook, serve};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, PostParams};
 use testenv::ControlPlane;
 
@@ -45,16 +45,19 @@ async fn marked(nodes: &Api<Node>) -> Vec<String> {
 /// Starts serve with a long window, creates `names` through the webhook and
 /// waits until the window task has counted them.
 async fn held_cluster(cp: &ControlPlane, names: &[&str]) -> Served {
-    let served = serve(
-        cp,
-        &[
-            "--hold-duration=1h",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-            "--lease-duration=3s",
-        ],
-    )
-    .await;
+    held_cluster_with(cp, names, &[]).await
+}
+
+/// [`held_cluster`] with `extra` flags for serve.
+async fn held_cluster_with(cp: &ControlPlane, names: &[&str], extra: &[&str]) -> Served {
+    let mut flags = vec![
+        "--hold-duration=1h",
+        "--coalesce-idle=200ms",
+        "--coalesce-max=1s",
+        "--lease-duration=3s",
+    ];
+    flags.extend_from_slice(extra);
+    let served = serve(cp, &flags).await;
     register_webhook(cp, &served).await;
     let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
     for name in names {
@@ -159,6 +162,17 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
     let text = stdout(&node_holder(&cp, &["status"]));
     assert!(text.starts_with("Window:      closed"), "{text}");
     assert!(text.contains("Held nodes:  0"), "{text}");
+    assert!(
+        !text.contains("Release:"),
+        "a finished release is not pending: {text}"
+    );
+    // The leader recorded the request as done: what `release` waited for.
+    let record = record_annotations(&cp).await;
+    assert_eq!(
+        record.get("node-holder.dev/release-done-at"),
+        record.get("node-holder.dev/release-requested-at"),
+        "{record:?}"
+    );
 
     // A node created after the release opens a new window as usual (creation
     // times have whole seconds: one in the release's second counts as before).
@@ -176,6 +190,104 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The new window supersedes the old request: status does not show it.
+    let text = stdout(&node_holder(&cp, &["status"]));
+    assert!(text.starts_with("Window:      open"), "{text}");
+    assert!(!text.contains("Release:"), "{text}");
+}
+
+/// The annotations of node-holder's window record.
+async fn record_annotations(cp: &ControlPlane) -> std::collections::BTreeMap<String, String> {
+    let records: Api<ConfigMap> = Api::namespaced(
+        cp.admin_client().await.unwrap(),
+        testenv::NODE_HOLDER_NAMESPACE,
+    );
+    records
+        .get("node-holder-window")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+/// `status -o json`, parsed.
+fn status_json(cp: &ControlPlane) -> serde_json::Value {
+    serde_json::from_str(&stdout(&node_holder(cp, &["status", "-o", "json"]))).unwrap()
+}
+
+#[tokio::test]
+async fn status_calls_a_node_held_at_admission_but_not_yet_counted_a_window_opening() {
+    let cp = ControlPlane::start().await.unwrap();
+    // The leader's pass after a node change waits for ten quiet minutes.
+    let served = serve(
+        &cp,
+        &[
+            "--hold-duration=1h",
+            "--coalesce-idle=10m",
+            "--coalesce-max=10m",
+        ],
+    )
+    .await;
+    register_webhook(&cp, &served).await;
+    // The leader has made its first pass (it records its settings), so it
+    // watches the nodes: the next one waits for the quiet period.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while status_json(&cp)["settings"].is_null() {
+        assert!(std::time::Instant::now() < deadline, "{}", served.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    nodes
+        .create(&PostParams::default(), &node("fresh"))
+        .await
+        .unwrap();
+
+    let json = status_json(&cp);
+    assert_eq!(json["open"], false, "{json}");
+    assert_eq!(json["windowOpening"], true, "{json}");
+    assert_eq!(json["heldNodes"][0]["name"], "fresh", "{json}");
+    let text = stdout(&node_holder(&cp, &["status"]));
+    assert!(text.starts_with("Window:      opening ("), "{text}");
+    assert!(!text.contains("Window:      closed"), "{text}");
+}
+
+#[tokio::test]
+async fn status_follows_a_release_under_way_node_by_node() {
+    let cp = ControlPlane::start().await.unwrap();
+    let names = ["r1", "r2", "r3", "r4", "r5", "r6"];
+    // One node PATCH a second: the release of six nodes takes five seconds.
+    let _served = held_cluster_with(&cp, &names, &["--api-qps=1"]).await;
+    let mut release = Command::new(env!("CARGO_BIN_EXE_node-holder"))
+        .arg("release")
+        .env("KUBECONFIG", cp.admin_kubeconfig())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let json = status_json(&cp);
+        if json["release"]["state"] == "releasing" {
+            assert_eq!(json["release"]["of"], 6, "{json}");
+            seen.push(json["release"]["left"].as_u64().unwrap());
+            let text = stdout(&node_holder(&cp, &["status"]));
+            if text.contains("Release:     releasing ") {
+                assert!(text.contains(" of 6 node(s) still held\n"), "{text}");
+                break;
+            }
+        }
+        assert!(
+            release.try_wait().unwrap().is_none(),
+            "the release ended before status saw it under way: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = release.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert!(seen.iter().all(|&left| left <= 6), "{seen:?}");
+    let json = status_json(&cp);
+    assert!(json["release"].is_null(), "{json}");
+    assert_eq!(json["heldNodes"].as_array().unwrap().len(), 0, "{json}");
 }
 
 #[tokio::test]

@@ -272,12 +272,32 @@ struct WindowTask {
     window: Window,
     /// A release request not handled yet.
     release_request: Option<Timestamp>,
+    /// A release request handled but not yet recorded as done: some of its
+    /// holds may still be on.
+    release_unconfirmed: Option<Timestamp>,
+    /// Whether the record says a release is under way.
+    releasing: bool,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
     failures: u32,
 }
 
 /// What one pass asks of the next.
+/// Before a closed window's holds come off in `cluster` scope, the record
+/// says how many nodes the release starts with, for `status`; whether it
+/// does. (In `node` scope holds end one by one; there is no release to
+/// follow.) A failed write costs only that line of `status`: logged, not
+/// retried.
+async fn record_releasing(store: &RecordStore, total: usize) -> bool {
+    match store.release_progress(Some(total), None).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(error = %err, "recording the release progress failed");
+            false
+        }
+    }
+}
+
 struct PassOutcome {
     /// When the next pass must run at the latest.
     wake: Option<Instant>,
@@ -300,6 +320,8 @@ impl WindowTask {
             saved: None,
             window: Window::default(),
             release_request: None,
+            release_unconfirmed: None,
+            releasing: false,
             announced: HashSet::new(),
             failures: 0,
         }
@@ -315,6 +337,12 @@ impl WindowTask {
                 .closed_through()
                 .is_none_or(|through| through < at)
         });
+        // A release the last leader handled but did not finish is finished
+        // (and recorded as done) by this one.
+        self.release_unconfirmed = record
+            .release_requested_at
+            .filter(|&at| record.release_done_at.is_none_or(|done| done < at));
+        self.releasing = record.releasing.is_some();
 
         let NodeWatch {
             store: nodes,
@@ -373,6 +401,7 @@ impl WindowTask {
                         {
                             tracing::info!(requested_at = %at, "release requested");
                             self.release_request = Some(at);
+                            self.release_unconfirmed = Some(at);
                             burst = Some((Instant::now() - self.config.coalesce_max, Instant::now()));
                         }
                     }
@@ -515,9 +544,15 @@ impl WindowTask {
         let wake_at = planner.wake(metas());
         let (hold_total, release_total) = (hold.len(), release.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
+        if release_total > 0 && cfg.mode == Mode::Cluster {
+            self.releasing |= record_releasing(&self.store, release_total).await;
+        }
         let (released, release_failures) = self
             .apply(Action::Release, patches(release), release_total)
             .await;
+        if release_failures == 0 {
+            self.record_released().await;
+        }
         self.metrics.held_nodes.set(marked + held - released);
         let failures = hold_failures + release_failures;
 
@@ -532,6 +567,23 @@ impl WindowTask {
             })
         };
         Ok(PassOutcome { wake })
+    }
+
+    /// After a pass that removed every hold it had to: no release under way,
+    /// and the handled release request is done (`release` waits for that).
+    /// A failed write is tried again after the next pass.
+    async fn record_released(&mut self) {
+        let done = self.release_unconfirmed;
+        if !self.releasing && done.is_none() {
+            return;
+        }
+        match self.store.release_progress(None, done).await {
+            Ok(()) => {
+                self.releasing = false;
+                self.release_unconfirmed = None;
+            }
+            Err(err) => tracing::warn!(error = %err, "recording the release progress failed"),
+        }
     }
 
     /// Applies the patches of one kind; returns (applied, failed).

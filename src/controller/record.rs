@@ -98,6 +98,19 @@ pub fn release_request_annotation() -> String {
     format!("{PREFIX}/release-requested-at")
 }
 
+/// Annotation the leader (or `release` running without one) sets once a
+/// release request is done, every hold it covered removed: the request's
+/// time. `release` waits for it.
+pub fn release_done_annotation() -> String {
+    format!("{PREFIX}/release-done-at")
+}
+
+/// Annotation the leader sets while it removes a closed window's holds: how
+/// many nodes that release started with (`status` shows the progress).
+pub fn releasing_annotation() -> String {
+    format!("{PREFIX}/releasing")
+}
+
 /// The settings the leader runs with, kept beside the window so that `status`
 /// and `release` need no flags of their own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +135,10 @@ pub struct Record {
     pub settings: Option<Settings>,
     /// When `release` last asked for the window to close.
     pub release_requested_at: Option<Timestamp>,
+    /// The last release request that is done.
+    pub release_done_at: Option<Timestamp>,
+    /// Nodes the release in progress started with; `None` when none is.
+    pub releasing: Option<u64>,
     /// Whether the ConfigMap exists.
     pub exists: bool,
 }
@@ -196,14 +213,39 @@ impl RecordStore {
         Ok(now)
     }
 
+    /// Records the release progress: `releasing` the nodes a release in
+    /// progress started with (`None`: none in progress), and `done` a release
+    /// request now done. Only the leader, or `release` holding the Lease,
+    /// calls this, after the record exists.
+    pub async fn release_progress(
+        &self,
+        releasing: Option<usize>,
+        done: Option<Timestamp>,
+    ) -> Result<()> {
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(
+            releasing_annotation(),
+            releasing.map_or(serde_json::Value::Null, |n| n.to_string().into()),
+        );
+        if let Some(done) = done {
+            annotations.insert(release_done_annotation(), done.to_string().into());
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        self.api
+            .patch(NAME, &field_manager(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("recording the release progress in ConfigMap {NAME}"))?;
+        Ok(())
+    }
+
     /// Merges `part` into the record's ConfigMap, or creates the ConfigMap
     /// from it when there is none yet.
     async fn merge(&self, mut part: ConfigMap) -> Result<()> {
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
-        match self.api.patch(NAME, &params, &Patch::Merge(&part)).await {
+        match self
+            .api
+            .patch(NAME, &field_manager(), &Patch::Merge(&part))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 part.metadata.name = Some(NAME.to_string());
@@ -215,6 +257,13 @@ impl RecordStore {
             }
             Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
         }
+    }
+}
+
+fn field_manager() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
     }
 }
 
@@ -236,6 +285,9 @@ impl Record {
             window,
             settings,
             release_requested_at: release_requested_at(&config_map.metadata),
+            release_done_at: release_done_at(&config_map.metadata),
+            releasing: annotation(&config_map.metadata, &releasing_annotation())
+                .and_then(|n| n.parse().ok()),
             exists: true,
         })
     }
@@ -243,11 +295,18 @@ impl Record {
 
 /// The release request in `meta`'s annotations, if any and well-formed.
 pub fn release_requested_at(meta: &ObjectMeta) -> Option<Timestamp> {
-    meta.annotations
-        .as_ref()?
-        .get(&release_request_annotation())?
+    annotation(meta, &release_request_annotation())?
         .parse()
         .ok()
+}
+
+/// The last release request done, in `meta`'s annotations, if any.
+pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
+    annotation(meta, &release_done_annotation())?.parse().ok()
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
 /// Durations as humantime text (`20m`, `2h`): readable with `kubectl get -o yaml`.
