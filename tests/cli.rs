@@ -79,6 +79,17 @@ fn certs_rejects_an_invalid_dns_name_with_a_clear_error() {
     assert!(stderr.contains("invalid DNS name"), "{stderr}");
 }
 
+/// `certs` into `dir` with `extra` flags, which must succeed.
+fn certs_ok(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let out = certs(dir, extra);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `certs` into `dir` with `extra` flags.
 fn certs(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
@@ -121,12 +132,7 @@ fn verifies_against(dir: &std::path::Path, ca: &str) -> bool {
 #[test]
 fn certs_refuses_to_replace_an_existing_ca_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let first = certs(dir.path(), &[]);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    certs_ok(dir.path(), &[]);
     let before: Vec<String> = ["ca.crt", "ca.key", "tls.crt", "tls.key"]
         .iter()
         .map(|f| read(dir.path(), f))
@@ -154,12 +160,7 @@ fn certs_refuses_to_replace_an_existing_ca_and_writes_nothing() {
 #[test]
 fn certs_renew_issues_a_new_serving_pair_from_the_same_ca() {
     let dir = tempfile::tempdir().unwrap();
-    let first = certs(dir.path(), &[]);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    let first = certs_ok(dir.path(), &[]);
     let ca = read(dir.path(), "ca.crt");
     let old_key = read(dir.path(), "tls.key");
     let mode = std::fs::metadata(dir.path().join("ca.key"))
@@ -172,12 +173,7 @@ fn certs_renew_issues_a_new_serving_pair_from_the_same_ca() {
         "the CA key is readable by its owner only"
     );
 
-    let renewed = certs(dir.path(), &["--renew"]);
-    assert!(
-        renewed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&renewed.stderr)
-    );
+    let renewed = certs_ok(dir.path(), &["--renew"]);
     let stderr = String::from_utf8_lossy(&renewed.stderr);
     assert!(stderr.contains("wrote tls.crt, tls.key to"), "{stderr}");
     assert_eq!(read(dir.path(), "ca.crt"), ca, "the CA is kept");
@@ -189,14 +185,9 @@ fn certs_renew_issues_a_new_serving_pair_from_the_same_ca() {
 #[test]
 fn certs_force_replaces_the_ca_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    assert!(certs(dir.path(), &[]).status.success());
+    certs_ok(dir.path(), &[]);
     let old_ca = read(dir.path(), "ca.crt");
-    let forced = certs(dir.path(), &["--force"]);
-    assert!(
-        forced.status.success(),
-        "{}",
-        String::from_utf8_lossy(&forced.stderr)
-    );
+    let forced = certs_ok(dir.path(), &["--force"]);
     let stderr = String::from_utf8_lossy(&forced.stderr);
     assert!(
         stderr.contains("wrote ca.crt, ca.key, tls.crt, tls.key to"),
@@ -211,7 +202,7 @@ fn certs_force_replaces_the_ca_and_says_so() {
 #[test]
 fn certs_renew_without_a_ca_key_says_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    assert!(certs(dir.path(), &[]).status.success());
+    certs_ok(dir.path(), &[]);
     std::fs::remove_file(dir.path().join("ca.key")).unwrap();
     let tls = read(dir.path(), "tls.crt");
     let renewed = certs(dir.path(), &["--renew"]);

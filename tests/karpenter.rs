@@ -298,17 +298,7 @@ async fn the_hold_blocks_drift_too_until_it_ends() {
     let drifting = nodes.first().unwrap().clone();
     let held_until: Timestamp = a.nodes_launched()[&drifting] + hold;
 
-    // The NodePool's template changes (a new label): the node has drifted.
-    testenv::node_pools(&a.client)
-        .patch(
-            testenv::NODE_POOL,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    drift_the_pool(&a).await;
     a.until(
         "Karpenter sees the node drifted",
         KARPENTER_ROUND,
@@ -356,6 +346,21 @@ async fn the_hold_blocks_drift_too_until_it_ends() {
         },
     )
     .await;
+}
+
+/// Changes the NodePool's template (a new label): every node of the pool
+/// has drifted.
+async fn drift_the_pool(a: &Autoscaled) {
+    testenv::node_pools(&a.client)
+        .patch(
+            testenv::NODE_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
 }
 
 /// The test's own finalizer: it keeps a Node object that Karpenter is
@@ -414,16 +419,7 @@ async fn a_drift_replacement_opens_the_window_the_node_being_replaced_goes_anywa
     }
 
     // Both nodes drift; Karpenter replaces one at a time (its 10% budget).
-    testenv::node_pools(&a.client)
-        .patch(
-            testenv::NODE_POOL,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"template": {"metadata": {"labels": {"rollout": "2"}}}}}),
-            ),
-        )
-        .await
-        .unwrap();
+    drift_the_pool(&a).await;
     let mut replaced = String::new();
     a.until(
         "Karpenter starts replacing a drifted node",
