@@ -282,7 +282,6 @@ struct WindowTask {
     failures: u32,
 }
 
-/// What one pass asks of the next.
 /// Before a closed window's holds come off in `cluster` scope, the record
 /// says how many nodes the release starts with, for `status`; whether it
 /// does. (In `node` scope holds end one by one; there is no release to
@@ -298,6 +297,7 @@ async fn record_releasing(store: &RecordStore, total: usize) -> bool {
     }
 }
 
+/// What one pass asks of the next.
 struct PassOutcome {
     /// When the next pass must run at the latest.
     wake: Option<Instant>,
