@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams};
 use kube::runtime::wait::await_condition;
 
 use crate::cli::ReleaseArgs;
 use crate::controller::default_identity;
+use crate::controller::lease;
 use crate::controller::patcher::{PatchResult, Patcher};
 use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::plan::{Planner, plan};
@@ -103,14 +103,9 @@ async fn wait_for_leader(
 /// over to nobody); says who it waits for meanwhile. Polled: a leader's
 /// death shows only as renewals that stop.
 async fn no_live_leader(client: &kube::Client, namespace: &str) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mut announced = None;
     loop {
-        let lease = leases
-            .get_opt(record::NAME)
-            .await
-            .with_context(|| format!("reading Lease {}", record::NAME))?;
-        match lease.and_then(|l| status::leader(&l, Timestamp::now())) {
+        match lease::read_holder(client, namespace).await? {
             Some(leader) if !leader.expired => {
                 if announced.as_ref() != Some(&leader.identity) {
                     println!("waiting for the leader {} to release…", leader.identity);
@@ -130,7 +125,7 @@ async fn release_here(
     requested: Timestamp,
 ) -> Result<bool> {
     let identity = format!("release-{}", default_identity());
-    let manager = record::lease_manager(client, &args.record.namespace, &identity, 15).await?;
+    let manager = lease::lease_manager(client, &args.record.namespace, &identity, 15).await?;
     match tokio::time::timeout(Duration::from_secs(20), manager.changed()).await {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => {

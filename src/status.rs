@@ -4,13 +4,13 @@
 
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
-use crate::controller::record::{self, RecordStore, Settings};
+use crate::controller::lease::{self, Holder};
+use crate::controller::record::{RecordStore, Settings};
 use crate::core::holds::{HELD_KEYS_ANNOTATION, MARKER_LABEL, MARKER_VALUE};
 
 /// Everything `status` shows.
@@ -30,7 +30,7 @@ pub struct Status {
     /// Nodes the release under way started with, as the leader recorded.
     pub releasing_from: Option<u64>,
     pub settings: Option<Settings>,
-    pub leader: Option<Leader>,
+    pub leader: Option<Holder>,
     pub held_nodes: Vec<HeldNode>,
     /// Held at admission, created after every window the record knows: the
     /// leader has not counted them yet, and will open a window for them.
@@ -52,15 +52,6 @@ pub enum Release {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Leader {
-    pub identity: String,
-    pub renewed_at: Option<Timestamp>,
-    /// Whether the lease ran out without renewal (no live leader).
-    pub expired: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct HeldNode {
     pub name: String,
     /// The hold keys node-holder added.
@@ -71,11 +62,7 @@ pub struct HeldNode {
 /// Reads the status from the cluster.
 pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Result<Status> {
     let record = RecordStore::new(client.clone(), namespace).load().await?;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let lease = leases
-        .get_opt(record::NAME)
-        .await
-        .with_context(|| format!("reading Lease {}", record::NAME))?;
+    let leader = lease::read_holder(client, namespace).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let marked = nodes
         .list_metadata(&ListParams::default().labels(&format!("{MARKER_LABEL}={MARKER_VALUE}")))
@@ -122,7 +109,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         release_done_at: record.release_done_at,
         releasing_from: record.releasing,
         settings: record.settings,
-        leader: lease.and_then(|lease| leader(&lease, now)),
+        leader,
         held_nodes,
         window_opening: false,
         release: None,
@@ -166,20 +153,6 @@ fn release(status: &Status) -> Option<Release> {
     let handled = status.closed_through.is_some_and(|t| t >= requested_at);
     let superseded = status.opened_at.is_some_and(|o| o > requested_at);
     (!done && !handled && !superseded).then_some(Release::Requested { requested_at })
-}
-
-/// The Lease's holder, if any.
-pub fn leader(lease: &Lease, now: Timestamp) -> Option<Leader> {
-    let spec = lease.spec.as_ref()?;
-    let identity = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
-    let renewed_at = spec.renew_time.as_ref().map(|t| t.0);
-    let duration = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
-    let expired = renewed_at.is_none_or(|renewed| renewed + duration < now);
-    Some(Leader {
-        identity,
-        renewed_at,
-        expired,
-    })
 }
 
 /// `3,001` for 3001.
@@ -405,7 +378,7 @@ mod tests {
             window_opening: false,
             release: None,
             settings: Some(settings()),
-            leader: Some(Leader {
+            leader: Some(Holder {
                 identity: "node-holder-abc".into(),
                 renewed_at: Some(at("2026-11-22T12:09:57Z")),
                 expired: false,
@@ -455,7 +428,7 @@ mod tests {
                 requested_at: at("2026-11-22T11:00:00Z"),
             }),
             settings: None,
-            leader: Some(Leader {
+            leader: Some(Holder {
                 identity: "gone".into(),
                 renewed_at: Some(at("2026-11-22T11:00:00Z")),
                 expired: true,
@@ -595,22 +568,5 @@ mod tests {
         ] {
             assert_eq!(thousands(n), text);
         }
-    }
-
-    #[test]
-    fn a_lease_without_holder_or_past_its_duration_has_no_live_leader() {
-        let now = at("2026-11-22T12:00:00Z");
-        let mut lease = Lease::default();
-        assert!(leader(&lease, now).is_none());
-        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            holder_identity: Some("a".into()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                at("2026-11-22T11:59:50Z"),
-            )),
-            ..Default::default()
-        });
-        assert!(!leader(&lease, now).unwrap().expired);
-        assert!(leader(&lease, at("2026-11-22T12:00:06Z")).unwrap().expired);
     }
 }

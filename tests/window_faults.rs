@@ -25,7 +25,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use node_holder::controller::record;
+use node_holder::controller::{lease, record};
 use serde_json::json;
 use testenv::ControlPlane;
 
@@ -492,8 +492,8 @@ async fn of_two_competitors_taking_a_free_lease_at_once_exactly_one_leads() {
         }
         let (id_a, id_b) = (format!("a-{round}"), format!("b-{round}"));
         let (a, b) = tokio::join!(
-            record::lease_manager(&client, namespace, &id_a, 3),
-            record::lease_manager(&client, namespace, &id_b, 3),
+            lease::lease_manager(&client, namespace, &id_a, 3),
+            lease::lease_manager(&client, namespace, &id_b, 3),
         );
         let (a, b) = (a.unwrap(), b.unwrap());
         // Each returns once it leads; the one that loses waits for the lease

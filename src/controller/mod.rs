@@ -5,6 +5,7 @@
 //! again, or after a crash, changes nothing more.
 
 mod events;
+pub mod lease;
 pub mod patcher;
 pub mod record;
 
@@ -77,7 +78,7 @@ pub async fn run(
     metrics: WindowMetrics,
     stop: CancellationToken,
 ) -> Result<()> {
-    let manager = record::lease_manager(
+    let manager = lease::lease_manager(
         &client,
         &config.namespace,
         &config.identity,
@@ -438,7 +439,7 @@ impl WindowTask {
     async fn pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Result<PassOutcome> {
         // Leadership as the Lease says now, not as the lease manager last
         // saw it: after an API server outage another replica may lead.
-        record::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
+        lease::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
         let now = Timestamp::now();
         let mut snapshot = nodes.state();
         snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));

@@ -7,10 +7,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, anyhow};
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::core::admission::AdmissionPolicy;
@@ -18,76 +16,11 @@ use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, Window, WindowConfig};
 
-/// Whether `lease` names `identity` as its holder and has not run out at
-/// `now`: what a leader checks before it acts, because kube-lease-manager keeps
-/// reporting leadership while it cannot reach the API server, and after an
-/// outage longer than the Lease a standby may have taken it over.
-pub fn lease_is_held_by(lease: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
-    let (Some(holder), Some(renewed), Some(seconds)) = (
-        lease.holder_identity.as_deref(),
-        lease.renew_time.as_ref(),
-        lease.lease_duration_seconds,
-    ) else {
-        return false;
-    };
-    let duration = std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-    holder == identity && now < renewed.0 + duration
-}
-
-/// Reads the Lease and fails unless `identity` holds it now (see
-/// [`lease_is_held_by`]).
-pub async fn ensure_leading(client: &kube::Client, namespace: &str, identity: &str) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let lease = leases
-        .get(NAME)
-        .await
-        .with_context(|| format!("reading the Lease {namespace}/{NAME}"))?;
-    let spec = lease.spec.unwrap_or_default();
-    if lease_is_held_by(&spec, identity, Timestamp::now()) {
-        return Ok(());
-    }
-    Err(anyhow!(
-        "not acting: the Lease {namespace}/{NAME} is held by {} (renewed {}), not by {identity}",
-        spec.holder_identity.as_deref().unwrap_or("nobody"),
-        spec.renew_time
-            .map_or_else(|| "never".to_string(), |t| t.0.to_string())
-    ))
-}
-
-/// Name of the record's ConfigMap (and of the Lease beside it).
+/// Name of the record's ConfigMap (and of the Lease beside it, see
+/// [`super::lease`]).
 pub const NAME: &str = "node-holder-window";
 /// Field manager of node-holder's writes.
 pub const FIELD_MANAGER: &str = "node-holder";
-
-/// The Lease beside the record, competed for as `identity`: held for
-/// `duration` seconds (at least 2), renewed a third of it before it ends.
-///
-/// Each identity writes the Lease as a field manager of its own: taking a free
-/// Lease is a server-side apply without force, and only distinct managers make
-/// a concurrent taker's apply conflict (with one shared manager both applies
-/// succeed and both competitors lead).
-pub async fn lease_manager(
-    client: &kube::Client,
-    namespace: &str,
-    identity: &str,
-    duration: u64,
-) -> Result<LeaseManager> {
-    let duration = duration.max(2);
-    // Field managers are limited to 128 characters.
-    let field_manager: String = format!("{FIELD_MANAGER}-lease-{identity}")
-        .chars()
-        .take(128)
-        .collect();
-    LeaseManagerBuilder::new(client.clone(), NAME)
-        .with_namespace(namespace)
-        .with_identity(identity)
-        .with_duration(duration)
-        .with_grace((duration / 3).max(1))
-        .with_field_manager(field_manager)
-        .build()
-        .await
-        .with_context(|| format!("setting up the Lease {namespace}/{NAME}"))
-}
 
 const WINDOW_KEY: &str = "window.json";
 const SETTINGS_KEY: &str = "settings.json";
@@ -365,41 +298,5 @@ impl Settings {
             scope: NodeScope::parse(&self.node_selector)
                 .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-
-    use super::*;
-
-    fn lease(holder: Option<&str>, renewed: i64, seconds: i32) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: holder.map(str::to_string),
-            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
-            lease_duration_seconds: Some(seconds),
-            ..LeaseSpec::default()
-        }
-    }
-
-    #[test]
-    fn a_lease_is_held_by_its_holder_until_it_runs_out() {
-        let at = |s: i64| Timestamp::from_second(s).unwrap();
-        let held = lease(Some("a"), 1_000, 15);
-        assert!(lease_is_held_by(&held, "a", at(1_000)));
-        assert!(lease_is_held_by(&held, "a", at(1_014)));
-        assert!(!lease_is_held_by(&held, "a", at(1_015)), "ran out");
-        assert!(!lease_is_held_by(&held, "b", at(1_001)), "someone else's");
-        assert!(
-            !lease_is_held_by(&lease(None, 1_000, 15), "a", at(1_001)),
-            "released"
-        );
-        assert!(!lease_is_held_by(
-            &lease(Some("a"), 1_000, -1),
-            "a",
-            at(1_000)
-        ));
-        assert!(!lease_is_held_by(&LeaseSpec::default(), "a", at(1_000)));
     }
 }
