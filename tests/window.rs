@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::window::{
     Cluster, HOLD, all_held, annotate, at, carries_anything_of_node_holders, create, created,
-    eventually_logging, fast, held, no_node_carries_anything, old_nodes, scrape, strs, window,
+    eventually_logging, fast, held, logged, no_node_carries_anything, old_nodes, scrape, strs,
+    window,
 };
 use common::{has_node_events, register_webhook, serve};
 use jiff::Timestamp;
@@ -232,4 +233,38 @@ async fn a_release_patch_from_a_stale_read_is_rejected_by_the_api_server() {
             .unwrap()[HOLD],
         "false"
     );
+}
+
+/// Coalescing times longer than the machine has been up (and than an
+/// `Instant` can hold) mean "never by that rule", not a panic: a burst still
+/// runs after its quiet time, and the first pass after listing at once.
+#[tokio::test]
+async fn a_coalesce_max_longer_than_the_uptime_still_holds_and_releases() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    let served = serve(
+        &cp,
+        &[
+            "--hold-duration=3s",
+            "--coalesce-idle=200ms",
+            "--coalesce-max=500000000y",
+            "--lease-duration=3s",
+        ],
+    )
+    .await;
+    register_webhook(&cp, &served).await;
+    create(&nodes, "late", &[], &[]).await;
+    assert!(held(&nodes.get("late").await.unwrap()));
+    eventually_logging(
+        "the window opened and its hold released",
+        Duration::from_secs(30),
+        &served,
+        || no_node_carries_anything(&nodes),
+    )
+    .await;
+    assert!(
+        !logged(&served, "hold window opened").is_empty(),
+        "{}",
+        served.log()
+    );
+    assert!(!served.log().contains("panicked"), "{}", served.log());
 }

@@ -4,6 +4,7 @@
 //! every pass starts from the watched state and the record, so running it
 //! again, or after a crash, changes nothing more.
 
+mod coalesce;
 mod events;
 pub mod lease;
 pub mod patcher;
@@ -30,6 +31,7 @@ use crate::core::patch::keep_what_patches_read;
 use crate::core::plan::{Action, NodePatch, Planner, identity, is_marked, labels};
 use crate::core::window::{Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
+use coalesce::{Coalesce, Due};
 use events::{EventSink, HoldEvent};
 use patcher::{PatchResult, Patcher};
 use record::{RecordStore, Settings};
@@ -252,6 +254,29 @@ fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
     }
 }
 
+/// The record's metadata as it changes (release requests arrive this way).
+fn watch_record(
+    client: kube::Client,
+    namespace: &str,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<ConfigMap>, watcher::Error>> + use<> {
+    let api: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client, namespace);
+    watcher::watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={}", record::NAME)),
+    )
+    .backoff(WatchBackoff::new())
+    .applied_objects()
+}
+
+/// Sleeps until `due`; for ever while the node store is not `synced`.
+async fn sleep_until(due: Due, synced: bool) {
+    match due {
+        Due::Now if synced => {}
+        Due::At(at) if synced => tokio::time::sleep_until(at.into()).await,
+        _ => std::future::pending().await,
+    }
+}
+
 /// A running node watch: its store, its progress, and the task, which
 /// dropping aborts (the watch ends with the leadership).
 struct NodeWatch {
@@ -331,6 +356,55 @@ impl WindowTask {
     /// Runs the window until an error; the caller stops it on lost leadership.
     async fn lead(&mut self) -> Result<()> {
         let record = self.store.load().await?;
+        self.restore(record);
+        let NodeWatch {
+            store: nodes,
+            mut feed,
+            _task,
+        } = watch_nodes(self.client.clone(), &self.config.policy);
+        let record_events = watch_record(self.client.clone(), &self.config.namespace);
+        futures::pin_mut!(record_events);
+
+        let mut seen = Feed::default();
+        let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
+        let mut wake: Option<Instant> = None;
+        loop {
+            // No pass on a store that may miss nodes: before the first list,
+            // and from a watch failure until the next complete list.
+            let synced = seen.lists > 0 && !seen.broken;
+            let due = next.due().or_at(wake);
+            tokio::select! {
+                changed = feed.changed() => {
+                    changed.map_err(|_| anyhow::anyhow!("the node watch ended"))?;
+                    let now_seen = *feed.borrow_and_update();
+                    if now_seen.lists > seen.lists {
+                        // The first pass after (re)listing runs at once.
+                        next.run_now();
+                    } else if now_seen.changes > seen.changes {
+                        next.change(Instant::now());
+                    }
+                    seen = now_seen;
+                }
+                event = record_events.try_next() => match event {
+                    Ok(Some(config_map)) => {
+                        if self.release_requested(&config_map.metadata) {
+                            next.run_now();
+                        }
+                    }
+                    Ok(None) => bail!("the record watch ended"),
+                    Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
+                },
+                () = sleep_until(due, synced) => {
+                    next.ran();
+                    wake = self.timed_pass(&nodes).await;
+                }
+            }
+        }
+    }
+
+    /// Takes up the window where the record left it: the window, a release
+    /// request not yet handled, and one handled but not recorded as done.
+    fn restore(&mut self, record: record::Record) {
         self.window = record.window.clone();
         self.saved = record.exists.then_some(record.window);
         self.release_request = record.release_requested_at.filter(|&at| {
@@ -344,85 +418,41 @@ impl WindowTask {
             .release_requested_at
             .filter(|&at| record.release_done_at.is_none_or(|done| done < at));
         self.releasing = record.releasing.is_some();
+    }
 
-        let NodeWatch {
-            store: nodes,
-            mut feed,
-            _task,
-        } = watch_nodes(self.client.clone(), &self.config.policy);
-        let record_api: Api<PartialObjectMeta<ConfigMap>> =
-            Api::namespaced(self.client.clone(), &self.config.namespace);
-        let record_events = watcher::watcher(
-            record_api,
-            watcher::Config::default().fields(&format!("metadata.name={}", record::NAME)),
-        )
-        .backoff(WatchBackoff::new())
-        .applied_objects();
-        futures::pin_mut!(record_events);
+    /// Whether the record, as changed, carries a release request this leader
+    /// has not taken yet; takes it.
+    fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
+        let Some(at) = record::release_requested_at(meta) else {
+            return false;
+        };
+        let new = self
+            .window
+            .closed_through()
+            .is_none_or(|through| through < at)
+            && self.release_request != Some(at);
+        if new {
+            tracing::info!(requested_at = %at, "release requested");
+            self.release_request = Some(at);
+            self.release_unconfirmed = Some(at);
+        }
+        new
+    }
 
-        let mut seen = Feed::default();
-        // The burst being coalesced: (first change, latest change).
-        let mut burst: Option<(Instant, Instant)> = None;
-        let mut wake: Option<Instant> = None;
-        loop {
-            let burst_end = burst.map(|(first, last)| {
-                (last + self.config.coalesce_idle).min(first + self.config.coalesce_max)
-            });
-            let next = match (burst_end, wake) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            // No pass on a store that may miss nodes: before the first list,
-            // and from a watch failure until the next complete list.
-            let synced = seen.lists > 0 && !seen.broken;
-            let sleep = async {
-                match next {
-                    Some(at) if synced => tokio::time::sleep_until(at.into()).await,
-                    _ => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                changed = feed.changed() => {
-                    changed.map_err(|_| anyhow::anyhow!("the node watch ended"))?;
-                    let now_seen = *feed.borrow_and_update();
-                    let now = Instant::now();
-                    if now_seen.lists > seen.lists {
-                        // The first pass after (re)listing runs at once.
-                        burst = Some((now - self.config.coalesce_max, now));
-                    } else if now_seen.changes > seen.changes {
-                        burst = Some(burst.map_or((now, now), |(first, _)| (first, now)));
-                    }
-                    seen = now_seen;
-                }
-                event = record_events.try_next() => match event {
-                    Ok(Some(config_map)) => {
-                        if let Some(at) = record::release_requested_at(&config_map.metadata)
-                            && self.window.closed_through().is_none_or(|through| through < at)
-                            && self.release_request != Some(at)
-                        {
-                            tracing::info!(requested_at = %at, "release requested");
-                            self.release_request = Some(at);
-                            self.release_unconfirmed = Some(at);
-                            burst = Some((Instant::now() - self.config.coalesce_max, Instant::now()));
-                        }
-                    }
-                    Ok(None) => bail!("the record watch ended"),
-                    Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
-                },
-                _ = sleep => {
-                    burst = None;
-                    let started = Instant::now();
-                    let outcome = self.pass(&nodes).await;
-                    self.metrics.reconcile.observe(started.elapsed().as_secs_f64());
-                    wake = match outcome {
-                        Ok(outcome) => outcome.wake,
-                        Err(err) => {
-                            self.failures += 1;
-                            tracing::warn!(error = format!("{err:#}"), "hold window pass failed");
-                            Some(Instant::now() + self.backoff())
-                        }
-                    };
-                }
+    /// One pass, timed; returns when the next must run at the latest (a
+    /// backoff after a failure).
+    async fn timed_pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Option<Instant> {
+        let started = Instant::now();
+        let outcome = self.pass(nodes).await;
+        self.metrics
+            .reconcile
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(outcome) => outcome.wake,
+            Err(err) => {
+                self.failures += 1;
+                tracing::warn!(error = format!("{err:#}"), "hold window pass failed");
+                Some(Instant::now() + self.backoff())
             }
         }
     }

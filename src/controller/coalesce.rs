@@ -1,0 +1,141 @@
+//! When the leader's next pass runs. A burst of node changes is handled in
+//! one pass once `idle` passes without another change, or `max` after its
+//! first change; a fresh list of the nodes and a release request run a pass
+//! at once. Times a flag pushes past what an `Instant` can hold mean never,
+//! not a panic.
+
+use std::time::{Duration, Instant};
+
+/// What is waiting for a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    Nothing,
+    /// Run a pass at once.
+    Now,
+    /// Changes since `first`, the latest at `last`.
+    Burst {
+        first: Instant,
+        last: Instant,
+    },
+}
+
+/// When the next pass is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    Now,
+    At(Instant),
+    Never,
+}
+
+impl Due {
+    /// The earlier of this and a pass wanted `at` (a deadline, a retry).
+    pub fn or_at(self, at: Option<Instant>) -> Due {
+        match (self, at) {
+            (Due::Now, _) => Due::Now,
+            (Due::At(a), Some(b)) => Due::At(a.min(b)),
+            (Due::Never, Some(b)) => Due::At(b),
+            (due, None) => due,
+        }
+    }
+}
+
+/// The coalescing rule and what is pending.
+#[derive(Debug, Clone)]
+pub struct Coalesce {
+    idle: Duration,
+    max: Duration,
+    pending: Pending,
+}
+
+impl Coalesce {
+    pub fn new(idle: Duration, max: Duration) -> Self {
+        Coalesce {
+            idle,
+            max,
+            pending: Pending::Nothing,
+        }
+    }
+
+    /// A node changed at `at`.
+    pub fn change(&mut self, at: Instant) {
+        self.pending = match self.pending {
+            Pending::Now => Pending::Now,
+            Pending::Burst { first, .. } => Pending::Burst { first, last: at },
+            Pending::Nothing => Pending::Burst {
+                first: at,
+                last: at,
+            },
+        };
+    }
+
+    /// Something that cannot wait: a fresh list, a release request.
+    pub fn run_now(&mut self) {
+        self.pending = Pending::Now;
+    }
+
+    /// A pass ran: nothing is pending.
+    pub fn ran(&mut self) {
+        self.pending = Pending::Nothing;
+    }
+
+    pub fn due(&self) -> Due {
+        match self.pending {
+            Pending::Nothing => Due::Never,
+            Pending::Now => Due::Now,
+            Pending::Burst { first, last } => {
+                match (last.checked_add(self.idle), first.checked_add(self.max)) {
+                    (Some(a), Some(b)) => Due::At(a.min(b)),
+                    (Some(at), None) | (None, Some(at)) => Due::At(at),
+                    (None, None) => Due::Never,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_burst_runs_after_idle_or_max_whichever_is_first() {
+        let t0 = Instant::now();
+        let mut c = Coalesce::new(S, 10 * S);
+        assert_eq!(c.due(), Due::Never);
+        c.change(t0);
+        assert_eq!(c.due(), Due::At(t0 + S));
+        c.change(t0 + 9 * S + S / 2);
+        assert_eq!(c.due(), Due::At(t0 + 10 * S), "max from the first change");
+        c.ran();
+        assert_eq!(c.due(), Due::Never);
+    }
+
+    #[test]
+    fn run_now_wins_over_a_burst_and_stays_until_the_pass() {
+        let t0 = Instant::now();
+        let mut c = Coalesce::new(S, 10 * S);
+        c.change(t0);
+        c.run_now();
+        c.change(t0 + S);
+        assert_eq!(c.due(), Due::Now);
+        assert_eq!(c.due().or_at(Some(t0)), Due::Now);
+    }
+
+    #[test]
+    fn durations_past_what_an_instant_holds_mean_never_not_a_panic() {
+        let huge = Duration::from_secs(u64::MAX);
+        let t0 = Instant::now();
+        let mut c = Coalesce::new(S, huge);
+        c.change(t0);
+        assert_eq!(c.due(), Due::At(t0 + S), "idle still ends the burst");
+        let mut c = Coalesce::new(huge, huge);
+        c.change(t0);
+        assert_eq!(c.due(), Due::Never);
+        assert_eq!(c.due().or_at(Some(t0)), Due::At(t0));
+        // A fresh list still runs a pass at once, however long the max.
+        c.run_now();
+        assert_eq!(c.due(), Due::Now);
+    }
+}
