@@ -172,12 +172,13 @@ pub struct PolicyArgs {
 #[derive(Debug, Clone, Args)]
 pub struct WindowArgs {
     /// How long each new node holds: in `cluster` scope the window lasts until
-    /// the last new node's creation plus this (`90s`, `20m`, `2h`).
+    /// the last new node's creation plus this (`90s`, `20m`, `2h`; at most a
+    /// year).
     #[arg(long, env = "NODE_HOLDER_HOLD_DURATION", default_value = "20m", value_parser = humantime::parse_duration)]
     pub hold_duration: Duration,
 
     /// Longest a window stays open, counted from when it opened, however many
-    /// nodes keep arriving; `0` for no cap.
+    /// nodes keep arriving; `0` for no cap (at most a year).
     #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 

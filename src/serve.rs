@@ -29,6 +29,18 @@ pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<co
     if args.window.hold_duration.is_zero() {
         bail!("--hold-duration must be longer than 0");
     }
+    for (flag, value) in [
+        ("--hold-duration", args.window.hold_duration),
+        ("--max-hold", args.window.max_hold),
+    ] {
+        if value > LONGEST_HOLD {
+            bail!(
+                "{flag} {} is longer than a hold may last ({}): a hold that long is a typo, not a plan",
+                humantime::format_duration(value),
+                humantime::format_duration(LONGEST_HOLD)
+            );
+        }
+    }
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
     }
@@ -53,6 +65,11 @@ pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<co
     })
 }
 
+/// The longest `--hold-duration` and `--max-hold`: a year (365.25 days, as
+/// humantime counts one). Longer ones would only push deadlines towards the
+/// end of time (where they saturate).
+const LONGEST_HOLD: Duration = Duration::from_secs(31_557_600);
+
 /// The admission policy the flags describe.
 pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
     Ok(AdmissionPolicy {
@@ -66,23 +83,9 @@ pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
 pub async fn run(args: ServeArgs) -> Result<()> {
     let policy = policy(&args.policy)?;
     let controller_config = controller_config(&args, policy.clone())?;
-    let cert = Arc::new(ReloadingCert::load(
-        &args.tls_cert_file,
-        &args.tls_key_file,
-    )?);
-    let client_ca = args
-        .client_ca_file()
-        .map(ReloadingClientCa::load)
-        .transpose()?
-        .map(Arc::new);
-    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config(client_ca.as_ref())?));
+    let tls = Tls::load(&args)?;
     let client = crate::cluster::client().await?;
-    let webhook_listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
-        .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
-    let admin_listener = TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
-
+    let (webhook_listener, admin_listener) = bind(&args).await?;
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
     let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
@@ -91,72 +94,138 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         admin = %admin_listener.local_addr()?,
         holds = %holds.join(","),
         scope = %policy.scope,
-        client_certificates = if client_ca.is_some() { "required" } else { "off" },
+        client_certificates = if tls.client_ca.is_some() { "required" } else { "off" },
         "node-holder serving"
     );
     let state = Arc::new(WebhookState {
         policy,
         metrics: Metrics::default(),
     });
-    let limits = Limits {
-        request_timeout: args.request_timeout,
-        max_concurrent: args.max_concurrent_requests,
-    };
-
-    let stop_window = CancellationToken::new();
-    let window = tokio::spawn(controller::run(
-        client,
-        controller_config,
-        state.metrics.window.clone(),
-        stop_window.clone(),
-    ));
-    let stop_webhook = CancellationToken::new();
-    let stop_admin = CancellationToken::new();
-    cert.spawn_reloader(
-        args.tls_reload_interval,
-        state.metrics.tls.not_after.clone(),
-    );
-    if let Some(client_ca) = &client_ca {
-        client_ca.spawn_reloader(args.tls_reload_interval);
-    }
-    let webhook = tokio::spawn(serve_tls(
-        webhook_listener,
-        acceptor,
-        webhook_router(Arc::clone(&state), limits),
-        stop_webhook.clone(),
-        TlsServing {
-            drain: args.drain_timeout,
-            max_connections: args.max_connections,
-            idle_timeout: args.idle_timeout,
-            metrics: state.metrics.tls.clone(),
-        },
-    ));
-    let admin = tokio::spawn(serve_admin(
-        admin_listener,
-        admin_router(Arc::clone(&readiness), state),
-        stop_admin.clone(),
-    ));
+    let window = Task::spawn(|stop| {
+        controller::run(
+            client,
+            controller_config,
+            state.metrics.window.clone(),
+            stop,
+        )
+    });
+    let webhook = tls.serve(&args, webhook_listener, Arc::clone(&state));
+    let admin = Task::spawn(|stop| {
+        serve_admin(
+            admin_listener,
+            admin_router(Arc::clone(&readiness), state),
+            stop,
+        )
+    });
 
     shutdown_signal().await?;
     readiness.shutting_down.store(true, Ordering::Relaxed);
     // The window task stops first and hands its lease over; the webhook keeps
     // serving through the grace period.
-    stop_window.cancel();
-    match window.await.context("hold window task")? {
-        Ok(()) => {}
-        Err(err) => tracing::error!(
+    if let Err(err) = window.stop("hold window task").await {
+        tracing::error!(
             error = format!("{err:#}"),
             "hold window task ended with an error"
-        ),
+        );
     }
     tracing::info!(grace = ?args.shutdown_grace, "shutting down: not ready, still serving during the grace period");
     tokio::time::sleep(args.shutdown_grace).await;
-    stop_webhook.cancel();
-    webhook.await.context("webhook task")??;
-    stop_admin.cancel();
-    admin.await.context("admin task")??;
+    webhook.stop("webhook task").await?;
+    admin.stop("admin task").await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The webhook port's certificates: the serving pair, and the client CA
+/// when client certificates are required.
+struct Tls {
+    cert: Arc<ReloadingCert>,
+    client_ca: Option<Arc<ReloadingClientCa>>,
+    acceptor: TlsAcceptor,
+}
+
+impl Tls {
+    fn load(args: &ServeArgs) -> Result<Self> {
+        let cert = Arc::new(ReloadingCert::load(
+            &args.tls_cert_file,
+            &args.tls_key_file,
+        )?);
+        let client_ca = args
+            .client_ca_file()
+            .map(ReloadingClientCa::load)
+            .transpose()?
+            .map(Arc::new);
+        let acceptor = TlsAcceptor::from(Arc::new(cert.server_config(client_ca.as_ref())?));
+        Ok(Tls {
+            cert,
+            client_ca,
+            acceptor,
+        })
+    }
+
+    /// Keeps the certificates current and serves the webhook on `listener`.
+    fn serve(self, args: &ServeArgs, listener: TcpListener, state: Arc<WebhookState>) -> Task {
+        self.cert.spawn_reloader(
+            args.tls_reload_interval,
+            state.metrics.tls.not_after.clone(),
+        );
+        if let Some(client_ca) = &self.client_ca {
+            client_ca.spawn_reloader(args.tls_reload_interval);
+        }
+        let limits = Limits {
+            request_timeout: args.request_timeout,
+            max_concurrent: args.max_concurrent_requests,
+        };
+        let serving = TlsServing {
+            drain: args.drain_timeout,
+            max_connections: args.max_connections,
+            idle_timeout: args.idle_timeout,
+            metrics: state.metrics.tls.clone(),
+        };
+        Task::spawn(|stop| {
+            serve_tls(
+                listener,
+                self.acceptor,
+                webhook_router(state, limits),
+                stop,
+                serving,
+            )
+        })
+    }
+}
+
+/// The webhook and admin ports, bound.
+async fn bind(args: &ServeArgs) -> Result<(TcpListener, TcpListener)> {
+    let webhook = listen(args.webhook_addr, WEBHOOK_BACKLOG)
+        .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
+    let admin = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
+    Ok((webhook, admin))
+}
+
+/// A task of the process and the token that stops it.
+struct Task {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Task {
+    fn spawn<F, Fut>(start: F) -> Task
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(start(stop.clone()));
+        Task { stop, handle }
+    }
+
+    /// Stops the task and waits for it; its error, if it ended with one.
+    async fn stop(self, what: &str) -> Result<()> {
+        self.stop.cancel();
+        self.handle.await.with_context(|| what.to_string())?
+    }
 }
 
 /// Keeps `api_reachable` current: readiness follows the API server.

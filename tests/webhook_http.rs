@@ -700,3 +700,34 @@ async fn idle_connections_are_closed_after_the_idle_timeout_silent_ones_included
     // The server still serves new connections.
     assert_eq!(post_json(&served, node_create("after")).await.status, 200);
 }
+
+/// Window flags a pass could not honour are refused at start, by name:
+/// a zero hold, holds past a year (a typo, not a plan; deadlines would only
+/// saturate at the end of time), a lease too short to renew.
+#[test]
+fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    for (flag, said) in [
+        (
+            "--hold-duration=0s",
+            "--hold-duration must be longer than 0",
+        ),
+        (
+            "--hold-duration=400000000y",
+            "--hold-duration 400000000years is longer than a hold may last (1year)",
+        ),
+        (
+            "--max-hold=2y",
+            "--max-hold 2years is longer than a hold may last (1year)",
+        ),
+        (
+            "--lease-duration=1s",
+            "--lease-duration must be at least 2s",
+        ),
+    ] {
+        let stderr = common::refused_start(&cert, &key, &[flag.to_string()]);
+        assert!(stderr.contains(said), "{flag}: {stderr}");
+    }
+}
