@@ -11,6 +11,7 @@ pub mod patcher;
 pub mod record;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -473,14 +474,25 @@ impl WindowTask {
         let now = Timestamp::now();
         let mut snapshot = nodes.state();
         snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let metas = || snapshot.iter().map(|node| &node.metadata);
-        let cfg = &self.config.window;
-
         if let Some(at) = self.release_request.take() {
             let was_open = self.window.release_now(at.min(now));
             tracing::info!(requested_at = %at, was_open, "hold window released on request");
         }
-        let in_scope: Vec<(&ObjectMeta, &str, Timestamp)> = metas()
+        self.observe(&snapshot, now);
+        // The record first: a crash after holding nodes must still find the
+        // window that releases them.
+        self.save_record().await?;
+        self.converge(&snapshot, now).await
+    }
+
+    /// Moves the window forward with the nodes in scope, and says what it
+    /// did: a log line for each node that opens or extends it, an Event for
+    /// each new node of the window (once per leader), a line when it closes.
+    fn observe(&mut self, snapshot: &[Arc<PartialObjectMeta<Node>>], now: Timestamp) {
+        let cfg = &self.config.window.clone();
+        let in_scope: Vec<(&ObjectMeta, &str, Timestamp)> = snapshot
+            .iter()
+            .map(|node| &node.metadata)
             .filter(|meta| self.config.policy.scope.matches(labels(meta)))
             .filter_map(|meta| identity(meta).map(|(name, created)| (meta, name, created)))
             .collect();
@@ -488,21 +500,8 @@ impl WindowTask {
         let observed =
             self.window
                 .observe_all(in_scope.iter().map(|&(_, _, created)| created), now, cfg);
-        let deadline = self.window.open().map(|open| open.deadline);
-        let opened_at = self.window.open().map(|open| open.opened_at);
         for (&(meta, name, created), observed) in in_scope.iter().zip(observed) {
-            // In `node` scope each node is held until its own end.
-            let until = match cfg.mode {
-                Mode::Cluster => deadline,
-                Mode::Node => self
-                    .window
-                    .node_hold_end(created, now, cfg)
-                    .filter(|&end| now < end),
-            };
-            let new_in_window = match cfg.mode {
-                Mode::Cluster => opened_at.is_some_and(|opened| created >= opened),
-                Mode::Node => until.is_some(),
-            };
+            let until = self.window.held_until(created, now, cfg);
             if matches!(observed, Observed::Opened | Observed::Extended) {
                 tracing::info!(
                     node = %name,
@@ -511,29 +510,47 @@ impl WindowTask {
                     "hold window {}", observed.label()
                 );
             }
-            // Each new node's Event says why it is held, once per leader.
-            let key = meta.uid.as_deref().unwrap_or(name);
-            if new_in_window
-                && !matches!(observed, Observed::Consumed | Observed::Expired)
-                && !self.announced.contains(key)
-            {
-                self.announced.insert(key.to_string());
-                self.events
-                    .send(HoldEvent::counted(meta, created, observed, until));
+            let new_in_window = match cfg.mode {
+                Mode::Cluster => self
+                    .window
+                    .open()
+                    .is_some_and(|open| created >= open.opened_at),
+                Mode::Node => until.is_some(),
+            };
+            if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
+                self.announce(meta, name, created, observed, until);
             }
         }
-        drop(in_scope);
         if self.window.open().is_none() {
             self.announced.clear();
+            if was_open {
+                tracing::info!(
+                    closed_through = %self.window.closed_through().map_or_else(String::new, |t| t.to_string()),
+                    "hold window closed"
+                );
+            }
         }
-        if was_open && self.window.open().is_none() {
-            tracing::info!(
-                closed_through = %self.window.closed_through().map_or_else(String::new, |t| t.to_string()),
-                "hold window closed"
-            );
+    }
+
+    /// The Event that says why a new node is held, once per node and leader.
+    fn announce(
+        &mut self,
+        meta: &ObjectMeta,
+        name: &str,
+        created: Timestamp,
+        observed: Observed,
+        until: Option<Timestamp>,
+    ) {
+        let key = meta.uid.as_deref().unwrap_or(name);
+        if self.announced.insert(key.to_string()) {
+            self.events
+                .send(HoldEvent::counted(meta, created, observed, until));
         }
-        // The record first: a crash after holding nodes must still find the
-        // window that releases them.
+    }
+
+    /// Saves the window if it changed since last saved, and shows its
+    /// deadline in the metrics.
+    async fn save_record(&mut self) -> Result<()> {
         if self.saved.as_ref() != Some(&self.window) {
             self.store
                 .save(&self.window, &self.config.settings())
@@ -545,7 +562,17 @@ impl WindowTask {
                 .open()
                 .map_or(0.0, |open| open.deadline.as_millisecond() as f64 / 1000.0),
         );
+        Ok(())
+    }
 
+    /// Brings every node to the plan: holds first, then releases (recorded
+    /// as a release under way while they run); returns when to wake.
+    async fn converge(
+        &mut self,
+        snapshot: &[Arc<PartialObjectMeta<Node>>],
+        now: Timestamp,
+    ) -> Result<PassOutcome> {
+        let cfg = &self.config.window;
         let planner = Planner {
             window: &self.window,
             cfg,
@@ -553,6 +580,7 @@ impl WindowTask {
             holds: &self.config.policy.holds,
             now,
         };
+        let metas = || snapshot.iter().map(|node| &node.metadata);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
@@ -565,7 +593,6 @@ impl WindowTask {
             }
         }
         let patches = |indices: Vec<usize>| {
-            let snapshot = &snapshot;
             indices
                 .into_iter()
                 .filter_map(move |i| planner.node(&snapshot[i].metadata))
@@ -585,19 +612,22 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
-        let failures = hold_failures + release_failures;
+        Ok(PassOutcome {
+            wake: self.wake(hold_failures + release_failures, wake_at, now),
+        })
+    }
 
-        let wake = if failures > 0 {
+    /// When the next pass must run: after a backoff when patches failed,
+    /// else when the plan changes by itself (`at`; a time already past wakes
+    /// at once, one past what an `Instant` holds never).
+    fn wake(&mut self, failures: usize, at: Option<Timestamp>, now: Timestamp) -> Option<Instant> {
+        if failures > 0 {
             self.failures += 1;
-            Some(Instant::now() + self.backoff())
-        } else {
-            self.failures = 0;
-            wake_at.map(|at| {
-                // A deadline already past wakes at once.
-                Instant::now() + Duration::try_from(at.duration_since(now)).unwrap_or_default()
-            })
-        };
-        Ok(PassOutcome { wake })
+            return Some(Instant::now() + self.backoff());
+        }
+        self.failures = 0;
+        let after = Duration::try_from(at?.duration_since(now)).unwrap_or_default();
+        Instant::now().checked_add(after)
     }
 
     /// After a pass that removed every hold it had to: no release under way,

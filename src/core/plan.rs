@@ -89,12 +89,11 @@ impl Planner<'_> {
         if !self.scope.matches(labels(meta)) {
             return (false, None);
         }
+        let until = self.window.held_until(creation, self.now, self.cfg);
         match self.cfg.mode {
-            Mode::Cluster => (self.window.is_open(self.now), None),
-            Mode::Node => match self.window.node_hold_end(creation, self.now, self.cfg) {
-                Some(end) if self.now < end => (true, Some(end)),
-                _ => (false, None),
-            },
+            // The window's deadline wakes the leader (`Window::next_wake`).
+            Mode::Cluster => (until.is_some(), None),
+            Mode::Node => (until.is_some(), until),
         }
     }
 

@@ -259,6 +259,23 @@ impl Window {
     /// In `node` mode, when the node created at `creation` stops being held:
     /// its creation (as [`Window::observe`] counts it) + hold, or `None` when
     /// it was consumed (by a `release`). Held while `now` is before it.
+    /// Until when a node created at `creation` is held by the window at
+    /// `now`: in `cluster` mode the open window's deadline, in `node` mode
+    /// the node's own hold end; `None` once that is past, or when the window
+    /// does not hold the node.
+    pub fn held_until(
+        &self,
+        creation: Timestamp,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Option<Timestamp> {
+        let end = match cfg.mode {
+            Mode::Cluster => self.open().map(|open| open.deadline),
+            Mode::Node => self.node_hold_end(creation, now, cfg),
+        };
+        end.filter(|&end| now < end)
+    }
+
     pub fn node_hold_end(
         &self,
         creation: Timestamp,

@@ -1,0 +1,427 @@
+//! The webhook port's connections: accepted within a bound, TLS handshakes
+//! classified for the metrics and logs, each connection driven until it
+//! ends, idles out or is closed at shutdown, and the drain at the end.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::extract::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::metrics::TlsMetrics;
+
+/// How the TLS port serves: its drain time, connection bound and metrics.
+#[derive(Clone)]
+pub struct TlsServing {
+    /// After `stop`, how long in-flight requests may take.
+    pub drain: Duration,
+    /// Connections open at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// A connection with no request in flight for this long is closed
+    /// (gracefully: h2 gets a GOAWAY), so idle clients cannot keep the
+    /// `max_connections` slots.
+    pub idle_timeout: Duration,
+    pub metrics: TlsMetrics,
+}
+
+/// One connection's requests: how many are in flight, and when the last one
+/// ended (or the connection opened).
+struct Activity {
+    in_flight: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(self))
+    }
+
+    /// When the connection counts as idle if nothing happens meanwhile;
+    /// `None` for a timeout past what an `Instant` holds (never).
+    fn idle_at(&self, timeout: Duration) -> Option<Instant> {
+        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            Instant::now().checked_add(timeout)
+        } else {
+            last.checked_add(timeout)
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// A request in flight on its connection; dropping it ends it.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
+/// stops accepting, lets in-flight requests finish (up to `drain`) and closes
+/// keep-alive connections.
+pub async fn serve_tls(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+    stop: CancellationToken,
+    serving: TlsServing,
+) -> Result<()> {
+    let (http1, http2) = protocols();
+    let connection = Connection {
+        acceptor,
+        router,
+        http1: Arc::new(http1),
+        http2: Arc::new(http2),
+        stop: stop.clone(),
+        metrics: serving.metrics.clone(),
+        idle_timeout: serving.idle_timeout,
+    };
+    // A flood of connections waits in the kernel's backlog instead of costing
+    // memory here; each connection holds a permit until it closes.
+    let max_connections = serving.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let connections = Arc::new(Semaphore::new(max_connections));
+    while let Some((permit, tcp, peer)) = accept(&listener, &connections, &stop).await? {
+        let connection = connection.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            connection.serve(tcp, peer).await;
+        });
+    }
+    drop(listener);
+    drain(&connections, max_connections, serving.drain).await;
+    Ok(())
+}
+
+/// HTTP/1.1 and h2 as node-holder serves them.
+fn protocols() -> (auto::Builder<TokioExecutor>, auto::Builder<TokioExecutor>) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's timeouts need a timer; without one the first HTTP/1.1 request
+    // panics the connection task.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(Some(HEADER_TIMEOUT));
+    builder.http2().timer(TokioTimer::new());
+    // The protocol comes from ALPN, as Go's servers do it: h2 only when the
+    // client asked for it. Letting hyper sniff the first bytes instead would
+    // wait for them without any timeout.
+    (builder.clone().http1_only(), builder.http2_only())
+}
+
+/// The next connection, within the connection bound; `None` once `stop` is
+/// cancelled.
+async fn accept(
+    listener: &TcpListener,
+    connections: &Arc<Semaphore>,
+    stop: &CancellationToken,
+) -> Result<Option<(OwnedSemaphorePermit, TcpStream, std::net::SocketAddr)>> {
+    let permit = tokio::select! {
+        _ = stop.cancelled() => return Ok(None),
+        permit = Arc::clone(connections).acquire_owned() => permit.context("connection limit")?,
+    };
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return Ok(None),
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((tcp, peer)) => {
+                // Without it, Nagle's algorithm and delayed ACKs hold a
+                // response written in pieces for ~40 ms on a fresh connection.
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::debug!(%peer, error = %err, "TCP_NODELAY not set");
+                }
+                return Ok(Some((permit, tcp, peer)));
+            }
+            Err(err) => {
+                // Out of file descriptors and the like: pause, go on.
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Every connection task gives its permit back when it ends: all of them
+/// back means every connection has drained.
+async fn drain(connections: &Semaphore, max_connections: usize, drain: Duration) {
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    tokio::select! {
+        _ = connections.acquire_many(all) => tracing::info!("all webhook connections drained"),
+        _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "webhook connections still open after the drain timeout"),
+    }
+}
+
+/// What serving one connection needs; cloned for each.
+#[derive(Clone)]
+struct Connection {
+    acceptor: TlsAcceptor,
+    router: Router,
+    http1: Arc<auto::Builder<TokioExecutor>>,
+    http2: Arc<auto::Builder<TokioExecutor>>,
+    stop: CancellationToken,
+    metrics: TlsMetrics,
+    idle_timeout: Duration,
+}
+
+impl Connection {
+    /// Handshake, then requests until the connection ends.
+    async fn serve(self, tcp: TcpStream, peer: std::net::SocketAddr) {
+        if let Some(tls) = self.handshake(tcp, peer).await {
+            self.drive(tls, peer).await;
+        }
+    }
+
+    /// The TLS handshake within `HANDSHAKE_TIMEOUT`; a failure is counted by
+    /// its reason and logged. Plain HTTP gets a readable 400.
+    async fn handshake(
+        &self,
+        mut tcp: TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Option<TlsStream<TcpStream>> {
+        let handshake = async {
+            if refused_plain_http(&mut tcp).await? {
+                return Ok(None);
+            }
+            self.acceptor.accept(tcp).await.map(Some)
+        };
+        let handshake = tokio::select! {
+            _ = self.stop.cancelled() => return None,
+            handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => handshake,
+        };
+        let failure = match handshake {
+            Ok(Ok(Some(tls))) => return Some(tls),
+            Ok(Ok(None)) => {
+                tracing::debug!(%peer, "plain HTTP on the TLS port refused");
+                HandshakeFailure::PlainHttp
+            }
+            Ok(Err(err)) => {
+                let reason = handshake_failure(&err);
+                log_handshake_failure(reason, peer, &err);
+                reason
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                HandshakeFailure::Timeout
+            }
+        };
+        self.metrics.handshake_error(failure);
+        None
+    }
+
+    /// Serves the connection's requests until it ends. When it is being
+    /// closed (after `stop`, or when idle) it gets `CLOSE_GRACE` to end by
+    /// itself; after that it is dropped as soon as no request is in flight.
+    /// An h2 client that never sent its preface would otherwise never let go.
+    async fn drive(&self, tls: TlsStream<TcpStream>, peer: std::net::SocketAddr) {
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+        let builder = if h2 { &self.http2 } else { &self.http1 };
+        let activity = Activity::new();
+        let service = {
+            let (activity, router) = (Arc::clone(&activity), self.router.clone());
+            // Each request counts as in flight until its response is made.
+            TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
+                let in_flight = activity.begin();
+                let response = router.clone().oneshot(request);
+                async move {
+                    let response = response.await;
+                    drop(in_flight);
+                    response
+                }
+            }))
+        };
+        let connection = builder.serve_connection(TokioIo::new(tls), service);
+        futures::pin_mut!(connection);
+        let mut closing_since: Option<Instant> = None;
+        loop {
+            let idle_at = activity.idle_at(self.idle_timeout);
+            let give_up_at = match closing_since {
+                Some(since) => since.checked_add(CLOSE_GRACE),
+                None => idle_at,
+            };
+            tokio::select! {
+                ended = connection.as_mut() => {
+                    if let Err(err) = ended {
+                        tracing::debug!(%peer, error = %err, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = self.stop.cancelled(), if closing_since.is_none() => {
+                    connection.as_mut().graceful_shutdown();
+                    closing_since = Some(Instant::now());
+                }
+                () = sleep_until(give_up_at) => {
+                    if closing_since.is_none() {
+                        if activity.idle_at(self.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+                            tracing::debug!(%peer, idle_timeout = ?self.idle_timeout, "closing an idle connection");
+                            connection.as_mut().graceful_shutdown();
+                            closing_since = Some(Instant::now());
+                        }
+                    } else if activity.in_flight() == 0 {
+                        tracing::debug!(%peer, "connection dropped: it did not close by itself");
+                        return;
+                    } else {
+                        closing_since = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`; for ever when there is no such time.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A failed handshake in the log: loud when an operator should look.
+fn log_handshake_failure(
+    reason: HandshakeFailure,
+    peer: std::net::SocketAddr,
+    err: &std::io::Error,
+) {
+    match reason {
+        // The API server refusing our certificate: expired, or not signed by
+        // its caBundle. Worth an operator's eye.
+        HandshakeFailure::CertificateRejected => {
+            tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)")
+        }
+        // With --client-ca-file, the API server's own calls fail this way
+        // when its admission kubeconfig does not match this webhook or its
+        // certificate expired or was rotated: every node then registers
+        // unheld.
+        HandshakeFailure::NoClientCertificate => {
+            tracing::warn!(%peer, error = %err, "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)")
+        }
+        HandshakeFailure::ClientCertificateRejected => {
+            tracing::warn!(%peer, error = %err, "a client certificate was refused (not signed by the --client-ca-file CA, or expired?)")
+        }
+        _ => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+    }
+}
+
+/// The metric reason of a failed handshake: the client's alert about our
+/// certificate, the client's own certificate missing or refused (with
+/// `--client-ca-file`), a client the server cannot speak with, garbage, or
+/// anything else.
+fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
+    use rustls::{AlertDescription, Error as TlsError};
+    match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+        Some(TlsError::NoCertificatesPresented) => HandshakeFailure::NoClientCertificate,
+        // The server verifies no other certificate than the client's: an
+        // unknown issuer, an expired or a malformed client certificate.
+        Some(TlsError::InvalidCertificate(_)) => HandshakeFailure::ClientCertificateRejected,
+        Some(TlsError::AlertReceived(
+            AlertDescription::BadCertificate
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked,
+        )) => HandshakeFailure::CertificateRejected,
+        // TLS 1.0/1.1 and SSL clients, or no cipher suite or signature
+        // scheme in common.
+        Some(TlsError::PeerIncompatible(_)) => HandshakeFailure::IncompatibleClient,
+        Some(TlsError::InvalidMessage(_)) => HandshakeFailure::NotTls,
+        _ => HandshakeFailure::Other,
+    }
+}
+
+/// Why a connection to the webhook port never completed its TLS handshake:
+/// the `reason` label of `node_holder_tls_handshake_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    PlainHttp,
+    Timeout,
+    NoClientCertificate,
+    ClientCertificateRejected,
+    CertificateRejected,
+    IncompatibleClient,
+    NotTls,
+    Other,
+}
+
+impl HandshakeFailure {
+    /// Every reason, so the metric shows each at 0 from the start.
+    pub const ALL: [HandshakeFailure; 8] = [
+        Self::PlainHttp,
+        Self::Timeout,
+        Self::NoClientCertificate,
+        Self::ClientCertificateRejected,
+        Self::CertificateRejected,
+        Self::IncompatibleClient,
+        Self::NotTls,
+        Self::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::PlainHttp => "plain-http",
+            Self::Timeout => "timeout",
+            Self::NoClientCertificate => "no-client-certificate",
+            Self::ClientCertificateRejected => "client-certificate-rejected",
+            Self::CertificateRejected => "certificate-rejected",
+            Self::IncompatibleClient => "incompatible-client",
+            Self::NotTls => "not-tls",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// How long a client may take to send its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection being closed may take to end by itself.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long an HTTP/1.1 client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS connection opens with a handshake record (content type 0x16); a
+/// plain-HTTP request opens with the letters of its method. Such a client gets
+/// a readable 400, as Go's servers answer it, instead of a TLS alert it cannot
+/// read. Returns whether the connection was refused.
+async fn refused_plain_http(tcp: &mut TcpStream) -> std::io::Result<bool> {
+    let mut first = [0u8; 1];
+    if tcp.peek(&mut first).await? == 0 || !first[0].is_ascii_uppercase() {
+        return Ok(false);
+    }
+    tcp.write_all(PLAIN_HTTP_REFUSAL).await?;
+    tcp.shutdown().await?;
+    Ok(true)
+}
+
+const PLAIN_HTTP_REFUSAL: &[u8] = b"HTTP/1.0 400 Bad Request\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Connection: close\r\n\r\n\
+Client sent an HTTP request to an HTTPS server.\n";
