@@ -453,7 +453,7 @@ impl HandlerCpu {
 /// The policy `serve` builds from its default flags.
 fn default_policy() -> Result<AdmissionPolicy> {
     match Cli::try_parse_from(["node-holder", "serve"])?.command {
-        Subcommand::Serve(args) => node_holder::serve::policy(&args.policy),
+        Subcommand::Serve(args) => args.policy.policy(),
         _ => bail!("`node-holder serve` did not parse as serve"),
     }
 }

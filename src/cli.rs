@@ -9,8 +9,10 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
-use crate::core::holds::{Hold, Preset};
-use crate::core::window::Mode;
+use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::{Hold, Holds, Preset};
+use crate::core::selector::NodeScope;
+use crate::core::window::{Mode, WindowConfig};
 use crate::telemetry::LogFormat;
 
 /// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
@@ -255,8 +257,13 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     pub record: RecordArgs,
 
+    /// Used only when the record holds no settings (no leader has run).
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    /// Used only when the record holds no settings (no leader has run).
+    #[command(flatten)]
+    pub window: WindowArgs,
 
     #[command(flatten)]
     pub patching: PatchingArgs,
@@ -375,5 +382,28 @@ fn table<'a>(out: &mut String, args: impl Iterator<Item = &'a clap::Arg>) {
     for row in rows {
         out.push_str(&row);
         out.push('\n');
+    }
+}
+
+impl PolicyArgs {
+    /// The admission policy the flags describe, or an error naming the flag.
+    pub fn policy(&self) -> anyhow::Result<AdmissionPolicy> {
+        Ok(AdmissionPolicy {
+            holds: Holds::new(&self.hold_preset, &self.hold_annotation)
+                .map_err(|e| anyhow::anyhow!("--hold-annotation: {e}"))?,
+            scope: NodeScope::parse(&self.node_selector)
+                .map_err(|e| anyhow::anyhow!("--node-selector: {e}"))?,
+        })
+    }
+}
+
+impl WindowArgs {
+    /// The window's arithmetic the flags describe (`--max-hold 0`: no cap).
+    pub fn window_config(&self) -> WindowConfig {
+        WindowConfig {
+            hold: self.hold_duration,
+            max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
+            mode: self.scope,
+        }
     }
 }

@@ -6,19 +6,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
 use kube::runtime::wait::await_condition;
 
 use crate::cli::ReleaseArgs;
-use crate::controller::default_identity;
-use crate::controller::lease;
-use crate::controller::patcher::{PatchResult, Patcher};
 use crate::controller::record::{self, RecordStore, Settings};
-use crate::core::plan::{Planner, plan};
-use crate::core::window::{Mode, WindowConfig};
+use crate::controller::{self, default_identity, lease};
 use crate::status;
 
 /// The `release` subcommand.
@@ -118,14 +113,21 @@ async fn no_live_leader(client: &kube::Client, namespace: &str) -> Result<()> {
     }
 }
 
-/// Takes the lease and releases; `false` when a leader took the lease first.
+/// Takes the lease and releases with the leader's own pass; `false` when a
+/// leader took the lease first.
 async fn release_here(
     client: &kube::Client,
     args: &ReleaseArgs,
     requested: Timestamp,
 ) -> Result<bool> {
     let identity = format!("release-{}", default_identity());
-    let manager = lease::lease_manager(client, &args.record.namespace, &identity, 15).await?;
+    let manager = lease::lease_manager(
+        client,
+        &args.record.namespace,
+        &identity,
+        RELEASE_LEASE.as_secs(),
+    )
+    .await?;
     match tokio::time::timeout(Duration::from_secs(20), manager.changed()).await {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => {
@@ -134,13 +136,7 @@ async fn release_here(
         }
         Ok(Err(err)) => return Err(err).context("taking the lease"),
     }
-    let result = match release_with_lease(client, args, requested).await {
-        Ok(()) => RecordStore::new(client.clone(), &args.record.namespace)
-            .release_progress(None, Some(requested))
-            .await
-            .context("recording the release as done"),
-        Err(err) => Err(err),
-    };
+    let result = release_with_lease(client, args, requested, identity).await;
     if let Err(err) = manager.release().await {
         eprintln!("warning: releasing the lease failed: {err}");
     }
@@ -151,89 +147,46 @@ async fn release_with_lease(
     client: &kube::Client,
     args: &ReleaseArgs,
     requested: Timestamp,
+    identity: String,
 ) -> Result<()> {
-    let store = RecordStore::new(client.clone(), &args.record.namespace);
-    let record = store.load().await?;
-    let settings = match record.settings {
-        Some(settings) => settings,
-        None => Settings {
-            scope: Mode::Cluster,
-            hold_duration: Duration::from_secs(1),
-            max_hold: None,
-            holds: crate::serve::policy(&args.policy)?
-                .holds
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-            node_selector: args.policy.node_selector.clone(),
-        },
-    };
-    let policy = settings.policy()?;
-    let cfg: WindowConfig = settings.window_config();
-    let mut window = record.window;
-    window.release_now(requested);
-    store.save(&window, &settings).await?;
-
-    let nodes: Api<Node> = Api::all(client.clone());
-    let patcher = Patcher::new(
-        client.clone(),
-        args.patching.api_qps,
-        args.patching.api_max_in_flight,
-    );
-    let (mut released, mut left) = (Vec::new(), Vec::new());
-    for attempt in 1..=5 {
-        let listed = nodes
-            .list_metadata(&ListParams::default())
-            .await
-            .context("listing nodes")?;
-        let planner = Planner {
-            window: &window,
-            cfg: &cfg,
-            scope: &policy.scope,
-            holds: &policy.holds,
-            now: Timestamp::now(),
-        };
-        let plan = plan(&planner, listed.items.iter().map(|n| &n.metadata));
-        if plan.release.is_empty() {
-            break;
-        }
-        let mut retry = 0;
-        let total = plan.release.len();
-        let results = patcher.apply(plan.release, total);
-        futures::pin_mut!(results);
-        while let Some((patch, result)) = results.next().await {
-            match result {
-                PatchResult::Applied => {
-                    left.extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
-                    released.push(patch.name);
-                }
-                PatchResult::Gone => {}
-                PatchResult::Changed(_) => retry += 1,
-                PatchResult::Failed(code) => {
-                    retry += 1;
-                    eprintln!("node {}: PATCH failed with HTTP {code}", patch.name);
-                }
-            }
-        }
-        if retry == 0 {
-            break;
-        }
-        if attempt == 5 {
-            bail!(
-                "{retry} node(s) could not be released after {attempt} attempts; run release again"
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    // Patches complete in any order; the report is by name.
-    released.sort();
-    left.sort();
-    println!("released {} node(s)", released.len());
-    for name in &released {
+    let record = RecordStore::new(client.clone(), &args.record.namespace)
+        .load()
+        .await?;
+    let config = release_config(args, record.settings, identity)?;
+    let report = controller::release_once(client.clone(), config, requested).await?;
+    println!("released {} node(s)", report.released.len());
+    for name in &report.released {
         println!("  {name}");
     }
-    for key in &left {
+    for key in &report.left {
         println!("  left in place (changed by someone else): {key}");
     }
     Ok(())
 }
+
+/// The leader's configuration for a release run here: the settings the last
+/// leader recorded, or, when none has run, the flags.
+fn release_config(
+    args: &ReleaseArgs,
+    settings: Option<Settings>,
+    identity: String,
+) -> Result<controller::Config> {
+    let (window, policy) = match settings {
+        Some(settings) => (settings.window_config(), settings.policy()?),
+        None => (args.window.window_config(), args.policy.policy()?),
+    };
+    Ok(controller::Config {
+        window,
+        policy,
+        namespace: args.record.namespace.clone(),
+        identity,
+        lease_duration: RELEASE_LEASE,
+        qps: args.patching.api_qps,
+        max_in_flight: args.patching.api_max_in_flight,
+        coalesce_idle: args.patching.coalesce_idle,
+        coalesce_max: args.patching.coalesce_max,
+    })
+}
+
+/// How long `release` holds the Lease at a time while it works.
+const RELEASE_LEASE: Duration = Duration::from_secs(15);

@@ -5,18 +5,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{PolicyArgs, ServeArgs};
+use crate::cli::ServeArgs;
 use crate::controller;
 use crate::core::admission::AdmissionPolicy;
-use crate::core::holds::Holds;
-use crate::core::selector::NodeScope;
-use crate::core::window::WindowConfig;
 use crate::metrics::Metrics;
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
@@ -45,11 +42,7 @@ pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<co
         bail!("--lease-duration must be at least 2s");
     }
     Ok(controller::Config {
-        window: WindowConfig {
-            hold: args.window.hold_duration,
-            max_hold: (!args.window.max_hold.is_zero()).then_some(args.window.max_hold),
-            mode: args.window.scope,
-        },
+        window: args.window.window_config(),
         policy,
         namespace: args.record.namespace.clone(),
         identity: if args.leader.identity.is_empty() {
@@ -70,18 +63,8 @@ pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<co
 /// end of time (where they saturate).
 const LONGEST_HOLD: Duration = Duration::from_secs(31_557_600);
 
-/// The admission policy the flags describe.
-pub fn policy(args: &PolicyArgs) -> Result<AdmissionPolicy> {
-    Ok(AdmissionPolicy {
-        holds: Holds::new(&args.hold_preset, &args.hold_annotation)
-            .map_err(|e| anyhow!("--hold-annotation: {e}"))?,
-        scope: NodeScope::parse(&args.node_selector)
-            .map_err(|e| anyhow!("--node-selector: {e}"))?,
-    })
-}
-
 pub async fn run(args: ServeArgs) -> Result<()> {
-    let policy = policy(&args.policy)?;
+    let policy = args.policy.policy()?;
     let controller_config = controller_config(&args, policy.clone())?;
     let tls = Tls::load(&args)?;
     let client = crate::cluster::client().await?;

@@ -144,6 +144,13 @@ impl EventSink {
         EventSink { queue }
     }
 
+    /// A sink that publishes nothing (`release` run by hand leaves no
+    /// Events; its own output says what it did).
+    pub fn none() -> Self {
+        let (queue, _) = mpsc::channel::<HoldEvent>(1);
+        EventSink { queue }
+    }
+
     /// Queues `event`; drops it when the queue is full.
     pub fn send(&self, event: HoldEvent) {
         if let Err(mpsc::error::TrySendError::Full(event)) = self.queue.try_send(event) {

@@ -24,6 +24,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
+use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -99,27 +100,8 @@ pub async fn run(
                 changed.context("leader election ended")?;
             }
         }
-        tracing::info!(identity = %config.identity, "leading the hold window");
-        metrics.leader.set(1);
-        let mut task = WindowTask::new(
-            client.clone(),
-            config.clone(),
-            metrics.clone(),
-            events.clone(),
-        );
-        let outcome = tokio::select! {
-            _ = stop.cancelled() => None,
-            lost = is_leader.wait_for(|leader| !*leader) => {
-                lost.context("leader election ended")?;
-                tracing::warn!(identity = %config.identity, "lost the hold window's lease");
-                None
-            }
-            result = task.lead() => Some(result),
-        };
-        // A standby reports nothing of a window it no longer runs.
-        metrics.leader.set(0);
-        metrics.deadline.set(0.0);
-        metrics.held_nodes.set(0);
+        let outcome =
+            lead_while_leader(&client, &config, &metrics, &events, &mut is_leader, &stop).await?;
         if let Some(Err(err)) = outcome {
             tracing::error!(
                 error = format!("{err:#}"),
@@ -131,8 +113,50 @@ pub async fn run(
             }
         }
     }
-    // Dropping the receiver makes the lease task release the Lease, so a
-    // standby takes over at once instead of after the lease duration.
+    hand_over(is_leader, lease_task).await;
+    Ok(())
+}
+
+/// Leads the window until the Lease is lost, `stop`, or the task fails
+/// (`Some(Err)`); afterwards this replica reports no window.
+async fn lead_while_leader(
+    client: &kube::Client,
+    config: &Config,
+    metrics: &WindowMetrics,
+    events: &EventSink,
+    is_leader: &mut tokio::sync::watch::Receiver<bool>,
+    stop: &CancellationToken,
+) -> Result<Option<Result<()>>> {
+    tracing::info!(identity = %config.identity, "leading the hold window");
+    metrics.leader.set(1);
+    let mut task = WindowTask::new(
+        client.clone(),
+        config.clone(),
+        metrics.clone(),
+        events.clone(),
+    );
+    let outcome = tokio::select! {
+        _ = stop.cancelled() => None,
+        lost = is_leader.wait_for(|leader| !*leader) => {
+            lost.context("leader election ended")?;
+            tracing::warn!(identity = %config.identity, "lost the hold window's lease");
+            None
+        }
+        result = task.lead() => Some(result),
+    };
+    // A standby reports nothing of a window it no longer runs.
+    metrics.leader.set(0);
+    metrics.deadline.set(0.0);
+    metrics.held_nodes.set(0);
+    Ok(outcome)
+}
+
+/// Dropping the receiver makes the lease task release the Lease, so a
+/// standby takes over at once instead of after the lease duration.
+async fn hand_over(
+    is_leader: tokio::sync::watch::Receiver<bool>,
+    lease_task: tokio::task::JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+) {
     drop(is_leader);
     match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
         Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
@@ -140,7 +164,67 @@ pub async fn run(
         Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
         Err(_) => tracing::warn!("releasing the lease timed out"),
     }
-    Ok(())
+}
+
+/// How many passes [`release_once`] runs at most while node patches fail.
+const RELEASE_ATTEMPTS: u32 = 5;
+
+/// Handles the release requested at `requested` with the leader's own pass,
+/// once, as `config.identity`, which must hold the Lease: what `release`
+/// does when no leader runs. The pass closes the window in the record,
+/// releases what it held (and holds any node newer than the request, as a
+/// leader would), and records the request as done. A pass whose patches
+/// failed runs again from a fresh list, a few times.
+pub async fn release_once(
+    client: kube::Client,
+    config: Config,
+    requested: Timestamp,
+) -> Result<ReleaseReport> {
+    let metrics = crate::metrics::Metrics::default().window;
+    let mut task = WindowTask::new(client, config, metrics, EventSink::none());
+    task.report = Some(std::sync::Mutex::new(ReleaseReport::default()));
+    let record = task.store.load().await?;
+    task.restore(record);
+    task.release_request = Some(requested);
+    task.release_unconfirmed = Some(requested);
+    for attempt in 1..=RELEASE_ATTEMPTS {
+        let nodes = list_nodes(&task.client, &task.config.policy).await?;
+        task.pass(&nodes).await?;
+        if task.failures == 0 {
+            break;
+        }
+        if attempt == RELEASE_ATTEMPTS {
+            bail!("node patches still failed after {attempt} passes; run release again");
+        }
+        tokio::time::sleep(task.backoff()).await;
+    }
+    let report = task.report.take().unwrap_or_default();
+    let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Patches complete in any order; the report is by name.
+    report.released.sort();
+    report.left.sort();
+    Ok(report)
+}
+
+/// Every node's metadata from one list, trimmed as the watch trims it, in a
+/// store like the watch's.
+async fn list_nodes(
+    client: &kube::Client,
+    policy: &AdmissionPolicy,
+) -> Result<Store<PartialObjectMeta<Node>>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let listed = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .context("listing nodes")?;
+    let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+    writer.apply_watcher_event(&Event::Init);
+    for mut node in listed.items {
+        keep_what_patches_read(&mut node.metadata, &policy.holds, &policy.scope);
+        writer.apply_watcher_event(&Event::InitApply(node));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    Ok(store)
 }
 
 /// What the node watch has seen so far: complete lists, and changes since.
@@ -307,6 +391,19 @@ struct WindowTask {
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
     failures: u32,
+    /// What the release patches did, node by node, when someone asked
+    /// (`release` without a leader prints it).
+    report: Option<std::sync::Mutex<ReleaseReport>>,
+}
+
+/// What the release patches of [`release_once`] did, node by node.
+#[derive(Debug, Default, Clone)]
+pub struct ReleaseReport {
+    /// Nodes whose holds came off.
+    pub released: Vec<String>,
+    /// `node: key` of holds someone changed since node-holder placed them:
+    /// left in place, only node-holder's record of them dropped.
+    pub left: Vec<String>,
 }
 
 /// Before a closed window's holds come off in `cluster` scope, the record
@@ -351,6 +448,7 @@ impl WindowTask {
             releasing: false,
             announced: HashSet::new(),
             failures: 0,
+            report: None,
         }
     }
 
@@ -630,6 +728,16 @@ impl WindowTask {
         Instant::now().checked_add(after)
     }
 
+    fn note_released(&self, patch: &NodePatch) {
+        if let Some(report) = &self.report {
+            let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
+            report
+                .left
+                .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
+            report.released.push(patch.name.clone());
+        }
+    }
+
     /// After a pass that removed every hold it had to: no release under way,
     /// and the handled release request is done (`release` waits for that).
     /// A failed write is tried again after the next pass.
@@ -680,6 +788,7 @@ impl WindowTask {
                     applied += 1;
                     self.metrics.holds_released.inc();
                     self.events.send(HoldEvent::released(&patch));
+                    self.note_released(&patch);
                 }
                 PatchResult::Gone => {}
                 PatchResult::Changed(code) => {

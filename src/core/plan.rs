@@ -137,39 +137,6 @@ impl Planner<'_> {
     }
 }
 
-/// The patches that bring the nodes to the desired state, by node name.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plan {
-    pub hold: Vec<NodePatch>,
-    pub release: Vec<NodePatch>,
-    /// See [`Planner::wake`].
-    pub wake: Option<Timestamp>,
-}
-
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.hold.is_empty() && self.release.is_empty()
-    }
-}
-
-/// Every node's patch at once, sorted by name (see [`Planner`]); for callers
-/// whose node count is small or who need the whole plan up front.
-pub fn plan<'m>(planner: &Planner<'_>, nodes: impl IntoIterator<Item = &'m ObjectMeta>) -> Plan {
-    let mut nodes: Vec<&ObjectMeta> = nodes.into_iter().collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut plan = Plan {
-        wake: planner.wake(nodes.iter().copied()),
-        ..Plan::default()
-    };
-    for (action, patch) in nodes.into_iter().filter_map(|meta| planner.node(meta)) {
-        match action {
-            Action::Hold => plan.hold.push(patch),
-            Action::Release => plan.release.push(patch),
-        }
-    }
-    plan
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -178,6 +145,42 @@ mod tests {
 
     use super::*;
     use crate::core::holds::Preset;
+
+    /// The patches that bring the nodes to the desired state, by node name.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    struct Plan {
+        hold: Vec<NodePatch>,
+        release: Vec<NodePatch>,
+        /// See [`Planner::wake`].
+        wake: Option<Timestamp>,
+    }
+
+    impl Plan {
+        fn is_empty(&self) -> bool {
+            self.hold.is_empty() && self.release.is_empty()
+        }
+    }
+
+    /// Every node's patch at once, sorted by name, as a test wants to see it
+    /// (the leader streams them one by one instead).
+    fn plan_all<'m>(
+        planner: &Planner<'_>,
+        nodes: impl IntoIterator<Item = &'m ObjectMeta>,
+    ) -> Plan {
+        let mut nodes: Vec<&ObjectMeta> = nodes.into_iter().collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut plan = Plan {
+            wake: planner.wake(nodes.iter().copied()),
+            ..Plan::default()
+        };
+        for (action, patch) in nodes.into_iter().filter_map(|meta| planner.node(meta)) {
+            match action {
+                Action::Hold => plan.hold.push(patch),
+                Action::Release => plan.release.push(patch),
+            }
+        }
+        plan
+    }
 
     fn t(m: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + m * 60).unwrap()
@@ -241,7 +244,7 @@ mod tests {
             holds,
             now,
         };
-        super::plan(&planner, nodes)
+        plan_all(&planner, nodes)
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::core::admission::{AdmissionPolicy, Outcome, decide, review_body};
+use crate::core::admission::{AdmissionPolicy, Decision, Outcome, decide, review_body};
 use crate::metrics::Metrics;
 
 /// Largest AdmissionReview accepted, as controller-runtime does.
@@ -131,17 +131,8 @@ async fn mutate(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !content_type.starts_with("application/json") {
-        tracing::warn!(content_type, error = "not JSON", "webhook request refused");
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("expected Content-Type application/json, got {content_type:?}\n"),
-        )
-            .into_response();
+    if let Some(refused) = not_json(&headers) {
+        return refused;
     }
     let decision = match decide(&body, &state.policy) {
         Ok(decision) => decision,
@@ -150,19 +141,54 @@ async fn mutate(
             return (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response();
         }
     };
+    if matches!(decision.outcome, Outcome::Held { .. }) {
+        state.metrics.mutation();
+    }
+    audit(&decision, started);
+    match review_body(decision.response) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "serialising the AdmissionReview failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "could not serialise the response\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A `415` unless the request says its body is JSON.
+fn not_json(headers: &HeaderMap) -> Option<Response> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.starts_with("application/json") {
+        return None;
+    }
+    tracing::warn!(content_type, error = "not JSON", "webhook request refused");
+    Some(
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("expected Content-Type application/json, got {content_type:?}\n"),
+        )
+            .into_response(),
+    )
+}
+
+/// The admission decision's line in node-holder's audit log.
+fn audit(decision: &Decision, started: Instant) {
     let r = &decision.request;
     let (patched, holds) = match &decision.outcome {
-        Outcome::Held { added } => {
-            state.metrics.mutation();
-            (
-                true,
-                added
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
-        }
+        Outcome::Held { added } => (
+            true,
+            added
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         _ => (false, String::new()),
     };
     tracing::info!(
@@ -179,17 +205,6 @@ async fn mutate(
         latency_us = started.elapsed().as_micros() as u64,
         "admission decision"
     );
-    match review_body(decision.response) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(err) => {
-            tracing::error!(error = %err, "serialising the AdmissionReview failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "could not serialise the response\n",
-            )
-                .into_response()
-        }
-    }
 }
 
 /// Readiness of the process: the certificate is loaded (it is, once serving
