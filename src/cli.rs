@@ -24,7 +24,8 @@ pub struct Cli {
     #[arg(long, env = "NODE_HOLDER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
-    /// Most verbose level of node-holder's own log lines (dependencies log warnings only).
+    /// Most verbose level of node-holder's own log lines (dependencies log
+    /// warnings only); `RUST_LOG`, when set, replaces this filter.
     #[arg(long, env = "NODE_HOLDER_LOG_LEVEL", default_value_t = LevelFilter::INFO, global = true)]
     pub log_level: LevelFilter,
 

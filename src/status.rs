@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{RecordStore, Settings};
-use crate::core::holds::{HELD_KEYS_ANNOTATION, MARKER_LABEL, MARKER_VALUE};
+use crate::core::holds::{MARKED, held_keys};
 
 /// Everything `status` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -65,7 +65,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
     let leader = lease::read_holder(client, namespace).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let marked = nodes
-        .list_metadata(&ListParams::default().labels(&format!("{MARKER_LABEL}={MARKER_VALUE}")))
+        .list_metadata(&ListParams::default().labels(MARKED))
         .await
         .context("listing held nodes")?;
 
@@ -82,18 +82,10 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .items
         .into_iter()
         .map(|node| HeldNode {
-            holds: node
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
-                .map(|keys| {
-                    keys.split(',')
-                        .filter(|k| !k.is_empty())
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            holds: held_keys(&node.metadata)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
             created: node.metadata.creation_timestamp.map(|t| t.0),
             name: node.metadata.name.unwrap_or_default(),
         })
@@ -229,12 +221,13 @@ fn settings_text(status: &Status) -> String {
             let cap = s.max_hold.map_or("no cap".to_string(), |m| {
                 format!("max {}", humantime::format_duration(m))
             });
+            // The selector as the user wrote it: label values are
+            // case-sensitive.
             format!(
-                "{:?} scope, {nodes}, hold {}, {cap}",
+                "{} scope, {nodes}, hold {}, {cap}",
                 s.scope,
                 humantime::format_duration(s.hold_duration)
             )
-            .to_lowercase()
         },
     )
 }
@@ -553,6 +546,19 @@ mod tests {
         let text = render_text(&status, at("2026-11-22T11:00:05Z"));
         assert!(
             text.contains("Release:     releasing 1,840 of 3,001 node(s) still held\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_node_selector_is_shown_as_written() {
+        let mut status = closed("2026-11-22T11:00:00Z");
+        status.settings.as_mut().unwrap().node_selector = "team=GPU,Tier!=Batch".into();
+        let text = render_text(&status, at("2026-11-22T12:00:00Z"));
+        assert!(
+            text.starts_with(
+                "Window:      closed (cluster scope, team=GPU,Tier!=Batch, hold 20m, max 2h)\n"
+            ),
             "{text}"
         );
     }

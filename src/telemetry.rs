@@ -12,14 +12,12 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber: node-holder's own lines up to `level`,
-/// warnings and errors from its dependencies.
+/// warnings and errors from its dependencies; or, when `RUST_LOG` is set,
+/// what it says (`RUST_LOG=kube=debug,node_holder=debug`).
 pub fn init(format: LogFormat, level: LevelFilter) {
-    // Dependencies' chatter at debug level drowns node-holder's own lines.
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::WARN.into())
-        .parse_lossy(format!("node_holder={level}"));
+    let rust_log = std::env::var("RUST_LOG").ok();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter(level, rust_log.as_deref()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -28,5 +26,35 @@ pub fn init(format: LogFormat, level: LevelFilter) {
             .flatten_event(true)
             .with_current_span(false)
             .init(),
+    }
+}
+
+/// The filter: `RUST_LOG`'s directives when set and not empty; else
+/// node-holder's own lines up to `level`, dependencies' warnings (their
+/// chatter at debug level drowns node-holder's own lines).
+fn filter(level: LevelFilter, rust_log: Option<&str>) -> EnvFilter {
+    let directives = match rust_log.map(str::trim) {
+        Some(directives) if !directives.is_empty() => directives.to_string(),
+        _ => format!("node_holder={level}"),
+    };
+    EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .parse_lossy(directives)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_log_when_set_wins_over_the_log_level() {
+        let set = filter(LevelFilter::INFO, Some("kube=debug,node_holder=trace")).to_string();
+        assert!(set.contains("kube=debug"), "{set}");
+        assert!(set.contains("node_holder=trace"), "{set}");
+        for unset in [None, Some(""), Some("  ")] {
+            let own = filter(LevelFilter::DEBUG, unset).to_string();
+            assert!(own.contains("node_holder=debug"), "{own}");
+            assert!(!own.contains("kube"), "{own}");
+        }
     }
 }

@@ -29,8 +29,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::is_marked;
 use crate::core::patch::keep_what_patches_read;
-use crate::core::plan::{Action, NodePatch, Planner, identity, is_marked, labels};
+use crate::core::plan::{Action, NodePatch, Planner, identity, labels};
 use crate::core::window::{Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};

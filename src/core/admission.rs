@@ -35,6 +35,10 @@ pub enum Outcome {
     NotANodeCreate,
     /// A request no API server sends (a CREATE without its object).
     Invalid { reason: String },
+    /// A Node CREATE in scope whose patch could not be put in the response:
+    /// allowed unheld (as a failing webhook would be, with `Ignore`), said so
+    /// in the audit annotations and the log rather than called held.
+    Unpatched { reason: String },
 }
 
 impl Outcome {
@@ -45,6 +49,7 @@ impl Outcome {
             Outcome::OutOfScope => "out-of-scope",
             Outcome::NotANodeCreate => "not-a-node-create",
             Outcome::Invalid { .. } => "invalid",
+            Outcome::Unpatched { .. } => "unpatched",
         }
     }
 }
@@ -163,11 +168,15 @@ pub fn decide(body: &[u8], policy: &AdmissionPolicy) -> Result<Decision, BadRevi
         if added.is_empty() {
             Outcome::AlreadyHeld
         } else {
-            // Serialising a json_patch::Patch cannot fail: it is plain data.
-            response = response
-                .with_patch(patch)
-                .unwrap_or_else(|_| AdmissionResponse::from(&request));
-            Outcome::Held { added }
+            match response.clone().with_patch(patch) {
+                Ok(patched) => {
+                    response = patched;
+                    Outcome::Held { added }
+                }
+                Err(err) => Outcome::Unpatched {
+                    reason: format!("the patch could not be serialised: {err}"),
+                },
+            }
         }
     };
     response.audit_annotations = audit_annotations(&outcome, &scope);
@@ -204,6 +213,9 @@ fn audit_annotations(outcome: &Outcome, scope: &str) -> std::collections::HashMa
                 format!("node labels do not match the node selector ({scope})"),
             );
         }
+        Outcome::Unpatched { reason } => {
+            annotations.insert("reason", format!("allowed unheld: {reason}"));
+        }
         Outcome::NotANodeCreate | Outcome::Invalid { .. } => {}
     }
     annotations
@@ -217,7 +229,13 @@ fn summarize(request: &AdmissionRequest<Admitted>) -> RequestSummary {
         uid: request.uid.clone(),
         kind: request.kind.kind.clone(),
         name: request.name.clone(),
-        operation: format!("{:?}", request.operation).to_uppercase(),
+        operation: match request.operation {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+        .to_string(),
         user: request.user_info.username.clone().unwrap_or_default(),
         dry_run: request.dry_run,
     }

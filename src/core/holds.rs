@@ -1,4 +1,5 @@
-//! The one place that knows the annotation and label keys.
+//! The hold keys and node-holder's own keys on a node: presets, the marker
+//! label and the `hold-keys` annotation, and reading them back.
 //!
 //! A *hold* is an annotation that tells an autoscaler to leave a node alone.
 //! node-holder marks the nodes it holds with its own label (so the holds it
@@ -9,6 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use clap::ValueEnum;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// node-holder's own key prefix.
 pub const PREFIX: &str = "node-holder.dev";
@@ -18,6 +20,40 @@ pub const MARKER_LABEL: &str = "node-holder.dev/held";
 pub const MARKER_VALUE: &str = "true";
 /// Annotation listing, comma-separated, the hold keys node-holder added.
 pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
+/// The label selector of the nodes carrying node-holder's marker.
+pub const MARKED: &str = "node-holder.dev/held=true";
+
+/// Whether the node carries node-holder's marker label.
+pub fn is_marked(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MARKER_LABEL))
+        .is_some_and(|v| v == MARKER_VALUE)
+}
+
+/// The hold keys node-holder recorded on the node (its `hold-keys`
+/// annotation), each once, trimmed. node-holder's own keys are skipped:
+/// removing the record twice would make a release patch fail forever.
+pub fn held_keys(meta: &ObjectMeta) -> Vec<&str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
+        .map_or_else(Vec::new, |record| recorded_keys(record))
+}
+
+/// The keys of a `hold-keys` record (see [`held_keys`]).
+pub fn recorded_keys(record: &str) -> Vec<&str> {
+    let mut keys: Vec<&str> = Vec::new();
+    for key in record.split(',').map(str::trim) {
+        let own = key
+            .split_once('/')
+            .is_some_and(|(prefix, _)| prefix == PREFIX);
+        if !key.is_empty() && !own && !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
 
 /// One hold annotation: `key: value`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,10 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOpera
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::holds::{HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, PREFIX, Preset};
+use super::holds::{
+    HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
+    recorded_keys,
+};
 use super::selector::NodeScope;
 
 /// The patch that adds every configured hold the node lacks, marks the node as
@@ -34,15 +37,7 @@ pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
         return (Patch(Vec::new()), missing);
     }
 
-    let mut held_keys: Vec<String> = annotations
-        .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
-        .map(|v| {
-            v.split(',')
-                .filter(|k| !k.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut held_keys: Vec<String> = held_keys(meta).into_iter().map(str::to_string).collect();
     for hold in &missing {
         if !held_keys.contains(&hold.key) {
             held_keys.push(hold.key.clone());
@@ -55,12 +50,7 @@ pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
     to_add.insert(HELD_KEYS_ANNOTATION.to_string(), held_keys.join(","));
 
     let mut ops = map_entries("annotations", annotations.is_some(), to_add);
-    let marked = meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MARKER_LABEL))
-        .is_some_and(|v| v == MARKER_VALUE);
-    if !marked {
+    if !is_marked(meta) {
         let marker = BTreeMap::from([(MARKER_LABEL.to_string(), MARKER_VALUE.to_string())]);
         ops.extend(map_entries("labels", meta.labels.is_some(), marker));
     }
@@ -170,21 +160,6 @@ pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds, scope: &Node
     if let Some(labels) = meta.labels.as_mut() {
         labels.retain(|key, _| key == MARKER_LABEL || scope.reads(key));
     }
-}
-
-/// The keys of a `hold-keys` record, each once. node-holder's own keys are
-/// skipped: removing the record twice would make the patch fail forever.
-fn recorded_keys(record: &str) -> Vec<&str> {
-    let mut keys: Vec<&str> = Vec::new();
-    for key in record.split(',').map(str::trim) {
-        let own = key
-            .split_once('/')
-            .is_some_and(|(prefix, _)| prefix == PREFIX);
-        if !key.is_empty() && !own && !keys.contains(&key) {
-            keys.push(key);
-        }
-    }
-    keys
 }
 
 /// The value node-holder puts under `key`: the configured one, else a

@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::holds::{Holds, MARKER_LABEL, MARKER_VALUE};
+use super::holds::Holds;
 use super::patch::{hold_existing, release_holds};
 use super::selector::NodeScope;
 use super::window::{Mode, Window, WindowConfig};
@@ -30,13 +30,6 @@ pub fn labels(meta: &ObjectMeta) -> &BTreeMap<String, String> {
 /// the API server never returns for a stored Node (planning skips it).
 pub fn identity(meta: &ObjectMeta) -> Option<(&str, Timestamp)> {
     Some((meta.name.as_deref()?, meta.creation_timestamp.as_ref()?.0))
-}
-
-/// Whether the node carries node-holder's marker label.
-pub fn is_marked(meta: &ObjectMeta) -> bool {
-    labels(meta)
-        .get(MARKER_LABEL)
-        .is_some_and(|v| v == MARKER_VALUE)
 }
 
 /// One node's patch and what it changes, for logs and Events.

@@ -31,6 +31,16 @@ pub enum Mode {
     Node,
 }
 
+impl std::fmt::Display for Mode {
+    /// The flag's word: `cluster` or `node`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Cluster => "cluster",
+            Mode::Node => "node",
+        })
+    }
+}
+
 /// How long holds last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowConfig {

@@ -141,8 +141,12 @@ async fn mutate(
             return (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response();
         }
     };
-    if matches!(decision.outcome, Outcome::Held { .. }) {
-        state.metrics.mutation();
+    match &decision.outcome {
+        Outcome::Held { .. } => state.metrics.mutation(),
+        Outcome::Unpatched { reason } => {
+            tracing::error!(error = %reason, node = %decision.request.name, "a new node is allowed unheld");
+        }
+        _ => {}
     }
     audit(&decision, started);
     match review_body(decision.response) {
