@@ -242,34 +242,13 @@ struct Feed {
 /// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
 /// would leave the window task blind for up to 30 s after an API server
 /// restart; the window waits for the watch, so the reconnect must be quick.
-#[derive(Debug, Clone)]
-struct WatchBackoff {
-    next: Duration,
-}
-
-impl WatchBackoff {
-    const FIRST: Duration = Duration::from_millis(500);
-    const MAX: Duration = Duration::from_secs(5);
-
-    fn new() -> Self {
-        WatchBackoff { next: Self::FIRST }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (delay * 2).min(Self::MAX);
-        Some(delay)
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
+fn watch_backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .without_max_times()
+        .into()
 }
 
 /// Watches Node metadata into a store, in a task of its own so that the
@@ -289,7 +268,7 @@ fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
     let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
     let listed = store.clone();
     let task = tokio::spawn(async move {
-        let mut backoff = WatchBackoff::new();
+        let mut backoff = watch_backoff();
         loop {
             let (holds, scope) = (holds.clone(), scope.clone());
             let stream = watcher::watcher(api.clone(), watcher::Config::default())
@@ -324,7 +303,7 @@ fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
                 }
             };
             feed.send_modify(|f| f.broken = true);
-            let pause = backoff.next().unwrap_or(WatchBackoff::MAX);
+            let pause = backoff.next().unwrap_or(Duration::from_secs(5));
             tracing::warn!(
                 error,
                 retry_in_ms = pause.as_millis() as u64,
@@ -350,7 +329,7 @@ fn watch_record(
         api,
         watcher::Config::default().fields(&format!("metadata.name={}", record::NAME)),
     )
-    .backoff(WatchBackoff::new())
+    .backoff(watch_backoff())
     .applied_objects()
 }
 

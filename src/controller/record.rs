@@ -50,10 +50,10 @@ pub fn releasing_annotation() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct Settings {
     pub scope: Mode,
-    #[serde(with = "human_duration")]
+    #[serde(with = "humantime_serde")]
     pub hold_duration: std::time::Duration,
     /// `None`: no cap.
-    #[serde(with = "human_duration_opt", default)]
+    #[serde(with = "humantime_serde::option", default)]
     pub max_hold: Option<std::time::Duration>,
     /// The hold annotations, as `key=value`.
     pub holds: Vec<String>,
@@ -240,39 +240,6 @@ pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
-}
-
-/// Durations as humantime text (`20m`, `2h`): readable with `kubectl get -o yaml`.
-mod human_duration {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
-
-mod human_duration_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => super::human_duration::serialize(d, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let text = Option::<String>::deserialize(d)?;
-        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom))
-            .transpose()
-    }
 }
 
 impl Settings {
