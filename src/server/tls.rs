@@ -5,11 +5,12 @@
 //! watches miss; comparing the bytes catches every rotation.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use arc_swap::ArcSwap;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
@@ -20,20 +21,131 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
-/// The certificate the webhook presents, swapped in place on rotation.
-#[derive(Debug)]
-pub struct ReloadingCert {
-    cert_path: PathBuf,
-    key_path: PathBuf,
-    current: RwLock<Loaded>,
+/// The one crypto provider of the process: ring (the one kube-rs uses, and
+/// no C toolchain build), installed as rustls's process default the first
+/// time it is asked for, so every TLS configuration here uses the same.
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    if let Some(provider) = CryptoProvider::get_default() {
+        return Arc::clone(provider);
+    }
+    // Another thread may install it first; either way one is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }
 
-#[derive(Debug)]
-struct Loaded {
-    bytes: (Vec<u8>, Vec<u8>),
+/// Files whose bytes make a value (a certificate and key, a CA), read at
+/// start and swapped in place whenever the bytes change and still make a
+/// value; a broken change keeps the previous value in use.
+pub struct Reloading<T> {
+    files: Vec<File>,
+    parse: fn(&[File], &[Vec<u8>]) -> Result<T>,
+    current: ArcSwap<Version<T>>,
+}
+
+/// A file a value is read from, and what it is (for messages).
+pub struct File {
+    pub what: &'static str,
+    pub path: PathBuf,
+}
+
+/// One value and the bytes it was made from.
+struct Version<T> {
+    bytes: Vec<Vec<u8>>,
+    value: T,
+}
+
+/// What the reloader's log lines say.
+pub struct Logged {
+    pub reloaded: &'static str,
+    pub kept: &'static str,
+}
+
+impl<T: Send + Sync + 'static> Reloading<T> {
+    /// Reads and parses the files, or says which one is wrong and how.
+    pub fn load(files: Vec<File>, parse: fn(&[File], &[Vec<u8>]) -> Result<T>) -> Result<Self> {
+        let bytes = read_all(&files)?;
+        let value = parse(&files, &bytes)?;
+        Ok(Reloading {
+            files,
+            parse,
+            current: ArcSwap::from_pointee(Version { bytes, value }),
+        })
+    }
+
+    /// The value in use.
+    pub fn current(&self) -> impl std::ops::Deref<Target = T> + '_ {
+        CurrentValue(self.current.load_full())
+    }
+
+    /// Re-reads the files; swaps in changed bytes that make a value. Returns
+    /// whether it swapped.
+    pub fn reload(&self) -> Result<bool> {
+        let bytes = read_all(&self.files)?;
+        if self.current.load().bytes == bytes {
+            return Ok(false);
+        }
+        let value = (self.parse)(&self.files, &bytes)?;
+        self.current.store(Arc::new(Version { bytes, value }));
+        Ok(true)
+    }
+
+    /// Polls the files every `interval` until the process ends; `on_swap`
+    /// sees each new value.
+    pub fn spawn_reloader(
+        self: &Arc<Self>,
+        interval: Duration,
+        logged: Logged,
+        on_swap: impl Fn(&T) + Send + 'static,
+    ) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                match this.reload() {
+                    Ok(true) => {
+                        on_swap(&this.current());
+                        tracing::info!(file = %this.files[0].path.display(), "{}", logged.reloaded);
+                    }
+                    Ok(false) => {}
+                    Err(err) => tracing::error!(error = format!("{err:#}"), "{}", logged.kept),
+                }
+            }
+        });
+    }
+}
+
+struct CurrentValue<T>(Arc<Version<T>>);
+
+impl<T> std::ops::Deref for CurrentValue<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0.value
+    }
+}
+
+fn read_all(files: &[File]) -> Result<Vec<Vec<u8>>> {
+    files
+        .iter()
+        .map(|f| {
+            std::fs::read(&f.path)
+                .with_context(|| format!("reading {} {}", f.what, f.path.display()))
+        })
+        .collect()
+}
+
+/// The certificate the webhook presents, swapped in place on rotation.
+pub struct ReloadingCert(Arc<Reloading<ServingCert>>);
+
+/// A serving certificate with its key, and its leaf's notAfter.
+pub struct ServingCert {
     key: Arc<CertifiedKey>,
     /// Unix seconds of the leaf certificate's notAfter.
-    not_after: i64,
+    pub not_after: i64,
 }
 
 impl ReloadingCert {
@@ -41,61 +153,40 @@ impl ReloadingCert {
     /// certificate loads (the API server then fails open and the window task
     /// holds new nodes late) with an error in the log and the metric.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Self> {
-        let loaded = load_pair(cert_path, key_path)?;
-        warn_if_expired(cert_path, loaded.not_after);
-        Ok(ReloadingCert {
-            cert_path: cert_path.to_path_buf(),
-            key_path: key_path.to_path_buf(),
-            current: RwLock::new(loaded),
-        })
+        let files = vec![
+            File {
+                what: "certificate file",
+                path: cert_path.to_path_buf(),
+            },
+            File {
+                what: "key file",
+                path: key_path.to_path_buf(),
+            },
+        ];
+        Ok(ReloadingCert(Arc::new(Reloading::load(files, parse_pair)?)))
     }
 
     /// Re-reads the files; swaps in a changed, valid pair. Returns whether it
     /// swapped. A broken new pair keeps the old one serving.
     pub fn reload(&self) -> Result<bool> {
-        let bytes = read_pair(&self.cert_path, &self.key_path)?;
-        if self
-            .current
-            .read()
-            .map_err(|_| anyhow!("certificate lock poisoned"))?
-            .bytes
-            == bytes
-        {
-            return Ok(false);
-        }
-        let loaded = parse_pair(&self.cert_path, &self.key_path, bytes)?;
-        warn_if_expired(&self.cert_path, loaded.not_after);
-        *self
-            .current
-            .write()
-            .map_err(|_| anyhow!("certificate lock poisoned"))? = loaded;
-        Ok(true)
+        self.0.reload()
     }
 
     /// Unix seconds of the current certificate's notAfter.
-    pub fn not_after(&self) -> Option<i64> {
-        self.current.read().ok().map(|loaded| loaded.not_after)
+    pub fn not_after(&self) -> i64 {
+        self.0.current().not_after
     }
 
     /// Polls the files every `interval` until the process ends, keeping
     /// `not_after` (the expiry metric) current.
     pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, not_after: Gauge<i64, AtomicI64>) {
-        let this = Arc::clone(self);
-        if let Some(at) = this.not_after() {
-            not_after.set(at);
-        }
-        poll_every(interval, move || match this.reload() {
-            Ok(true) => {
-                if let Some(at) = this.not_after() {
-                    not_after.set(at);
-                }
-                tracing::info!(cert = %this.cert_path.display(), "serving certificate reloaded")
-            }
-            Ok(false) => {}
-            Err(err) => tracing::error!(
-                error = format!("{err:#}"),
-                "serving certificate not reloaded; the previous one stays in use"
-            ),
+        not_after.set(self.not_after());
+        let logged = Logged {
+            reloaded: "serving certificate reloaded",
+            kept: "serving certificate not reloaded; the previous one stays in use",
+        };
+        self.0.spawn_reloader(interval, logged, move |cert| {
+            not_after.set(cert.not_after);
         });
     }
 
@@ -106,8 +197,7 @@ impl ReloadingCert {
         self: &Arc<Self>,
         client_ca: Option<&Arc<ReloadingClientCa>>,
     ) -> Result<rustls::ServerConfig> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .context("TLS protocol versions")?;
         let builder = match client_ca {
@@ -132,25 +222,18 @@ impl ReloadingCert {
     }
 }
 
-impl ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current
-            .read()
-            .ok()
-            .map(|loaded| Arc::clone(&loaded.key))
+impl std::fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("file", &self.0.files[0].path)
+            .finish_non_exhaustive()
     }
 }
 
-/// Runs `tick` every `interval` (not at once) until the process ends.
-fn poll_every(interval: Duration, mut tick: impl FnMut() + Send + 'static) {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.tick().await;
-        loop {
-            ticker.tick().await;
-            tick();
-        }
-    });
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0.current().key))
+    }
 }
 
 /// The CA of `--client-ca-file`: every webhook connection must present a
@@ -158,73 +241,47 @@ fn poll_every(interval: Duration, mut tick: impl FnMut() + Send + 'static) {
 /// AdmissionConfiguration). Swapped in place when the file's bytes change, so
 /// a CA rotation needs no restart; connections already open keep the
 /// verdict of their handshake.
-#[derive(Debug)]
-pub struct ReloadingClientCa {
-    path: PathBuf,
-    current: RwLock<LoadedCa>,
-}
+pub struct ReloadingClientCa(Arc<Reloading<Arc<dyn ClientCertVerifier>>>);
 
-#[derive(Debug)]
-struct LoadedCa {
-    bytes: Vec<u8>,
-    verifier: Arc<dyn ClientCertVerifier>,
+impl std::fmt::Debug for ReloadingClientCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingClientCa")
+            .field("file", &self.0.files[0].path)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReloadingClientCa {
     /// Loads the CA file or explains what is wrong with it, naming it.
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes = read_client_ca(path)?;
-        let verifier = parse_client_ca(path, &bytes)?;
-        Ok(ReloadingClientCa {
+        let file = File {
+            what: "client CA file",
             path: path.to_path_buf(),
-            current: RwLock::new(LoadedCa { bytes, verifier }),
-        })
+        };
+        Ok(ReloadingClientCa(Arc::new(Reloading::load(
+            vec![file],
+            parse_client_ca,
+        )?)))
     }
 
     /// Re-reads the file; swaps in a changed, valid CA. Returns whether it
     /// swapped. A broken new file keeps the old CA in force.
     pub fn reload(&self) -> Result<bool> {
-        let bytes = read_client_ca(&self.path)?;
-        if self
-            .current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .bytes
-            == bytes
-        {
-            return Ok(false);
-        }
-        let verifier = parse_client_ca(&self.path, &bytes)?;
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) =
-            LoadedCa { bytes, verifier };
-        Ok(true)
+        self.0.reload()
     }
 
     /// Polls the file every `interval` until the process ends.
     pub fn spawn_reloader(self: &Arc<Self>, interval: Duration) {
-        let this = Arc::clone(self);
-        poll_every(interval, move || match this.reload() {
-            Ok(true) => {
-                tracing::info!(client_ca = %this.path.display(), "client CA reloaded")
-            }
-            Ok(false) => {}
-            Err(err) => tracing::error!(
-                error = format!("{err:#}"),
-                "client CA not reloaded; the previous one stays in force"
-            ),
-        });
+        let logged = Logged {
+            reloaded: "client CA reloaded",
+            kept: "client CA not reloaded; the previous one stays in force",
+        };
+        self.0.spawn_reloader(interval, logged, |_| {});
     }
 
-    /// The verifier of the CA in force. The lock only ever guards a whole,
-    /// already-built value, so a poisoned lock still holds a usable one.
+    /// The verifier of the CA in force.
     fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
-        Arc::clone(
-            &self
-                .current
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .verifier,
-        )
+        Arc::clone(&*self.0.current())
     }
 }
 
@@ -277,14 +334,11 @@ impl ClientCertVerifier for ReloadingClientCa {
     }
 }
 
-fn read_client_ca(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("reading client CA file {}", path.display()))
-}
-
 /// A verifier that accepts client certificates chaining to the CA
 /// certificates in `bytes` (PEM, one or more: during a rotation the old and
 /// the new CA).
-fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifier>> {
+fn parse_client_ca(files: &[File], bytes: &[Vec<u8>]) -> Result<Arc<dyn ClientCertVerifier>> {
+    let (path, bytes) = (&files[0].path, &bytes[0]);
     let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("client CA file {} is not valid PEM", path.display()))?;
@@ -304,27 +358,15 @@ fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifi
             )
         })?;
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), crypto_provider())
         .build()
         .with_context(|| format!("client CA file {}", path.display()))
 }
 
-fn read_pair(cert_path: &Path, key_path: &Path) -> Result<(Vec<u8>, Vec<u8>)> {
-    let cert = std::fs::read(cert_path)
-        .with_context(|| format!("reading certificate file {}", cert_path.display()))?;
-    let key = std::fs::read(key_path)
-        .with_context(|| format!("reading key file {}", key_path.display()))?;
-    Ok((cert, key))
-}
-
-fn load_pair(cert_path: &Path, key_path: &Path) -> Result<Loaded> {
-    let bytes = read_pair(cert_path, key_path)?;
-    parse_pair(cert_path, key_path, bytes)
-}
-
-fn parse_pair(cert_path: &Path, key_path: &Path, bytes: (Vec<u8>, Vec<u8>)) -> Result<Loaded> {
-    let chain = CertificateDer::pem_slice_iter(&bytes.0)
+/// The serving pair from the bytes of `[certificate file, key file]`.
+fn parse_pair(files: &[File], bytes: &[Vec<u8>]) -> Result<ServingCert> {
+    let (cert_path, key_path) = (&files[0].path, &files[1].path);
+    let chain = CertificateDer::pem_slice_iter(&bytes[0])
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("certificate file {} is not valid PEM", cert_path.display()))?;
     if chain.is_empty() {
@@ -333,12 +375,9 @@ fn parse_pair(cert_path: &Path, key_path: &Path, bytes: (Vec<u8>, Vec<u8>)) -> R
             cert_path.display()
         ));
     }
-    let key = PrivateKeyDer::from_pem_slice(&bytes.1)
+    let key = PrivateKeyDer::from_pem_slice(&bytes[1])
         .with_context(|| format!("key file {} holds no PEM private key", key_path.display()))?;
-    let provider = CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-    let certified = CertifiedKey::from_der(chain, key, &provider).with_context(|| {
+    let certified = CertifiedKey::from_der(chain, key, &crypto_provider()).with_context(|| {
         format!(
             "key file {} does not belong to certificate file {}",
             key_path.display(),
@@ -353,8 +392,8 @@ fn parse_pair(cert_path: &Path, key_path: &Path, bytes: (Vec<u8>, Vec<u8>)) -> R
                 cert_path.display()
             )
         })?;
-    Ok(Loaded {
-        bytes,
+    warn_if_expired(cert_path, not_after);
+    Ok(ServingCert {
         key: Arc::new(certified),
         not_after,
     })
