@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, anyhow};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use crate::core::admission::AdmissionPolicy;
@@ -21,6 +21,8 @@ use crate::core::window::{Mode, Window, WindowConfig};
 pub const NAME: &str = "node-holder-window";
 /// Field manager of node-holder's writes.
 pub const FIELD_MANAGER: &str = "node-holder";
+/// Field manager of `release`'s request on the record.
+const RELEASE_FIELD_MANAGER: &str = "node-holder-release";
 
 const WINDOW_KEY: &str = "window.json";
 const SETTINGS_KEY: &str = "settings.json";
@@ -116,32 +118,33 @@ impl RecordStore {
                 serde_json::to_string(settings).context("serialising the settings")?,
             ),
         ]);
-        self.merge(ConfigMap {
-            metadata: ObjectMeta {
+        self.apply(
+            FIELD_MANAGER,
+            ObjectMeta {
                 labels: Some(BTreeMap::from([(
                     "app.kubernetes.io/name".to_string(),
                     "node-holder".to_string(),
                 )])),
                 ..ObjectMeta::default()
             },
-            data: Some(data),
-            ..ConfigMap::default()
-        })
+            Some(data),
+        )
         .await
     }
 
     /// Asks the leader to close the window now; returns the request's time.
     pub async fn request_release(&self, now: Timestamp) -> Result<Timestamp> {
-        self.merge(ConfigMap {
-            metadata: ObjectMeta {
+        self.apply(
+            RELEASE_FIELD_MANAGER,
+            ObjectMeta {
                 annotations: Some(BTreeMap::from([(
                     release_request_annotation(),
                     now.to_string(),
                 )])),
                 ..ObjectMeta::default()
             },
-            ..ConfigMap::default()
-        })
+            None,
+        )
         .await?;
         Ok(now)
     }
@@ -171,25 +174,31 @@ impl RecordStore {
         Ok(())
     }
 
-    /// Merges `part` into the record's ConfigMap, or creates the ConfigMap
-    /// from it when there is none yet.
-    async fn merge(&self, mut part: ConfigMap) -> Result<()> {
-        match self
-            .api
-            .patch(NAME, &field_manager(), &Patch::Merge(&part))
+    /// Server-side applies `metadata` and `data` to the record's ConfigMap as
+    /// `manager`, creating it when there is none: each writer owns its own
+    /// fields (the leader the data and label, `release` its request), and
+    /// none of them overwrites the other's.
+    async fn apply(
+        &self,
+        manager: &str,
+        mut metadata: ObjectMeta,
+        data: Option<BTreeMap<String, String>>,
+    ) -> Result<()> {
+        metadata.name = Some(NAME.to_string());
+        let config_map = ConfigMap {
+            metadata,
+            data,
+            ..ConfigMap::default()
+        };
+        self.api
+            .patch(
+                NAME,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&config_map),
+            )
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                part.metadata.name = Some(NAME.to_string());
-                self.api
-                    .create(&PostParams::default(), &part)
-                    .await
-                    .with_context(|| format!("creating ConfigMap {NAME}"))?;
-                Ok(())
-            }
-            Err(err) => Err(err).with_context(|| format!("writing ConfigMap {NAME}")),
-        }
+            .with_context(|| format!("writing ConfigMap {NAME}"))?;
+        Ok(())
     }
 }
 
