@@ -39,7 +39,8 @@ use hyper_util::rt::TokioIo;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use node_holder::cli::{Cli, Command as Subcommand};
-use node_holder::core::admission::{AdmissionPolicy, decide, review_body};
+use node_holder::core::admission::{decide, review_body};
+use node_holder::core::holds::HoldPolicy;
 use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::{ClientConfig, RootCertStore};
@@ -451,7 +452,7 @@ impl HandlerCpu {
 }
 
 /// The policy `serve` builds from its default flags.
-fn default_policy() -> Result<AdmissionPolicy> {
+fn default_policy() -> Result<HoldPolicy> {
     match Cli::try_parse_from(["node-holder", "serve"])?.command {
         Subcommand::Serve(args) => args.policy.policy(),
         _ => bail!("`node-holder serve` did not parse as serve"),

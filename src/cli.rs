@@ -9,7 +9,7 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
-use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, WindowConfig};
@@ -388,8 +388,8 @@ fn table<'a>(out: &mut String, args: impl Iterator<Item = &'a clap::Arg>) {
 
 impl PolicyArgs {
     /// The admission policy the flags describe, or an error naming the flag.
-    pub fn policy(&self) -> anyhow::Result<AdmissionPolicy> {
-        Ok(AdmissionPolicy {
+    pub fn policy(&self) -> anyhow::Result<HoldPolicy> {
+        Ok(HoldPolicy {
             holds: Holds::new(&self.hold_preset, &self.hold_annotation)
                 .map_err(|e| anyhow::anyhow!("--hold-annotation: {e}"))?,
             scope: NodeScope::parse(&self.node_selector)

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::ServeArgs;
 use crate::controller;
-use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::HoldPolicy;
 use crate::metrics::Metrics;
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
@@ -22,7 +22,7 @@ use crate::server::{
 };
 
 /// The window task's configuration the flags describe.
-pub fn controller_config(args: &ServeArgs, policy: AdmissionPolicy) -> Result<controller::Config> {
+pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<controller::Config> {
     if args.window.hold_duration.is_zero() {
         bail!("--hold-duration must be longer than 0");
     }

@@ -71,11 +71,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
 
     let open = record.window.open().copied();
     let cap = match (&open, &record.settings) {
-        (Some(open), Some(settings)) if settings.scope == crate::core::window::Mode::Cluster => {
-            settings
-                .max_hold
-                .map(|max| open.opened_at.checked_add(max).unwrap_or(Timestamp::MAX))
-        }
+        (Some(open), Some(settings)) => settings.window_config().cap(open.opened_at),
         _ => None,
     };
     let mut held_nodes: Vec<HeldNode> = marked
@@ -92,7 +88,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .collect();
     held_nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut status = Status {
-        open: open.is_some_and(|open| now < open.deadline),
+        open: record.window.is_open(now),
         opened_at: open.map(|o| o.opened_at),
         deadline: open.map(|o| o.deadline),
         cap,
@@ -225,7 +221,7 @@ fn settings_text(status: &Status) -> String {
             // case-sensitive.
             format!(
                 "{} scope, {nodes}, hold {}, {cap}",
-                s.scope,
+                s.mode,
                 humantime::format_duration(s.hold_duration)
             )
         },
@@ -348,7 +344,7 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            scope: Mode::Cluster,
+            mode: Mode::Cluster,
             hold_duration: Duration::from_secs(1200),
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],

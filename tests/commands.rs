@@ -97,7 +97,7 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
     assert_eq!(json["leader"]["expired"], false);
     let deadline: Timestamp = json["deadline"].as_str().unwrap().parse().unwrap();
     assert_eq!(deadline, created + Duration::from_secs(3600));
-    assert_eq!(json["settings"]["scope"], "cluster");
+    assert_eq!(json["settings"]["mode"], "cluster");
     assert_eq!(json["settings"]["holdDuration"], "1h");
     assert_eq!(json["settings"]["maxHold"], "2h");
     let held: Vec<&str> = json["heldNodes"]

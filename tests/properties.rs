@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use node_holder::core::admission::{AdmissionPolicy, decide, review_body};
-use node_holder::core::holds::{HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, Preset};
+use node_holder::core::admission::{decide, review_body};
+use node_holder::core::holds::{
+    HELD_KEYS_ANNOTATION, Hold, HoldPolicy, Holds, MARKER_LABEL, Preset,
+};
 use node_holder::core::patch::{add_holds, release_holds};
 use node_holder::core::selector::NodeScope;
 use proptest::collection::{btree_map, vec};
@@ -156,8 +158,8 @@ proptest! {
     }
 }
 
-fn policy() -> AdmissionPolicy {
-    AdmissionPolicy {
+fn policy() -> HoldPolicy {
+    HoldPolicy {
         holds: Holds::new(&[], &[]).unwrap(),
         scope: NodeScope::parse("").unwrap(),
     }

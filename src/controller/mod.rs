@@ -28,7 +28,7 @@ use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
 use crate::core::patch::keep_what_patches_read;
 use crate::core::plan::{Action, NodePatch, Planner, identity, labels};
@@ -43,7 +43,7 @@ use record::{RecordStore, Settings};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub window: WindowConfig,
-    pub policy: AdmissionPolicy,
+    pub policy: HoldPolicy,
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
@@ -57,7 +57,7 @@ impl Config {
     /// What the record keeps of this configuration, for `status` and `release`.
     pub fn settings(&self) -> Settings {
         Settings {
-            scope: self.window.mode,
+            mode: self.window.mode,
             hold_duration: self.window.hold,
             max_hold: self.window.max_hold,
             holds: self.policy.holds.iter().map(ToString::to_string).collect(),
@@ -211,7 +211,7 @@ pub async fn release_once(
 /// store like the watch's.
 async fn list_nodes(
     client: &kube::Client,
-    policy: &AdmissionPolicy,
+    policy: &HoldPolicy,
 ) -> Result<Store<PartialObjectMeta<Node>>> {
     let api: Api<Node> = Api::all(client.clone());
     let listed = api
@@ -260,7 +260,7 @@ fn watch_backoff() -> watcher::ExponentialBackoff {
 /// After any watch error (the API server gone, `410 Gone`, a failed list)
 /// the store is marked broken and the watch starts over with a fresh list:
 /// only a complete list proves no node was missed while it was down.
-fn watch_nodes(client: kube::Client, policy: &AdmissionPolicy) -> NodeWatch {
+fn watch_nodes(client: kube::Client, policy: &HoldPolicy) -> NodeWatch {
     let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
     let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
     // Metadata only: ~1 KB a node on the wire instead of ~25 KB for a whole Node.

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
-use crate::core::admission::AdmissionPolicy;
+use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, Window, WindowConfig};
@@ -51,7 +51,10 @@ pub fn releasing_annotation() -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Settings {
-    pub scope: Mode,
+    /// `cluster` or `node` (the `--scope` flag). Records written before this
+    /// field was named `mode` call it `scope`.
+    #[serde(alias = "scope")]
+    pub mode: Mode,
     #[serde(with = "humantime_serde")]
     pub hold_duration: std::time::Duration,
     /// `None`: no cap.
@@ -257,22 +260,44 @@ impl Settings {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: self.max_hold,
-            mode: self.scope,
+            mode: self.mode,
         }
     }
 
     /// The holds and node scope these settings describe.
-    pub fn policy(&self) -> Result<AdmissionPolicy> {
+    pub fn policy(&self) -> Result<HoldPolicy> {
         let explicit = self
             .holds
             .iter()
             .map(|h| h.parse())
             .collect::<Result<Vec<Hold>, String>>()
             .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?;
-        Ok(AdmissionPolicy {
+        Ok(HoldPolicy {
             holds: Holds::new(&[], &explicit).map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
             scope: NodeScope::parse(&self.node_selector)
                 .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_written_with_mode_and_read_from_records_that_say_scope() {
+        let old =
+            r#"{"scope":"node","holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
+        let settings: Settings = serde_json::from_str(old).unwrap();
+        assert_eq!(settings.mode, Mode::Node);
+        assert_eq!(
+            settings.max_hold,
+            Some(std::time::Duration::from_secs(7200))
+        );
+        let written = serde_json::to_string(&settings).unwrap();
+        assert!(
+            written.starts_with(r#"{"mode":"node","holdDuration":"20m","maxHold":"2h""#),
+            "{written}"
+        );
     }
 }

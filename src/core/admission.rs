@@ -11,16 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicResourceScope, Resource};
 
-use super::holds::{Hold, Holds};
+use super::holds::{Hold, HoldPolicy};
 use super::patch::add_holds;
-use super::selector::NodeScope;
-
-/// What the webhook does to Node CREATEs.
-#[derive(Debug, Clone)]
-pub struct AdmissionPolicy {
-    pub holds: Holds,
-    pub scope: NodeScope,
-}
 
 /// What happened to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +117,7 @@ const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";
 
 /// Decides on the AdmissionReview in `body`.
-pub fn decide(body: &[u8], policy: &AdmissionPolicy) -> Result<Decision, BadReview> {
+pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
     let review: AdmissionReview<Admitted> = serde_json::from_slice(body)?;
     if review.types.api_version != API_VERSION || review.types.kind != KIND {
         return Err(BadReview::WrongType {

@@ -3,7 +3,7 @@
 //!
 //! A *hold* is an annotation that tells an autoscaler to leave a node alone.
 //! node-holder marks the nodes it holds with its own label (so the holds it
-//! placed can be listed with a selector) and records which hold keys it added
+//! placed can be listed with a selector) and lists the hold keys it added
 //! (so a release strips exactly those, never a hold someone else placed).
 
 use std::fmt;
@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use clap::ValueEnum;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::selector::NodeScope;
 
 /// node-holder's own key prefix.
 pub const PREFIX: &str = "node-holder.dev";
@@ -31,20 +33,20 @@ pub fn is_marked(meta: &ObjectMeta) -> bool {
         .is_some_and(|v| v == MARKER_VALUE)
 }
 
-/// The hold keys node-holder recorded on the node (its `hold-keys`
+/// The hold keys node-holder listed on the node (its `hold-keys`
 /// annotation), each once, trimmed. node-holder's own keys are skipped:
-/// removing the record twice would make a release patch fail forever.
+/// removing the list twice would make a release patch fail forever.
 pub fn held_keys(meta: &ObjectMeta) -> Vec<&str> {
     meta.annotations
         .as_ref()
         .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
-        .map_or_else(Vec::new, |record| recorded_keys(record))
+        .map_or_else(Vec::new, |list| listed_keys(list))
 }
 
-/// The keys of a `hold-keys` record (see [`held_keys`]).
-pub fn recorded_keys(record: &str) -> Vec<&str> {
+/// The keys of a `hold-keys` list (see [`held_keys`]).
+pub fn listed_keys(list: &str) -> Vec<&str> {
     let mut keys: Vec<&str> = Vec::new();
-    for key in record.split(',').map(str::trim) {
+    for key in list.split(',').map(str::trim) {
         let own = key
             .split_once('/')
             .is_some_and(|(prefix, _)| prefix == PREFIX);
@@ -53,6 +55,15 @@ pub fn recorded_keys(record: &str) -> Vec<&str> {
         }
     }
     keys
+}
+
+/// Which nodes node-holder holds and with what: the hold annotations, and
+/// the node selector (its scope of nodes). The webhook, the window task and
+/// `release` all hold by it.
+#[derive(Debug, Clone)]
+pub struct HoldPolicy {
+    pub holds: Holds,
+    pub scope: NodeScope,
 }
 
 /// One hold annotation: `key: value`.

@@ -17,12 +17,12 @@ use serde_json::Value;
 
 use super::holds::{
     HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
-    recorded_keys,
+    listed_keys,
 };
 use super::selector::NodeScope;
 
 /// The patch that adds every configured hold the node lacks, marks the node as
-/// held by node-holder and records which hold keys node-holder added. A hold
+/// held by node-holder and lists which hold keys node-holder added. A hold
 /// key the node already has, with any value, is left alone and not claimed.
 /// Returns an empty patch (and no added holds) when nothing is missing, so
 /// applying it again changes nothing.
@@ -82,15 +82,15 @@ pub struct Release {
     /// Hold keys removed.
     pub removed: Vec<String>,
     /// Hold keys node-holder added whose value someone changed since: they are
-    /// theirs now, left in place; only node-holder's record of them goes.
+    /// theirs now, left in place; only node-holder's listing of them goes.
     pub left: Vec<String>,
 }
 
-/// The patch that removes the holds node-holder recorded in
+/// The patch that removes the holds node-holder listed in
 /// `node-holder.dev/hold-keys` whose value is still the one it set, then that
-/// record and the marker label. Every value removed or relied on is `test`ed
+/// list and the marker label. Every value removed or relied on is `test`ed
 /// first, so a concurrent edit makes the API server reject the whole patch
-/// (the caller reads the node again). A hold node-holder did not record is
+/// (the caller reads the node again). A hold node-holder did not list is
 /// never touched, whatever its value. Empty when the node carries nothing of
 /// node-holder's.
 pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
@@ -98,8 +98,8 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
     let mut ops = Vec::new();
     let (mut removed, mut left) = (Vec::new(), Vec::new());
-    if let Some(record) = annotation(HELD_KEYS_ANNOTATION) {
-        for key in recorded_keys(record) {
+    if let Some(list) = annotation(HELD_KEYS_ANNOTATION) {
+        for key in listed_keys(list) {
             // Already gone: nothing to remove, and nothing to test for.
             let Some(current) = annotation(key) else {
                 continue;
@@ -114,7 +114,7 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
             }
         }
         let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_KEYS_ANNOTATION]);
-        ops.push(test(path.clone(), record));
+        ops.push(test(path.clone(), list));
         ops.push(remove(path));
     }
     if let Some(marker) = meta.labels.as_ref().and_then(|l| l.get(MARKER_LABEL)) {
@@ -132,7 +132,7 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
 /// Drops from `meta` what the patches and the plan never read, so that a
 /// store of thousands of nodes stays small: managed fields, owner references,
 /// finalizers, every annotation but the configured holds, node-holder's
-/// record and the keys it lists, and every label but node-holder's marker and
+/// hold-keys list and the keys in it, and every label but node-holder's marker and
 /// those the node selector reads. A map left empty stays (empty, not absent):
 /// it still exists on the node, so holds are added into it, never as a whole
 /// new map that would replace the others' keys. Every patch and every scope
@@ -142,19 +142,14 @@ pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds, scope: &Node
     meta.owner_references = None;
     meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        let recorded: Vec<String> = annotations
+        let listed: Vec<String> = annotations
             .get(HELD_KEYS_ANNOTATION)
-            .map(|record| {
-                recorded_keys(record)
-                    .into_iter()
-                    .map(str::to_string)
-                    .collect()
-            })
+            .map(|list| listed_keys(list).into_iter().map(str::to_string).collect())
             .unwrap_or_default();
         annotations.retain(|key, _| {
             key == HELD_KEYS_ANNOTATION
                 || holds.iter().any(|h| &h.key == key)
-                || recorded.contains(key)
+                || listed.contains(key)
         });
     }
     if let Some(labels) = meta.labels.as_mut() {
@@ -320,7 +315,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_missing_holds_are_added_and_recorded() {
+    fn only_the_missing_holds_are_added_and_listed() {
         let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
         let original =
             json!({"name": "n1", "annotations": {"karpenter.sh/do-not-disrupt": "true"}});
@@ -372,7 +367,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_whose_value_a_human_changed_is_left_and_only_the_record_goes() {
+    fn a_hold_whose_value_a_human_changed_is_left_and_only_its_listing_goes() {
         let mut node = held_node();
         node["annotations"]["karpenter.sh/do-not-disrupt"] = json!("forever");
         let release = release_holds(&meta(node.clone()), &default_holds());
@@ -387,13 +382,13 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_node_holder_did_not_record_is_never_touched() {
+    fn a_hold_node_holder_did_not_list_is_never_touched() {
         let node = json!({"name": "n1",
             "annotations": {"karpenter.sh/do-not-disrupt": "true"}, "labels": {}});
         let release = release_holds(&meta(node), &default_holds());
         assert!(release.patch.0.is_empty());
         assert!(release.removed.is_empty() && release.left.is_empty());
-        // Only node-holder's record goes when a human set the same hold on a
+        // Only node-holder's listing goes when a human set the same hold on a
         // node node-holder marked but added nothing to.
         let node = json!({"name": "n1",
             "annotations": {"karpenter.sh/do-not-disrupt": "true"},
@@ -428,10 +423,10 @@ mod tests {
     }
 
     #[test]
-    fn release_handles_partial_and_odd_records() {
+    fn release_handles_partial_and_odd_lists() {
         let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
-        // A recorded hold already removed, a duplicate, a blank and
-        // node-holder's own key in the record; no marker label.
+        // A listed hold already removed, a duplicate, a blank and
+        // node-holder's own key in the list; no marker label.
         let node = json!({"name": "n1", "annotations": {
             "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
             "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,,cluster-autoscaler.kubernetes.io/scale-down-disabled,node-holder.dev/hold-keys,cluster-autoscaler.kubernetes.io/scale-down-disabled"}});

@@ -41,7 +41,7 @@ pub struct NodePatch {
     /// Hold keys the patch adds (hold) or removes (release).
     pub keys: Vec<String>,
     /// Release only: keys node-holder added that someone changed since;
-    /// left in place, only node-holder's record of them is dropped.
+    /// left in place, only node-holder's listing of them is dropped.
     pub left: Vec<String>,
 }
 

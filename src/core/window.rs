@@ -1,16 +1,17 @@
 //! The hold window: when the cluster (or, in `node` mode, each new node) is
-//! held, kept as a small record that nodes' creation times drive forward.
+//! held, kept as small state that nodes' creation times drive forward.
 //!
-//! The record is what a restart cannot rebuild from the cluster: the
+//! That state is what a restart cannot rebuild from the cluster: the
 //! contributions of nodes deleted since, where the cap started and what a
-//! `release` consumed. Everything here is a pure function of the record, the
+//! `release` consumed. Everything here is a pure function of the state, the
 //! creation times and the caller's `now`; the caller lists and watches nodes,
-//! stores the record and sleeps until [`Window::next_wake`].
+//! keeps the state in the record (ConfigMap `node-holder-window`) and sleeps
+//! until [`Window::next_wake`].
 //!
 //! The semantics are those of a replay in creation order: observing a node
 //! first closes a window that ended before the node was created, then counts
 //! it. So a live stream of observations and a restart that replays the
-//! current nodes over the stored record reach the same record; a derivation
+//! current nodes over the stored state reach the same state; a derivation
 //! from the nodes alone differs only by what deleted nodes and releases did.
 
 use std::collections::BTreeMap;
@@ -59,7 +60,7 @@ impl WindowConfig {
 
     /// Where a window opened at `opened_at` must end. Only `cluster` mode caps
     /// the window: in `node` mode a stream of nodes holds only those nodes.
-    fn cap(&self, opened_at: Timestamp) -> Option<Timestamp> {
+    pub fn cap(&self, opened_at: Timestamp) -> Option<Timestamp> {
         match self.mode {
             Mode::Cluster => self.max_hold.map(|max| plus(opened_at, max)),
             Mode::Node => None,
@@ -67,7 +68,7 @@ impl WindowConfig {
     }
 }
 
-/// The record of the hold window, stored as JSON (camelCase) between
+/// The hold window's state, stored in the record as JSON (camelCase) between
 /// restarts and shown by `status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::core::admission::{AdmissionPolicy, Decision, Outcome, decide, review_body};
+use crate::core::admission::{Decision, Outcome, decide, review_body};
+use crate::core::holds::HoldPolicy;
 use crate::metrics::Metrics;
 
 /// Largest AdmissionReview accepted, as controller-runtime does.
@@ -40,7 +41,7 @@ pub struct Limits {
 
 /// What the handlers share.
 pub struct WebhookState {
-    pub policy: AdmissionPolicy,
+    pub policy: HoldPolicy,
     pub metrics: Metrics,
 }
 
@@ -57,7 +58,10 @@ pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,
         ))
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), record))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_request,
+        ))
         .with_state(state)
 }
 
@@ -115,7 +119,12 @@ async fn reserve_body(
     next.run(request).await
 }
 
-async fn record(State(state): State<Arc<WebhookState>>, request: Request, next: Next) -> Response {
+/// Counts the request, its status and latency in the webhook's metrics.
+async fn count_request(
+    State(state): State<Arc<WebhookState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let _in_flight = state.metrics.in_flight();
     let started = Instant::now();
     let response = next.run(request).await;
