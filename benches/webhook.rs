@@ -21,7 +21,7 @@
 //! there; readiness stays false, which the webhook port does not care about).
 
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -546,8 +546,8 @@ impl Server {
         extra: &[&str],
         log_to_file: bool,
     ) -> Result<Server> {
-        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let webhook: SocketAddr = format!("127.0.0.1:{}", testenv::free_port()?).parse()?;
+        let admin: SocketAddr = format!("127.0.0.1:{}", testenv::free_port()?).parse()?;
         let mut args = vec![
             "serve".to_string(),
             format!("--webhook-addr={webhook}"),
@@ -694,10 +694,6 @@ current-context: bench
 ",
     )?;
     Ok(path)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 // ---------------------------------------------------------------------------

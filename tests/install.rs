@@ -778,17 +778,14 @@ async fn serve_as_the_chart_configures_it(cp: &ControlPlane, objects: &[Value]) 
     .await
 }
 
-fn carries_anything_of_node_holders(node: &Node) -> bool {
-    let ours = |k: &String| k.starts_with("node-holder.dev/") || k == HOLD;
-    node.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.keys().any(ours))
+/// Anything of node-holder's on `node`, or the hold annotation itself.
+fn carries_a_hold_or_anything_of_node_holders(node: &Node) -> bool {
+    common::window::carries_anything_of_node_holders(node)
         || node
             .metadata
             .annotations
             .as_ref()
-            .is_some_and(|a| a.keys().any(ours))
+            .is_some_and(|a| a.contains_key(HOLD))
 }
 
 fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
@@ -878,7 +875,7 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
                 .unwrap()
                 .items
                 .iter()
-                .all(|n| !carries_anything_of_node_holders(n))
+                .all(|n| !carries_a_hold_or_anything_of_node_holders(n))
         },
     )
     .await;

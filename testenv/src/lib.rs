@@ -515,6 +515,12 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
         .context("building a request")
 }
 
+/// A loopback port free right now (for a process the caller starts).
+pub fn free_port() -> Result<u16> {
+    Ok(free_ports::<1>()?[0])
+}
+
+/// `N` different loopback ports free right now.
 fn free_ports<const N: usize>() -> Result<[u16; N]> {
     // Hold every listener until all ports are chosen so that they differ.
     let listeners = (0..N)

@@ -2,7 +2,6 @@
 //! by the API server through a real MutatingWebhookConfiguration over TLS.
 #![allow(dead_code)] // each test binary uses a different part
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,11 +18,7 @@ pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    testenv::free_port().expect("a free loopback port")
 }
 
 /// A `node-holder serve` process; killed on drop. Its JSON log goes to a file

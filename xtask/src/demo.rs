@@ -132,7 +132,7 @@ async fn start_node_holder(
         bail!("node-holder certs failed: {status}");
     }
     cp.install_node_holder_rbac().await?;
-    let (webhook_port, admin_port) = (free_port()?, free_port()?);
+    let (webhook_port, admin_port) = (testenv::free_port()?, testenv::free_port()?);
     let log = cp.dir().join("node-holder.log");
     let mut serve = Command::new(&binary);
     serve
@@ -524,12 +524,6 @@ fn build_node_holder() -> Result<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
     Ok(target.join("debug").join("node-holder"))
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 async fn wait_ready(serve: &mut ManagedChild, admin_port: u16) -> Result<()> {
