@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::window::{eventually, metric};
-use common::{Served, https, node_create, node_object, review, serve};
-use testenv::ControlPlane;
+use common::{Served, https, node_create, node_object, review, serve_offline};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -317,14 +316,10 @@ fn status_of(answer: &[u8]) -> Option<u16> {
 
 #[tokio::test]
 async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client_and_recovers() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(
-        &cp,
-        &[
-            &format!("--max-connections={MAX_CONNECTIONS}"),
-            &format!("--request-timeout={}s", REQUEST_TIMEOUT.as_secs()),
-        ],
-    )
+    let served = serve_offline(&[
+        &format!("--max-connections={MAX_CONNECTIONS}"),
+        &format!("--request-timeout={}s", REQUEST_TIMEOUT.as_secs()),
+    ])
     .await;
     let pid = served.child.id();
     let port = served.webhook_port;
@@ -513,8 +508,7 @@ const LARGE_GROWTH_KIB: u64 = 72 * 1024;
 
 #[tokio::test]
 async fn many_of_the_largest_bodies_at_once_are_read_within_a_memory_budget() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &["--request-timeout=20s"]).await;
+    let served = serve_offline(&["--request-timeout=20s"]).await;
     let pid = served.child.id();
     assert_eq!(post_review(&served, "warm-up").await, 200);
     let before = status_kib(pid, "VmRSS");

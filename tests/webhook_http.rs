@@ -1,6 +1,8 @@
 //! The webhook port as any HTTPS client meets it: bad input gets a clear
 //! answer, plain HTTP and wrong certificates are refused, h2 works, metrics
-//! count what happened, and SIGTERM drains before the process exits.
+//! count what happened, and SIGTERM drains before the process exits. What
+//! happens on the webhook port alone runs against `serve` with no API server
+//! behind it (`serve_offline`); readiness needs the real one.
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     Http1, Served, http_get, https, https_h2, make_certs, node_create, node_object, request,
-    review, serve,
+    review, serve, serve_offline,
 };
 use serde_json::{Value, json};
 use testenv::ControlPlane;
@@ -20,8 +22,7 @@ async fn post_json(served: &Served, body: Vec<u8>) -> common::Reply {
 
 #[tokio::test]
 async fn a_node_create_gets_a_base64_json_patch_in_an_admission_review() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let reply = post_json(&served, node_create("direct")).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     let body = reply.json();
@@ -49,8 +50,7 @@ async fn a_node_create_gets_a_base64_json_patch_in_an_admission_review() {
 
 #[tokio::test]
 async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let mut wrong_version = review("Node", "CREATE", node_object("n"));
     wrong_version["apiVersion"] = json!("admission.k8s.io/v1beta1");
     let mut wrong_kind = review("Node", "CREATE", node_object("n"));
@@ -158,8 +158,7 @@ async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn a_body_over_seven_mebibytes_is_refused_with_413() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let mut object = node_object("huge");
     object["metadata"]["annotations"] = json!({"blob": "x".repeat(7 * 1024 * 1024)});
     let body = serde_json::to_vec(&review("Node", "CREATE", object)).unwrap();
@@ -174,8 +173,7 @@ async fn a_body_over_seven_mebibytes_is_refused_with_413() {
 /// connection; every time, not most times.
 #[tokio::test]
 async fn a_declared_body_over_the_limit_gets_413_before_any_100_continue() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let declared = 7 * 1024 * 1024 + 1;
     for attempt in 0..20 {
         let mut tls = common::tls_connect(&served, &["http/1.1"]).await;
@@ -211,8 +209,7 @@ async fn a_declared_body_over_the_limit_gets_413_before_any_100_continue() {
 
 #[tokio::test]
 async fn other_kinds_and_operations_are_allowed_untouched() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let pod =
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d"}});
     for body in [
@@ -230,8 +227,7 @@ async fn other_kinds_and_operations_are_allowed_untouched() {
 
 #[tokio::test]
 async fn a_node_create_without_its_object_is_answered_as_an_invalid_request() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let mut body = review("Node", "CREATE", node_object("n"));
     body["request"]["object"] = Value::Null;
     let reply = post_json(&served, serde_json::to_vec(&body).unwrap()).await;
@@ -251,8 +247,7 @@ async fn a_node_create_without_its_object_is_answered_as_an_invalid_request() {
 
 #[tokio::test]
 async fn h2_is_negotiated_and_served() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let reply = https_h2(&served, node_create("over-h2")).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(reply.json()["response"]["patchType"], "JSONPatch");
@@ -260,8 +255,7 @@ async fn h2_is_negotiated_and_served() {
 
 #[tokio::test]
 async fn plain_http_on_the_tls_port_gets_a_readable_refusal() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
         .await
         .unwrap();
@@ -298,8 +292,7 @@ async fn plain_http_on_the_tls_port_gets_a_readable_refusal() {
 
 #[tokio::test]
 async fn a_client_that_does_not_trust_the_ca_cannot_complete_the_handshake() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let other = tempfile::tempdir().unwrap();
     make_certs(other.path());
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
@@ -321,8 +314,7 @@ async fn a_client_that_does_not_trust_the_ca_cannot_complete_the_handshake() {
 
 #[tokio::test]
 async fn a_slow_body_times_out_with_408_within_the_request_timeout() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &["--request-timeout=1s"]).await;
+    let served = serve_offline(&["--request-timeout=1s"]).await;
     let mut tls = common::tls_connect(&served, &["http/1.1"]).await;
     tls.write_all(
         b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"apiVersion\"",
@@ -346,8 +338,7 @@ async fn a_slow_body_times_out_with_408_within_the_request_timeout() {
 
 #[tokio::test]
 async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     assert_eq!(post_json(&served, node_create("m1")).await.status, 200);
     assert_eq!(post_json(&served, node_create("m2")).await.status, 200);
     assert_eq!(post_json(&served, b"nope".to_vec()).await.status, 400);
@@ -373,8 +364,7 @@ async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
 /// node-holder knows in advance is exposed at 0 before its first event.
 #[tokio::test]
 async fn labelled_counters_show_their_known_label_values_at_zero_from_the_start() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     let (status, metrics) = http_get(served.admin_port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     let mut zeros: Vec<String> = Vec::new();
@@ -546,8 +536,7 @@ fn old_client_hello(minor: u8) -> Vec<u8> {
 
 #[tokio::test]
 async fn tls_1_0_and_1_1_are_refused_with_a_fatal_alert_and_counted() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &[]).await;
+    let served = serve_offline(&[]).await;
     for minor in [1u8, 2] {
         let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", served.webhook_port))
             .await
@@ -579,8 +568,7 @@ async fn tls_1_0_and_1_1_are_refused_with_a_fatal_alert_and_counted() {
 
 #[tokio::test]
 async fn connections_beyond_the_limit_wait_until_one_closes() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &["--max-connections=1"]).await;
+    let served = serve_offline(&["--max-connections=1"]).await;
     let mut first = Http1::connect(&served).await;
     let reply = first
         .send(request(
@@ -632,8 +620,7 @@ async fn connections_beyond_the_limit_wait_until_one_closes() {
 
 #[tokio::test]
 async fn idle_connections_are_closed_after_the_idle_timeout_silent_ones_included() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &["--idle-timeout=2s"]).await;
+    let served = serve_offline(&["--idle-timeout=2s"]).await;
     let idle = Duration::from_secs(2);
     // Well under the 10 s header timeout, so only the idle timeout explains it.
     let limit = Duration::from_secs(6);

@@ -100,23 +100,54 @@ fn certs_command(dir: &std::path::Path, extra: &[&str]) {
 /// RBAC of `webhook-config/rbac.yaml`.
 pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
     install_node_holder_rbac(cp).await;
-    launch(cp, |command, at| {
-        command
-            .args(["serve", "--log-format", "json"])
-            .arg(format!("--identity=serve-{}", at.webhook_port))
-            .arg(format!("--webhook-addr=127.0.0.1:{}", at.webhook_port))
-            .arg(format!("--admin-addr=127.0.0.1:{}", at.admin_port))
-            .arg(format!(
-                "--tls-cert-file={}",
-                at.cert_dir.join("tls.crt").display()
-            ))
-            .arg(format!(
-                "--tls-key-file={}",
-                at.cert_dir.join("tls.key").display()
-            ))
-            .args(extra);
-    })
+    launch(cp, |command, at| serve_args(command, at, extra)).await
+}
+
+/// Starts `node-holder serve` with no API server behind it: its kubeconfig
+/// points at a loopback port nobody listens on. For what happens on the
+/// webhook port alone: the real binary, without the cost of etcd and a
+/// kube-apiserver. It never turns ready (`/readyz` follows the API server),
+/// so this waits for `/healthz`; its window task keeps retrying the Lease.
+pub async fn serve_offline(extra: &[&str]) -> Served {
+    let dead_port = free_port();
+    launch_with(
+        |dir| {
+            let kubeconfig = dir.join("offline.kubeconfig");
+            std::fs::write(&kubeconfig, offline_kubeconfig(dead_port)).unwrap();
+            kubeconfig
+        },
+        "/healthz",
+        |command, at| serve_args(command, at, extra),
+    )
     .await
+}
+
+/// A kubeconfig for an API server at `port` on loopback that is not there.
+fn offline_kubeconfig(port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: offline\n\
+         clusters: [{{name: offline, cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}}}]\n\
+         users: [{{name: offline, user: {{token: offline}}}}]\n\
+         contexts: [{{name: offline, context: {{cluster: offline, user: offline}}}}]\n"
+    )
+}
+
+/// `serve`'s arguments: JSON logs, loopback ports, the launch's certificates.
+fn serve_args(command: &mut Command, at: &Listen, extra: &[&str]) {
+    command
+        .args(["serve", "--log-format", "json"])
+        .arg(format!("--identity=serve-{}", at.webhook_port))
+        .arg(format!("--webhook-addr=127.0.0.1:{}", at.webhook_port))
+        .arg(format!("--admin-addr=127.0.0.1:{}", at.admin_port))
+        .arg(format!(
+            "--tls-cert-file={}",
+            at.cert_dir.join("tls.crt").display()
+        ))
+        .arg(format!(
+            "--tls-key-file={}",
+            at.cert_dir.join("tls.key").display()
+        ))
+        .args(extra);
 }
 
 /// Where a [`launch`]ed `node-holder serve` is to listen (loopback) and find
@@ -132,7 +163,19 @@ pub struct Listen<'a> {
 /// `/readyz` answers 200. `configure` gives it its arguments and environment
 /// (the subcommand included); grants nothing.
 pub async fn launch(cp: &ControlPlane, configure: impl FnOnce(&mut Command, &Listen)) -> Served {
+    let kubeconfig = cp.node_holder_kubeconfig();
+    launch_with(|_| kubeconfig.to_path_buf(), "/readyz", configure).await
+}
+
+/// [`launch`] with the kubeconfig `kubeconfig` makes (given the launch's
+/// directory), waiting until `ready_path` on the admin port answers 200.
+async fn launch_with(
+    kubeconfig: impl FnOnce(&Path) -> std::path::PathBuf,
+    ready_path: &str,
+    configure: impl FnOnce(&mut Command, &Listen),
+) -> Served {
     let certs = tempfile::tempdir().unwrap();
+    let kubeconfig = kubeconfig(certs.path());
     make_certs(certs.path());
     let (webhook_port, admin_port) = (free_port(), free_port());
     let mut command = Command::new(env!("CARGO_BIN_EXE_node-holder"));
@@ -145,7 +188,7 @@ pub async fn launch(cp: &ControlPlane, configure: impl FnOnce(&mut Command, &Lis
         },
     );
     let child = command
-        .env("KUBECONFIG", cp.node_holder_kubeconfig())
+        .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(certs.path().join("serve.log")).unwrap())
         .spawn()
@@ -158,7 +201,7 @@ pub async fn launch(cp: &ControlPlane, configure: impl FnOnce(&mut Command, &Lis
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok((200, _)) = http_get(admin_port, "/readyz").await {
+        if let Ok((200, _)) = http_get(admin_port, ready_path).await {
             return served;
         }
         if let Some(status) = served.child.try_wait().unwrap() {
