@@ -353,23 +353,10 @@ fn scheduled_after(pod: &Pod) -> Option<f64> {
 /// Karpenter's `voluntary_disruption_decisions_total`, by decision and reason.
 fn decisions(metrics: &str) -> BTreeMap<String, f64> {
     let mut found = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(labels) = line.strip_prefix("karpenter_voluntary_disruption_decisions_total{")
-        else {
-            continue;
-        };
-        let Some((labels, value)) = labels.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let key = format!("{} {}", label("decision"), label("reason"));
-        *found.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    for sample in testenv::metrics::named(metrics, "karpenter_voluntary_disruption_decisions_total")
+    {
+        let key = format!("{} {}", sample.label("decision"), sample.label("reason"));
+        *found.entry(key).or_insert(0.0) += sample.value;
     }
     found
 }

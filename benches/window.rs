@@ -942,7 +942,12 @@ impl ApiMetrics {
             .context("API server /metrics")?;
         let mut metrics = ApiMetrics::default();
         for line in text.lines() {
-            let Some((name, labels, value)) = parse_sample(line) else {
+            let Some(testenv::metrics::Sample {
+                name,
+                labels,
+                value,
+            }) = testenv::metrics::sample(line)
+            else {
                 continue;
             };
             let target = match name {
@@ -1039,30 +1044,6 @@ impl ApiDelta {
     }
 }
 
-/// `name{labels} value` of the Prometheus text format.
-fn parse_sample(line: &str) -> Option<(&str, BTreeMap<String, String>, f64)> {
-    if line.starts_with('#') {
-        return None;
-    }
-    let (series, value) = line.rsplit_once(' ')?;
-    let value: f64 = value.parse().ok()?;
-    let (name, labels) = match series.split_once('{') {
-        Some((name, rest)) => (name, rest.strip_suffix('}')?),
-        None => (series, ""),
-    };
-    let mut map = BTreeMap::new();
-    let mut rest = labels;
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let end = after.find('"')?;
-        map.insert(
-            key.trim_start_matches(',').to_string(),
-            after[..end].to_string(),
-        );
-        rest = &after[end + 1..];
-    }
-    Some((name, map, value))
-}
-
 /// node-holder's own `/metrics`.
 struct NodeHolderMetrics(Vec<(String, BTreeMap<String, String>, f64)>);
 
@@ -1072,8 +1053,8 @@ impl NodeHolderMetrics {
         ensure!(status == 200, "node-holder /metrics: {status}");
         Ok(NodeHolderMetrics(
             body.lines()
-                .filter_map(parse_sample)
-                .map(|(name, labels, value)| (name.to_string(), labels, value))
+                .filter_map(testenv::metrics::sample)
+                .map(|s| (s.name.to_string(), s.labels, s.value))
                 .collect(),
         ))
     }

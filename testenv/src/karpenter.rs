@@ -378,13 +378,10 @@ fn start_karpenter(
 
 /// The values of metric `name`'s series labelled `reason="{reason}"` in
 /// Prometheus text.
-fn samples<'a>(metrics: &'a str, name: &str, reason: &str) -> impl Iterator<Item = f64> + 'a {
-    let prefix = format!("{name}{{");
-    let label = format!("reason=\"{reason}\"");
-    metrics
-        .lines()
-        .filter(move |l| l.starts_with(&prefix) && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+fn samples<'a>(metrics: &'a str, name: &'a str, reason: &'a str) -> impl Iterator<Item = f64> + 'a {
+    crate::metrics::named(metrics, name)
+        .filter(move |s| s.label("reason") == reason)
+        .map(|s| s.value)
 }
 
 /// A plain HTTP GET on a loopback port; the body of a 200 answer.

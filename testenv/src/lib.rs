@@ -15,6 +15,7 @@
 
 mod binaries;
 mod karpenter;
+pub mod metrics;
 pub mod netns;
 mod process;
 

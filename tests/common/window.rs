@@ -233,13 +233,16 @@ pub async fn scrape(served: &Served) -> std::io::Result<String> {
 }
 
 /// One metric's value from the admin port; `None` when unreachable.
+/// `name` is the whole series as exposed, labels included
+/// (`node_holder_patch_errors_total{code="409"}`).
 pub async fn metric(served: &Served, name: &str) -> Option<f64> {
-    scrape(served).await.ok()?.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
+    let text = scrape(served).await.ok()?;
+    text.lines().find_map(|line| {
+        let (series, _) = line.rsplit_once(' ')?;
+        if series != name {
+            return None;
+        }
+        testenv::metrics::sample(line).map(|s| s.value)
     })
 }
 
