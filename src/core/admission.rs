@@ -150,13 +150,27 @@ pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
         });
     };
 
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let mut response = AdmissionResponse::from(&request);
-    let scope = policy.scope.to_string();
+    let (response, outcome) = hold_new_node(&request, &node.metadata, policy);
+    Ok(Decision {
+        response,
+        outcome,
+        request: summary,
+    })
+}
+
+/// A Node CREATE's response: the holds it lacks as a patch when it is in
+/// scope, with the audit annotations that say why.
+fn hold_new_node(
+    request: &AdmissionRequest<Admitted>,
+    node: &ObjectMeta,
+    policy: &HoldPolicy,
+) -> (AdmissionResponse, Outcome) {
+    let labels = node.labels.clone().unwrap_or_default();
+    let mut response = AdmissionResponse::from(request);
     let outcome = if !policy.scope.matches(&labels) {
         Outcome::OutOfScope
     } else {
-        let (patch, added) = add_holds(&node.metadata, &policy.holds);
+        let (patch, added) = add_holds(node, &policy.holds);
         if added.is_empty() {
             Outcome::AlreadyHeld
         } else {
@@ -171,12 +185,8 @@ pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
             }
         }
     };
-    response.audit_annotations = audit_annotations(&outcome, &scope);
-    Ok(Decision {
-        response,
-        outcome,
-        request: summary,
-    })
+    response.audit_annotations = audit_annotations(&outcome, &policy.scope.to_string());
+    (response, outcome)
 }
 
 /// `auditAnnotations`: the API server stores each as `<webhook name>/<key>`, so
