@@ -154,6 +154,13 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
     assert!(marked(&nodes).await.is_empty());
     let a = nodes.get("a").await.unwrap().metadata;
     assert!(a.annotations.unwrap_or_default().is_empty(), "hold gone");
+    // The leader's release PATCHes say who sent them.
+    let agents = node_patch_agents(&cp, "a");
+    assert_eq!(
+        agents,
+        [node_holder::cluster::user_agent(None)],
+        "{agents:?}"
+    );
     assert!(
         served.log().contains("hold window released on request"),
         "{}",
@@ -194,6 +201,21 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
     let text = stdout(&node_holder(&cp, &["status"]));
     assert!(text.starts_with("Window:      open"), "{text}");
     assert!(!text.contains("Release:"), "{text}");
+}
+
+/// The `userAgent` of every PATCH of node `name` in the audit log.
+fn node_patch_agents(cp: &ControlPlane, name: &str) -> Vec<String> {
+    cp.audit_events()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["objectRef"]["resource"] == "nodes"
+                && e["objectRef"]["name"] == name
+                && e["stage"] == "ResponseComplete"
+        })
+        .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// The annotations of node-holder's window record.
@@ -303,6 +325,12 @@ async fn release_with_no_leader_running_strips_the_holds_itself() {
     let out = stdout(&node_holder(&cp, &["release"]));
     assert!(out.contains("no live leader: releasing here"), "{out}");
     assert!(out.contains("released 2 node(s)\n  x\n  y\n"), "{out}");
+    let agents = node_patch_agents(&cp, "x");
+    assert_eq!(
+        agents,
+        [node_holder::cluster::user_agent(Some("release"))],
+        "{agents:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(marked(&nodes).await.is_empty());
     let text = stdout(&node_holder(&cp, &["status"]));
