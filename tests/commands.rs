@@ -336,3 +336,60 @@ async fn release_with_no_leader_running_strips_the_holds_itself() {
     let text = stdout(&node_holder(&cp, &["status"]));
     assert!(text.starts_with("Window:      closed"), "{text}");
 }
+
+/// webhook-config/flowschema.yaml is accepted by the API server and puts
+/// node-holder's node PATCHes in their own priority level (the API server's
+/// own count of requests dispatched per flow schema and priority level).
+#[tokio::test]
+async fn node_holders_patches_run_in_the_priority_level_of_its_flowschema() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("webhook-config/flowschema.yaml"),
+    )
+    .unwrap();
+    testenv::apply_manifests(&admin, &manifest).await.unwrap();
+    // The API server's APF controller has taken it in once the schema is
+    // not dangling (its priority level exists).
+    let schemas: Api<k8s_openapi::api::flowcontrol::v1::FlowSchema> = Api::all(admin);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let schema = schemas.get("node-holder").await.unwrap();
+        let dangling = schema
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Dangling");
+        if dangling.is_some_and(|c| c.status.as_deref() == Some("False")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "FlowSchema never taken in"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let _served = held_cluster(&cp, &["p1", "p2"]).await;
+    let before = dispatched_to_node_holder(&cp).await;
+    stdout(&node_holder(&cp, &["release"]));
+    // The leader's two release PATCHes (and nothing of anyone else's: the
+    // schema matches only node-holder's node PATCHes).
+    let after = dispatched_to_node_holder(&cp).await;
+    assert_eq!(after - before, 2.0, "before {before}, after {after}");
+}
+
+/// Requests the API server dispatched through the `node-holder` flow schema
+/// and priority level (its own metric).
+async fn dispatched_to_node_holder(cp: &ControlPlane) -> f64 {
+    let admin = cp.admin_client().await.unwrap();
+    let request = hyper::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(request).await.unwrap();
+    testenv::metrics::named(&text, "apiserver_flowcontrol_dispatched_requests_total")
+        .filter(|s| {
+            s.label("flow_schema") == "node-holder" && s.label("priority_level") == "node-holder"
+        })
+        .map(|s| s.value)
+        .sum()
+}
