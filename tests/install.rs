@@ -278,8 +278,35 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             ],
             "tls.provided.secretName",
         ),
-        (vec!["--set=tls.mode=selfmade"], "tls.mode must be"),
-        (vec!["--set=config.scope=galaxy"], "config.scope must be"),
+        // The values schema (chart/values.schema.json), before any template.
+        (
+            vec!["--set=tls.mode=selfmade"],
+            "at '/tls/mode': value must be one of 'certManager', 'provided'",
+        ),
+        (
+            vec!["--set=config.scope=galaxy"],
+            "at '/config/scope': value must be one of 'cluster', 'node'",
+        ),
+        (
+            vec!["--set=config.holdDurration=1m"],
+            "at '/config': additional properties 'holdDurration' not allowed",
+        ),
+        (
+            vec!["--set=replicaCount=two"],
+            "at '/replicaCount': got string, want integer",
+        ),
+        (
+            vec!["--set=config.holdPresets={karpenter-v2}"],
+            "at '/config/holdPresets/0': value must be one of",
+        ),
+        (
+            vec!["--set=config.logLevel=loud"],
+            "at '/config/logLevel': value must be one of",
+        ),
+        (
+            vec!["--set=podDisruptionBudget.enable=false"],
+            "at '/podDisruptionBudget': additional properties 'enable' not allowed",
+        ),
         (
             vec!["--set=tls.certManager.issuerRef.kind=ClusterIssuer"],
             "issuerRef.name",
