@@ -191,6 +191,21 @@ pub struct WindowArgs {
     pub scope: Mode,
 }
 
+/// Which cluster a command run by hand talks to, chosen as kubectl chooses
+/// it (so `kubectl node-holder` honours kubectl's flags).
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Path of the kubeconfig to use (kubectl's `--kubeconfig`); else
+    /// `KUBECONFIG`, `~/.kube/config` or the in-cluster ServiceAccount.
+    #[arg(long, env = "NODE_HOLDER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use (kubectl's `--context`); else its
+    /// current context.
+    #[arg(long, env = "NODE_HOLDER_CONTEXT")]
+    pub context: Option<String>,
+}
+
 /// Where node-holder keeps its Lease and its window record.
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
@@ -246,6 +261,9 @@ pub enum Output {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
     pub record: RecordArgs,
 
     /// Output format.
@@ -255,6 +273,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
     #[command(flatten)]
     pub record: RecordArgs,
 

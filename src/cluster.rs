@@ -2,17 +2,47 @@
 
 use anyhow::{Context, Result};
 use axum::http::header::{HeaderValue, USER_AGENT};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 
-/// A client from the usual sources: `KUBECONFIG` or `~/.kube/config`, else the
-/// in-cluster ServiceAccount. Its requests say who sends them (the
-/// audit log's `userAgent`): `node-holder/<version>`, and for a command run
-/// by hand its name, `node-holder/<version> (release)`.
-pub async fn client(command: Option<&str>) -> Result<kube::Client> {
-    let mut config = kube::Config::infer()
+use crate::cli::ClientArgs;
+
+/// `serve`'s client: `KUBECONFIG` or `~/.kube/config`, else the in-cluster
+/// ServiceAccount.
+pub async fn client() -> Result<kube::Client> {
+    build(infer().await?, None)
+}
+
+/// A command's client, from its `--kubeconfig` and `--context` (as kubectl
+/// chooses), else as [`client`] does.
+pub async fn command_client(command: &str, args: &ClientArgs) -> Result<kube::Client> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let config = match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options).await,
+        (None, None) => return build(infer().await?, Some(command)),
+    }
+    .context("the kubeconfig's context")?;
+    build(config, Some(command))
+}
+
+async fn infer() -> Result<kube::Config> {
+    kube::Config::infer()
         .await
-        .context("no Kubernetes client configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-    let agent = user_agent(command);
-    let agent = HeaderValue::from_str(&agent).context("the User-Agent header")?;
+        .context("no Kubernetes client configuration (KUBECONFIG, ~/.kube/config or in-cluster)")
+}
+
+/// The client of `config`, its requests saying who sends them (the audit
+/// log's `userAgent`): `node-holder/<version>`, and for a command run by
+/// hand its name, `node-holder/<version> (release)`.
+fn build(mut config: kube::Config, command: Option<&str>) -> Result<kube::Client> {
+    let agent = HeaderValue::from_str(&user_agent(command)).context("the User-Agent header")?;
     config.headers.push((USER_AGENT, agent));
     kube::Client::try_from(config).context("building the Kubernetes client")
 }

@@ -18,7 +18,7 @@ use crate::status;
 
 /// The `release` subcommand.
 pub async fn run(args: &ReleaseArgs) -> Result<()> {
-    let client = crate::cluster::client(Some("release")).await?;
+    let client = crate::cluster::command_client("release", &args.client).await?;
     let namespace = &args.record.namespace;
     let store = RecordStore::new(client.clone(), namespace);
     let now = Timestamp::now();

@@ -67,7 +67,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let policy = args.policy.policy()?;
     let controller_config = controller_config(&args, policy.clone())?;
     let tls = Tls::load(&args)?;
-    let client = crate::cluster::client(None).await?;
+    let client = crate::cluster::client().await?;
     let (webhook_listener, admin_listener) = bind(&args).await?;
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));

@@ -319,7 +319,7 @@ fn held_table(status: &Status, now: Timestamp) -> String {
 
 /// The `status` subcommand.
 pub async fn run(args: &StatusArgs) -> Result<()> {
-    let client = crate::cluster::client(Some("status")).await?;
+    let client = crate::cluster::command_client("status", &args.client).await?;
     let now = Timestamp::now();
     let status = read(&client, &args.record.namespace, now).await?;
     match args.output {

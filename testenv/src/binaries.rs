@@ -399,6 +399,8 @@ pub struct InstallTools {
     pub cert_manager_source: PathBuf,
     /// cert-manager's controller and CA injector.
     pub cert_manager: CertManagerBinaries,
+    /// kubectl, from the control plane's own pin (for `kubectl node-holder`).
+    pub kubectl: PathBuf,
 }
 
 /// Builds helm and cert-manager and fetches cert-manager's source if needed:
@@ -408,7 +410,26 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         helm: ensure_helm_built()?,
         cert_manager_source: cert_manager_source()?,
         cert_manager: ensure_cert_manager_built()?,
+        kubectl: ensure_kubectl_built()?,
     })
+}
+
+/// Returns the path of kubectl from the control plane's pin (the same
+/// Kubernetes release), building it first if needed.
+pub fn ensure_kubectl_built() -> Result<PathBuf> {
+    let module = module_dir();
+    let stamp = kubernetes_stamp(&module)?;
+    let out = build_once(
+        "kubectl",
+        &target_dir().join("kubectl"),
+        &module,
+        &[GoTool {
+            package: "k8s.io/kubernetes/cmd/kubectl",
+            binary: "kubectl",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("kubectl"))
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,36 @@
+#![forbid(unsafe_code)]
+//! `kubectl node-holder status|release`: node-holder's commands as a kubectl
+//! plugin. kubectl runs the first `kubectl-node_holder` on `PATH` with the
+//! arguments after `node-holder`; `--kubeconfig` and `--context` choose the
+//! cluster as they do for kubectl, and `KUBECONFIG` is honoured.
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+use node_holder::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let matches = Cli::command()
+        .name("kubectl node-holder")
+        .bin_name("kubectl node-holder")
+        .get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
+    if !matches!(cli.command, Command::Status(_) | Command::Release(_)) {
+        eprintln!(
+            "error: kubectl node-holder runs `status` and `release`; run node-holder itself for the rest"
+        );
+        return ExitCode::from(2);
+    }
+    node_holder::telemetry::init(cli.log_format, cli.log_level);
+    match node_holder::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

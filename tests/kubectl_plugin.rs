@@ -1,0 +1,115 @@
+//! `kubectl node-holder`: node-holder's commands through a real kubectl
+//! (built from the control plane's own pin) and its plugin mechanism, with
+//! kubectl's kubeconfig and context flags honoured.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{node, register_webhook, serve};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use testenv::ControlPlane;
+
+/// kubectl with only the plugin's directory on `PATH` and no kubeconfig of
+/// its own but what `args` say.
+fn kubectl(args: &[&str]) -> Output {
+    let kubectl =
+        testenv::ensure_kubectl_built().expect("kubectl builds from the control plane's pin");
+    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-node_holder"));
+    Command::new(kubectl)
+        .args(args)
+        .env("PATH", plugin.parent().unwrap())
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A kubeconfig whose current context points nowhere and whose context
+/// `good` is the admin's of `cp`.
+fn two_contexts(cp: &ControlPlane, dir: &Path) -> PathBuf {
+    let admin = std::fs::read_to_string(cp.admin_kubeconfig()).unwrap();
+    let mut config: serde_json::Value = testenv::parse_manifests(&admin).unwrap().remove(0);
+    let good_context = config["contexts"][0]["context"].clone();
+    config["clusters"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}}));
+    config["contexts"] = serde_json::json!([
+        {"name": "good", "context": good_context},
+        {"name": "bad", "context": {"cluster": "nowhere", "user": good_context["user"]}},
+    ]);
+    config["current-context"] = "bad".into();
+    let path = dir.join("two-contexts.kubeconfig");
+    std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn kubectl_runs_status_and_release_as_a_plugin_with_its_kubeconfig_and_context() {
+    let list = kubectl(&["plugin", "list"]);
+    assert!(
+        String::from_utf8_lossy(&list.stdout).contains("kubectl-node_holder"),
+        "{}",
+        text(&list)
+    );
+
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(&cp, &["--hold-duration=1h", "--coalesce-idle=200ms"]).await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    nodes
+        .create(&PostParams::default(), &node("plugged"))
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = two_contexts(&cp, dir.path());
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    // The current context points nowhere: the command fails, naming it.
+    let nowhere = kubectl(&["node-holder", "status", "--kubeconfig", kubeconfig]);
+    assert!(!nowhere.status.success(), "{}", text(&nowhere));
+    // kubectl's --context picks the good one.
+    let status = kubectl(&[
+        "node-holder",
+        "status",
+        "--kubeconfig",
+        kubeconfig,
+        "--context",
+        "good",
+        "-o",
+        "json",
+    ]);
+    assert!(status.status.success(), "{}", text(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(json["heldNodes"][0]["name"], "plugged", "{json}");
+
+    let release = kubectl(&[
+        "node-holder",
+        "release",
+        "--kubeconfig",
+        kubeconfig,
+        "--context",
+        "good",
+    ]);
+    assert!(release.status.success(), "{}", text(&release));
+    assert!(
+        String::from_utf8_lossy(&release.stdout).contains("released by"),
+        "{}",
+        text(&release)
+    );
+    // Only status and release are the plugin's.
+    let serve = kubectl(&["node-holder", "serve"]);
+    assert_eq!(serve.status.code(), Some(2), "{}", text(&serve));
+}
