@@ -23,6 +23,19 @@ pub mod telemetry;
 
 use crate::cli::{Cli, Command};
 
+/// A binary's whole run: logging set up as `cli` says, the subcommand run,
+/// and its error printed with its whole context chain on one line.
+pub async fn main(cli: Cli) -> std::process::ExitCode {
+    telemetry::init(cli.log_format, cli.log_level);
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the subcommand `cli` names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

@@ -10,13 +10,5 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // One crypto provider (ring) for every TLS configuration of the process.
     node_holder::server::tls::crypto_provider();
-    node_holder::telemetry::init(cli.log_format, cli.log_level);
-    match node_holder::run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            // `{:#}` prints the whole context chain on one line.
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    node_holder::main(cli).await
 }

@@ -25,12 +25,5 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    node_holder::telemetry::init(cli.log_format, cli.log_level);
-    match node_holder::run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    node_holder::main(cli).await
 }
