@@ -468,15 +468,9 @@ async fn a_drift_replacement_opens_the_window_the_node_being_replaced_goes_anywa
     let said = a.node_events(&replaced, "DisruptionTerminating").await;
     assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
     keep_node(&a, &replaced, false).await;
-    a.until(
-        "the waiting node reported blocked by the hold",
-        KARPENTER_ROUND,
-        async |a| {
-            let said = a.node_events(&waiting, "DisruptionBlocked").await;
-            said.iter().any(|m| m.contains(BLOCKED_BY_HOLD))
-        },
-    )
-    .await;
+    // (Whether Karpenter's DisruptionBlocked Event names the hold for the
+    // waiting node is not asserted: it says one reason per node per two
+    // minutes, and the first can be its budget, taken by the replacement.)
 
     // After the window Karpenter replaces the other drifted node.
     a.until(
