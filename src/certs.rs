@@ -144,6 +144,8 @@ const TLS_CERT: &str = "tls.crt";
 const TLS_KEY: &str = "tls.key";
 /// Every file `certs` writes, in the order it lists them.
 const ALL_FILES: [&str; 4] = [CA_CERT, CA_KEY, TLS_CERT, TLS_KEY];
+/// The files `--renew` writes: the serving pair only.
+const SERVING_FILES: [&str; 2] = [TLS_CERT, TLS_KEY];
 
 fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
@@ -161,8 +163,9 @@ pub fn write(certs: &DevCertificates, dir: &Path) -> Result<()> {
 
 /// Writes `tls.crt` and `tls.key` (mode 0600) into `dir`.
 fn write_serving(certs: &DevCertificates, dir: &Path) -> Result<()> {
-    write_file(&dir.join(TLS_CERT), &certs.cert_pem, 0o644)?;
-    write_file(&dir.join(TLS_KEY), &certs.key_pem, 0o600)
+    let [cert, key] = SERVING_FILES;
+    write_file(&dir.join(cert), &certs.cert_pem, 0o644)?;
+    write_file(&dir.join(key), &certs.key_pem, 0o600)
 }
 
 fn write_file(path: &Path, contents: &str, mode: u32) -> Result<()> {
@@ -190,7 +193,7 @@ pub fn run(args: &CertsArgs) -> Result<()> {
     let (certs, written) = if args.renew {
         let certs = renew(dir, &args.dns_names, args.validity)?;
         write_serving(&certs, dir)?;
-        (certs, &ALL_FILES[2..])
+        (certs, &SERVING_FILES[..])
     } else {
         refuse_to_replace(dir, args.force)?;
         let certs = generate(&args.dns_names, args.validity)?;
