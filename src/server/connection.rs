@@ -202,40 +202,51 @@ impl Connection {
     }
 
     /// The TLS handshake within `HANDSHAKE_TIMEOUT`; a failure is counted by
-    /// its reason and logged. Plain HTTP gets a readable 400.
+    /// its reason and logged before the socket is closed, so a client that
+    /// saw its connection end finds the failure on `/metrics` already.
     async fn handshake(
         &self,
-        mut tcp: TcpStream,
+        tcp: TcpStream,
         peer: std::net::SocketAddr,
     ) -> Option<TlsStream<TcpStream>> {
-        let handshake = async {
-            if refused_plain_http(&mut tcp).await? {
-                return Ok(None);
-            }
-            self.acceptor.accept(tcp).await.map(Some)
-        };
-        let handshake = tokio::select! {
+        let attempt = self.attempt(tcp);
+        tokio::pin!(attempt);
+        let attempt_ended = tokio::select! {
             _ = self.stop.cancelled() => return None,
-            handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => handshake,
+            ended = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut attempt) => ended,
         };
-        let failure = match handshake {
-            Ok(Ok(Some(tls))) => return Some(tls),
-            Ok(Ok(None)) => {
-                tracing::debug!(%peer, "plain HTTP on the TLS port refused");
-                HandshakeFailure::PlainHttp
-            }
-            Ok(Err(err)) => {
-                let reason = handshake_failure(&err);
-                log_handshake_failure(reason, peer, &err);
-                reason
-            }
+        let failed = match attempt_ended {
+            Ok(Ok(tls)) => return Some(tls),
+            Ok(Err(failed)) => failed,
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                HandshakeFailure::Timeout
+                self.metrics.handshake_error(HandshakeFailure::Timeout);
+                return None;
             }
         };
-        self.metrics.handshake_error(failure);
+        match &failed.error {
+            None => tracing::debug!(%peer, "plain HTTP on the TLS port refused"),
+            Some(err) => log_handshake_failure(failed.reason, peer, err),
+        }
+        self.metrics.handshake_error(failed.reason);
         None
+    }
+
+    /// Plain HTTP gets a readable 400; anything else a TLS handshake.
+    async fn attempt(&self, mut tcp: TcpStream) -> Result<TlsStream<TcpStream>, FailedHandshake> {
+        match refused_plain_http(&mut tcp).await {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(FailedHandshake {
+                    reason: HandshakeFailure::PlainHttp,
+                    error: None,
+                    _socket: tcp,
+                });
+            }
+            Err(err) => return Err(FailedHandshake::new(err, tcp)),
+        }
+        let accepted = self.acceptor.accept(tcp).into_fallible().await;
+        accepted.map_err(|(err, tcp)| FailedHandshake::new(err, tcp))
     }
 
     /// Serves the connection's requests until it ends. When it is being
@@ -294,6 +305,25 @@ impl Connection {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A handshake that did not succeed, with its socket: the socket closes
+/// when this is dropped, after the failure has been counted.
+struct FailedHandshake {
+    reason: HandshakeFailure,
+    /// `None` for plain HTTP, which is refused before any TLS.
+    error: Option<std::io::Error>,
+    _socket: TcpStream,
+}
+
+impl FailedHandshake {
+    fn new(error: std::io::Error, socket: TcpStream) -> Self {
+        Self {
+            reason: handshake_failure(&error),
+            error: Some(error),
+            _socket: socket,
         }
     }
 }
