@@ -36,7 +36,6 @@
 //! Loopback only; about 2.5 minutes after the control plane is built, most of
 //! it waiting for the hold duration to pass twice.
 
-mod bench_util;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -55,8 +54,6 @@ use kube::api::{
 };
 use serde_json::Value;
 use testenv::ControlPlane;
-
-use bench_util::{Machine, ProcMemory, decimal_mb, mib};
 
 /// Nodes in the cluster before the window opens (`NODE_HOLDER_BENCH_NODES`
 /// overrides it, to see how memory scales).
@@ -1092,6 +1089,48 @@ struct Probes {
 // ---------------------------------------------------------------------------
 // The process.
 
+/// The machine the bench runs on.
+struct Machine {
+    cores: usize,
+    cpu_model: String,
+    loadavg: String,
+}
+
+impl Machine {
+    fn read() -> Machine {
+        use procfs::Current as _;
+        let cpus = procfs::CpuInfo::current().ok();
+        Machine {
+            cores: cpus.as_ref().map_or(0, procfs::CpuInfo::num_cores),
+            cpu_model: cpus
+                .as_ref()
+                .and_then(|c| c.model_name(0))
+                .unwrap_or("unknown CPU")
+                .to_string(),
+            loadavg: procfs::LoadAverage::current()
+                .map(|l| format!("{:.2} {:.2} {:.2}", l.one, l.five, l.fifteen))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A process's resident memory now and at its peak, in KiB.
+#[derive(Debug, Clone, Copy)]
+struct ProcMemory {
+    rss_kb: u64,
+    hwm_kb: u64,
+}
+
+impl ProcMemory {
+    fn read(pid: u32) -> Result<ProcMemory> {
+        let status = procfs::process::Process::new(i32::try_from(pid)?)?.status()?;
+        Ok(ProcMemory {
+            rss_kb: status.vmrss.context("VmRSS")?,
+            hwm_kb: status.vmhwm.context("VmHWM")?,
+        })
+    }
+}
+
 impl std::fmt::Display for ProcMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -1102,6 +1141,16 @@ impl std::fmt::Display for ProcMemory {
             decimal_mb(self.hwm_kb)
         )
     }
+}
+
+/// Kibibytes in mebibytes.
+fn mib(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+/// Kibibytes in decimal megabytes, the unit of the targets.
+fn decimal_mb(kb: u64) -> f64 {
+    kb as f64 * 1024.0 / 1e6
 }
 
 /// VmRSS of a process every [`SAMPLE`].
@@ -1147,7 +1196,11 @@ impl Drop for RssSampler {
 
 /// User + system CPU time of a process.
 fn process_cpu(pid: u32) -> Result<Duration> {
-    bench_util::process_cpu(&format!("/proc/{pid}/stat"))
+    let stat = procfs::process::Process::new(i32::try_from(pid)?)?.stat()?;
+    let ticks = stat.utime.saturating_add(stat.stime);
+    Ok(Duration::from_secs_f64(
+        ticks as f64 / procfs::ticks_per_second() as f64,
+    ))
 }
 
 fn truncate(text: &str, max: usize) -> &str {

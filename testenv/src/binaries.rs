@@ -530,3 +530,42 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
         karpenter_source: module_source(&karpenter_module, KARPENTER_MODULE)?,
     })
 }
+
+// ---------------------------------------------------------------------------
+// The HTTP load generator of `cargo bench --bench webhook`.
+
+/// oha's pinned release: a crate's version, installed with its own lock file.
+pub const OHA_VERSION: &str = "1.16.0";
+
+/// Returns the path of oha (the HTTP load generator, from crates.io),
+/// installing it first with `cargo install --locked` into
+/// `target/tools/oha/<version>/` if needed (about 7 minutes on 2 cores).
+pub fn ensure_oha_installed() -> Result<PathBuf> {
+    let root = target_dir().join("tools").join("oha").join(OHA_VERSION);
+    let oha = root.join("bin").join("oha");
+    if oha.exists() {
+        return Ok(oha);
+    }
+    eprintln!(
+        "testenv: installing oha {OHA_VERSION} into {} (minutes)",
+        root.display()
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "install",
+            "--locked",
+            "--quiet",
+            "--version",
+            OHA_VERSION,
+            "oha",
+            "--root",
+        ])
+        .arg(&root)
+        .status()
+        .context("running cargo install oha")?;
+    if !status.success() || !oha.exists() {
+        bail!("cargo install oha {OHA_VERSION} failed: {status}");
+    }
+    Ok(oha)
+}

@@ -35,11 +35,11 @@ use tempfile::TempDir;
 
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
 pub use binaries::{
-    CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, cert_manager_crds,
+    CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, OHA_VERSION, cert_manager_crds,
     cert_manager_module_dir, cert_manager_source, ensure_cert_manager_built, ensure_cluster_built,
-    ensure_helm_built, ensure_install_tools, ensure_kubectl_built, ensure_tools_built,
-    helm_module_dir, karpenter_module_dir, karpenter_version, kwok_module_dir, module_source,
-    required_version, tool_module_dir,
+    ensure_helm_built, ensure_install_tools, ensure_kubectl_built, ensure_oha_installed,
+    ensure_tools_built, helm_module_dir, karpenter_module_dir, karpenter_version, kwok_module_dir,
+    module_source, required_version, tool_module_dir,
 };
 pub use karpenter::{
     Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,

@@ -109,6 +109,12 @@ pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
 /// kube-apiserver. It never turns ready (`/readyz` follows the API server),
 /// so this waits for `/healthz`; its window task keeps retrying the Lease.
 pub async fn serve_offline(extra: &[&str]) -> Served {
+    serve_offline_with(extra, |_| {}).await
+}
+
+/// [`serve_offline`], with `configure` adding to the command (its
+/// environment, say) after the arguments.
+pub async fn serve_offline_with(extra: &[&str], configure: impl FnOnce(&mut Command)) -> Served {
     let dead_port = free_port();
     launch_with(
         |dir| {
@@ -117,7 +123,10 @@ pub async fn serve_offline(extra: &[&str]) -> Served {
             kubeconfig
         },
         "/healthz",
-        |command, at| serve_args(command, at, extra),
+        |command, at| {
+            serve_args(command, at, extra);
+            configure(command);
+        },
     )
     .await
 }
