@@ -28,8 +28,7 @@
 //! minutes). Loopback only; the compressed day takes about 15 minutes once the
 //! tools are built.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use testsupport as common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

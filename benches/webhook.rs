@@ -27,8 +27,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use testsupport as common;
 
 use common::Served;
 

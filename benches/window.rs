@@ -7,7 +7,7 @@
 //!    than the hold duration, so that none of them opens a window itself;
 //! 2. starts the release build of `node-holder serve` as node-holder's
 //!    restricted identity with the RBAC of `webhook-config/rbac.yaml` (the
-//!    fixture of `tests/common`), at the default `--api-qps` and
+//!    fixture of `testsupport`), at the default `--api-qps` and
 //!    `--api-max-in-flight`, JSON log to a file; no webhook is registered,
 //!    so the window task's backstop holds new nodes too;
 //! 3. creates one new node and measures the time until all 5,001 nodes carry
@@ -36,8 +36,7 @@
 //! Loopback only; about 2.5 minutes after the control plane is built, most of
 //! it waiting for the hold duration to pass twice.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use testsupport as common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;

@@ -7,7 +7,7 @@
 //! API server's audit log: every node PATCH of node-holder's identity,
 //! refused ones included, with its status code.
 
-mod common;
+use testsupport as common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

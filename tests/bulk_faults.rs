@@ -8,7 +8,7 @@
 //! time against the window's deadline tells a hold from a release (the audit
 //! policy records PATCHes at Metadata level, without their body).
 
-mod common;
+use testsupport as common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

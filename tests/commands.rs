@@ -1,7 +1,7 @@
 //! `node-holder status` and `node-holder release`, run as an operator runs
 //! them (the admin's kubeconfig) against the real API server.
 
-mod common;
+use testsupport as common;
 
 use std::process::{Command, Output};
 use std::time::Duration;

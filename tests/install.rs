@@ -12,9 +12,8 @@
 //!   configuration completes a whole hold and release, and is refused
 //!   anything outside it.
 
-mod common;
-#[path = "common/install.rs"]
-mod install;
+use testsupport as common;
+use testsupport::install;
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -8,9 +8,8 @@
 //! namespace, as in `tests/install_service.rs`), trusting only the injected
 //! caBundle.
 
-mod common;
-#[path = "common/install.rs"]
-mod install;
+use testsupport as common;
+use testsupport::install;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

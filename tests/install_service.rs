@@ -11,9 +11,8 @@
 //! `tls.provided.caBundle`. `tests/install_cert_manager.rs` runs the same path
 //! with the certificate cert-manager issues.
 
-mod common;
-#[path = "common/install.rs"]
-mod install;
+use testsupport as common;
+use testsupport::install;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -5,9 +5,8 @@
 //! closes. Karpenter's KWOK provider creates every Node through the API, so
 //! each one goes through node-holder's webhook like a kubelet registration.
 
-mod common;
-#[path = "common/karpenter.rs"]
-mod karpenter;
+use testsupport as common;
+use testsupport::karpenter;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

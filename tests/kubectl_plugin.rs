@@ -2,7 +2,7 @@
 //! (built from the control plane's own pin) and its plugin mechanism, with
 //! kubectl's kubeconfig and context flags honoured.
 
-mod common;
+use testsupport as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

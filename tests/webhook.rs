@@ -1,7 +1,7 @@
 //! Every Node CREATE gets the hold, as the kube-apiserver really calls the
 //! webhook: through a MutatingWebhookConfiguration, over TLS.
 
-mod common;
+use testsupport as common;
 
 use std::collections::BTreeMap;
 

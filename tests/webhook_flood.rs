@@ -7,7 +7,7 @@
 //! is served within the bound those timeouts give, and once the flood is gone
 //! the process is back where it started.
 
-mod common;
+use testsupport as common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

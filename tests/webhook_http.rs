@@ -4,7 +4,7 @@
 //! happens on the webhook port alone runs against `serve` with no API server
 //! behind it (`serve_offline`); readiness needs the real one.
 
-mod common;
+use testsupport as common;
 
 use std::time::{Duration, Instant};
 

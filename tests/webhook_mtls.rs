@@ -5,7 +5,7 @@
 //! Direct clients prove what everyone else meets: no certificate, or one from
 //! another CA, ends the handshake, and both are counted.
 
-mod common;
+use testsupport as common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

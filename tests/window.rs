@@ -2,7 +2,7 @@
 //! every node in scope is held while it is open, and node-holder's holds (only
 //! node-holder's) are gone when it closes — also across a SIGKILL.
 
-mod common;
+use testsupport as common;
 
 use std::time::Duration;
 

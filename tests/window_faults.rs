@@ -8,7 +8,7 @@
 //! computed from the nodes' creationTimestamps (whole seconds), on the same
 //! clock. So "not before the deadline" is exact, not sampled.
 
-mod common;
+use testsupport as common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -19,7 +19,7 @@ use tempfile::TempDir;
 use testenv::netns::{NetNs, Relay};
 use testenv::{ControlPlane, ManagedChild};
 
-use crate::common::node;
+use crate::node;
 
 /// Release name and namespace: the ServiceAccount is then `node-holder` in
 /// `node-holder`, the identity the test control plane gives node-holder.
@@ -32,8 +32,9 @@ pub const SERVICE_DNS_NAMES: [&str; 2] = [
     "node-holder.node-holder.svc.cluster.local",
 ];
 
+/// The repository: the workspace root, above this crate.
 pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 pub fn chart() -> PathBuf {
@@ -233,7 +234,7 @@ impl Pod {
 
         let (args, mut env) = pod_command(objects);
         use_cert_files(&mut env, cert_dir);
-        let mut command = netns.command(env!("CARGO_BIN_EXE_node-holder"));
+        let mut command = netns.command(crate::node_holder_binary());
         for (var, _) in std::env::vars() {
             if var.starts_with("NODE_HOLDER_") {
                 command.env_remove(var);
@@ -353,7 +354,7 @@ pub async fn wait_until_the_webhook_holds(cp: &ControlPlane, pod: &mut Pod, limi
             .create(&dry_run, &node("webhook-probe"))
             .await
             .unwrap();
-        if crate::common::window::held(&returned) {
+        if crate::window::held(&returned) {
             return;
         }
         assert!(

@@ -1,6 +1,7 @@
-//! Shared fixtures: node-holder running against a real control plane, called
-//! by the API server through a real MutatingWebhookConfiguration over TLS.
-#![allow(dead_code)] // each test binary uses a different part
+//! What node-holder's tests and benches share: node-holder running against a
+//! real control plane (testenv), called by the API server through a real
+//! MutatingWebhookConfiguration over TLS; the install (helm, manifests, a pod
+//! network of its own) and the real Karpenter beside it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,8 +15,29 @@ use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod install;
+pub mod karpenter;
 pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
+
+/// The `node-holder` binary Cargo built beside the running test or bench:
+/// `target/<profile>/node-holder`, while the test's own executable is in
+/// `target/<profile>/deps/` (Cargo builds a package's binaries for its
+/// integration tests and benches).
+pub fn node_holder_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own executable");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps");
+    let binary = profile.join("node-holder");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests through cargo",
+        binary.display()
+    );
+    binary
+}
 
 pub fn free_port() -> u16 {
     testenv::free_port().expect("a free loopback port")
@@ -84,7 +106,7 @@ pub fn replace_certs(dir: &std::path::Path) {
 }
 
 fn certs_command(dir: &std::path::Path, extra: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_node-holder"))
+    let out = Command::new(node_holder_binary())
         .args(["certs", "--out-dir", dir.to_str().unwrap()])
         .args(extra)
         .output()
@@ -187,7 +209,7 @@ async fn launch_with(
     let kubeconfig = kubeconfig(certs.path());
     make_certs(certs.path());
     let (webhook_port, admin_port) = (free_port(), free_port());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_node-holder"));
+    let mut command = Command::new(node_holder_binary());
     configure(
         &mut command,
         &Listen {
@@ -513,7 +535,7 @@ pub async fn install_node_holder_rbac(cp: &ControlPlane) {
 /// `node-holder serve` with certificate `cert`, key `key` and `extra` flags,
 /// which must refuse to start (exit 1) before it needs a cluster. Its stderr.
 pub fn refused_start(cert: &std::path::Path, key: &std::path::Path, extra: &[String]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"))
+    let out = std::process::Command::new(node_holder_binary())
         .args([
             "serve",
             "--webhook-addr=127.0.0.1:0",
