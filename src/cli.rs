@@ -34,10 +34,6 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "parsed once at start; boxing buys nothing"
-)]
 pub enum Command {
     /// Serve the admission webhook and run the hold window.
     Serve(ServeArgs),
@@ -45,6 +41,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Close the hold window now and strip node-holder's holds.
     Release(ReleaseArgs),
+    /// Hold every node in scope now, for a while, whatever the window does
+    /// (a rollout, an incident); `release` ends it early.
+    Hold(HoldArgs),
     /// Write a development CA and webhook serving certificate.
     Certs(CertsArgs),
 }
@@ -271,8 +270,10 @@ pub struct StatusArgs {
     pub output: Output,
 }
 
+/// What `release` and `hold` need: the cluster, the record, and what to run
+/// the leader's pass with when no leader runs.
 #[derive(Debug, Args)]
-pub struct ReleaseArgs {
+pub struct RequestArgs {
     #[command(flatten)]
     pub client: ClientArgs,
 
@@ -289,10 +290,67 @@ pub struct ReleaseArgs {
 
     #[command(flatten)]
     pub patching: PatchingArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
 
     /// How long to wait for a running leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+
+    /// How long to hold, from now (`45m`, `2h`); at most a year. A manual hold
+    /// always ends; `--max-hold` does not cut it.
+    #[arg(long = "for", env = "NODE_HOLDER_HOLD_FOR", value_parser = parse_manual_hold)]
+    pub hold_for: Duration,
+
+    /// Why, for `status`, the Event and the log ("payments rollout").
+    #[arg(long, env = "NODE_HOLDER_HOLD_REASON", value_parser = parse_reason)]
+    pub reason: String,
+
+    /// How long to wait for a running leader to put the hold on every node.
+    #[arg(long, env = "NODE_HOLDER_HOLD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// A manual hold's length: more than nothing, at most a year.
+fn parse_manual_hold(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
+        return Err("a manual hold must last longer than 0s (`release` ends one)".to_string());
+    }
+    if duration > LONGEST_HOLD {
+        return Err(format!(
+            "at most {} (a manual hold always ends; hold again to extend it)",
+            humantime::format_duration(LONGEST_HOLD)
+        ));
+    }
+    Ok(duration)
+}
+
+/// The longest `--hold-duration`, `--max-hold` and manual hold: a year
+/// (365.25 days, as humantime counts one). Longer ones would only push
+/// deadlines towards the end of time (where they saturate).
+pub const LONGEST_HOLD: Duration = Duration::from_secs(31_557_600);
+
+/// A reason someone can read: not blank, one line, at most 256 characters.
+fn parse_reason(text: &str) -> Result<String, String> {
+    let reason = text.trim();
+    if reason.is_empty() {
+        return Err("say why (`--reason \"payments rollout\"`)".to_string());
+    }
+    if reason.contains(['\n', '\r']) || reason.chars().count() > 256 {
+        return Err("one line of at most 256 characters".to_string());
+    }
+    Ok(reason.to_string())
 }
 
 #[derive(Debug, Args)]

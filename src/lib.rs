@@ -14,8 +14,10 @@ pub mod cli;
 pub mod cluster;
 pub mod controller;
 pub mod core;
+pub mod hold;
 pub mod metrics;
 pub mod release;
+pub mod request;
 pub mod serve;
 pub mod server;
 pub mod status;
@@ -43,5 +45,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Status(args) => status::run(&args).await,
         Command::Release(args) => release::run(&args).await,
+        Command::Hold(args) => hold::run(&args).await,
     }
 }

@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::ServeArgs;
+use crate::cli::{LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::core::holds::HoldPolicy;
 use crate::metrics::Metrics;
@@ -57,11 +57,6 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
         coalesce_max: args.patching.coalesce_max,
     })
 }
-
-/// The longest `--hold-duration` and `--max-hold`: a year (365.25 days, as
-/// humantime counts one). Longer ones would only push deadlines towards the
-/// end of time (where they saturate).
-const LONGEST_HOLD: Duration = Duration::from_secs(31_557_600);
 
 pub async fn run(args: ServeArgs) -> Result<()> {
     let policy = args.policy.policy()?;

@@ -12,6 +12,7 @@ use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{RecordStore, Settings};
 use crate::core::holds::{MARKED, held_keys};
+use crate::core::window::ManualHold;
 
 /// Everything `status` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -37,6 +38,10 @@ pub struct Status {
     pub window_opening: bool,
     /// A release that is not finished, if any.
     pub release: Option<Release>,
+    /// The manual hold in force (`hold`), if any.
+    pub manual: Option<ManualHold>,
+    /// A manual hold asked for that no leader has put in the window yet.
+    pub manual_requested: Option<ManualHold>,
 }
 
 /// A release that is not finished.
@@ -87,10 +92,21 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         })
         .collect();
     held_nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let manual = record
+        .window
+        .manual()
+        .filter(|manual| now < manual.until)
+        .cloned();
+    let manual_requested = record.hold_requested.filter(|hold| {
+        now < hold.until
+            && record
+                .hold_done_at
+                .is_none_or(|done| done < hold.requested_at)
+    });
     let mut status = Status {
         open: record.window.is_open(now),
         opened_at: open.map(|o| o.opened_at),
-        deadline: open.map(|o| o.deadline),
+        deadline: record.window.deadline(),
         cap,
         closed_through: record.window.closed_through(),
         release_requested_at: record.release_requested_at,
@@ -101,6 +117,8 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         held_nodes,
         window_opening: false,
         release: None,
+        manual,
+        manual_requested,
     };
     status.window_opening = window_opening(&status);
     status.release = release(&status);
@@ -180,6 +198,7 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         out.push_str(&format!("{label:<13}{value}\n"));
     };
     window_lines(&mut line, status, now);
+    manual_lines(&mut line, status, now);
     match &status.release {
         Some(Release::Requested { requested_at }) => line(
             "Release:",
@@ -231,10 +250,12 @@ fn settings_text(status: &Status) -> String {
 /// The window's lines: open with its times, or closed with what it covered.
 fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
     let scope = settings_text(status);
-    match (status.open, status.opened_at, status.deadline) {
-        (true, Some(opened), Some(deadline)) => {
+    match (status.open, status.deadline) {
+        (true, Some(deadline)) => {
             line("Window:", format!("open ({scope})"));
-            line("Opened:", format!("{opened} ({})", relative(opened, now)));
+            if let Some(opened) = status.opened_at {
+                line("Opened:", format!("{opened} ({})", relative(opened, now)));
+            }
             line(
                 "Deadline:",
                 format!("{deadline} ({})", relative(deadline, now)),
@@ -269,6 +290,31 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
                 );
             }
         }
+    }
+}
+
+/// The manual hold in force, and one asked for that waits for the leader.
+fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
+    if let Some(manual) = &status.manual {
+        line(
+            "Manual hold:",
+            format!(
+                "until {} ({}), by {}: {}",
+                manual.until,
+                relative(manual.until, now),
+                manual.by,
+                manual.reason
+            ),
+        );
+    }
+    if let Some(asked) = &status.manual_requested {
+        line(
+            "Manual hold:",
+            format!(
+                "requested by {} until {} ({}), waiting for the leader",
+                asked.by, asked.until, asked.reason
+            ),
+        );
     }
 }
 
@@ -366,6 +412,8 @@ mod tests {
             releasing_from: None,
             window_opening: false,
             release: None,
+            manual: None,
+            manual_requested: None,
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -416,6 +464,8 @@ mod tests {
             release: Some(Release::Requested {
                 requested_at: at("2026-11-22T11:00:00Z"),
             }),
+            manual: None,
+            manual_requested: None,
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -446,6 +496,37 @@ mod tests {
         assert!(text.ends_with("Held nodes:  0\n"), "{text}");
     }
 
+    #[test]
+    fn a_manual_hold_shows_who_asked_why_and_until_when() {
+        let now = at("2026-11-22T12:10:00Z");
+        let hold = ManualHold {
+            requested_at: at("2026-11-22T12:00:00Z"),
+            until: at("2026-11-22T12:45:00Z"),
+            by: "alice".into(),
+            reason: "payments rollout".into(),
+        };
+        let mut status = closed("2026-11-22T10:00:00Z");
+        status.open = true;
+        status.deadline = Some(hold.until);
+        status.manual = Some(hold.clone());
+        status.manual_requested = Some(ManualHold {
+            requested_at: at("2026-11-22T12:09:00Z"),
+            until: at("2026-11-22T13:09:00Z"),
+            by: "bob".into(),
+            reason: "db failover".into(),
+        });
+        let text = render_text(&status, now);
+        assert!(
+            text.starts_with(
+                "Window:      open (cluster scope, all nodes, hold 20m, max 2h)\n\
+                 Deadline:    2026-11-22T12:45:00Z (in 35m)\n\
+                 Manual hold: until 2026-11-22T12:45:00Z (in 35m), by alice: payments rollout\n\
+                 Manual hold: requested by bob until 2026-11-22T13:09:00Z (db failover), waiting for the leader\n"
+            ),
+            "{text}"
+        );
+    }
+
     /// A status as `read` derives it, from the record's and the nodes' facts.
     fn derived(mut status: Status) -> Status {
         status.window_opening = window_opening(&status);
@@ -468,6 +549,8 @@ mod tests {
             held_nodes: vec![],
             window_opening: false,
             release: None,
+            manual: None,
+            manual_requested: None,
         }
     }
 

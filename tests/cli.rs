@@ -17,7 +17,7 @@ fn help_lists_the_subcommands_of_the_spec() {
     let out = node_holder(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for subcommand in ["serve", "status", "release", "certs"] {
+    for subcommand in ["serve", "status", "release", "hold", "certs"] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
@@ -214,6 +214,29 @@ fn certs_renew_without_a_ca_key_says_what_is_missing() {
     let both = certs(dir.path(), &["--renew", "--force"]);
     assert!(!both.status.success());
     assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+}
+
+/// A manual hold always has an end and a reason: what is refused, and why,
+/// before any request reaches a cluster.
+#[test]
+fn hold_refuses_a_hold_without_an_end_or_a_reason() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["hold", "--reason", "r"], "--for"),
+        (&["hold", "--for", "0s", "--reason", "r"], "longer than 0s"),
+        (
+            &["hold", "--for", "2years", "--reason", "r"],
+            "at most 1year",
+        ),
+        (&["hold", "--for", "soon", "--reason", "r"], "--for"),
+        (&["hold", "--for", "45m"], "--reason"),
+        (&["hold", "--for", "45m", "--reason", "  "], "say why"),
+    ];
+    for (args, expected) in cases {
+        let out = node_holder(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 #![forbid(unsafe_code)]
-//! `kubectl node-holder status|release`: node-holder's commands as a kubectl
+//! `kubectl node-holder status|release|hold`: node-holder's commands as a kubectl
 //! plugin. kubectl runs the first `kubectl-node_holder` on `PATH` with the
 //! arguments after `node-holder`; `--kubeconfig` and `--context` choose the
 //! cluster as they do for kubectl, and `KUBECONFIG` is honoured.
@@ -19,9 +19,12 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => err.exit(),
     };
-    if !matches!(cli.command, Command::Status(_) | Command::Release(_)) {
+    if !matches!(
+        cli.command,
+        Command::Status(_) | Command::Release(_) | Command::Hold(_)
+    ) {
         eprintln!(
-            "error: kubectl node-holder runs `status` and `release`; run node-holder itself for the rest"
+            "error: kubectl node-holder runs `status`, `release` and `hold`; run node-holder itself for the rest"
         );
         return ExitCode::from(2);
     }

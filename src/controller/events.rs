@@ -1,5 +1,5 @@
 //! Kubernetes Events on nodes, so `kubectl describe node` says why a node is
-//! held and when that ends. Events are best effort and must never slow the
+//! held and when that ends, and on the window record for a manual hold. Events are best effort and must never slow the
 //! bulk patching: they queue (bounded) and a task of their own publishes them
 //! at a modest rate; when the queue is full an event is dropped and counted in
 //! the log.
@@ -15,21 +15,76 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::plan::NodePatch;
-use crate::core::window::Observed;
+use crate::core::window::{ManualHold, ManualHoldOutcome, Observed};
 
 const QUEUE: usize = 10_000;
 const PER_SECOND: u32 = 20;
 /// `reportingController` of node-holder's Events.
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
-/// One Event on one node.
+/// One Event on one node, or on the window record.
 #[derive(Debug, Clone)]
 pub struct HoldEvent {
-    node: String,
-    uid: Option<String>,
+    regarding: Regarding,
     reason: &'static str,
     action: &'static str,
     note: String,
+}
+
+/// What an Event is about.
+#[derive(Debug, Clone)]
+enum Regarding {
+    Node {
+        name: String,
+        uid: Option<String>,
+    },
+    /// The record's ConfigMap, in node-holder's namespace.
+    Record {
+        namespace: String,
+    },
+}
+
+impl Regarding {
+    fn node(name: &str, uid: Option<&String>) -> Self {
+        Regarding::Node {
+            name: name.to_string(),
+            uid: uid.cloned(),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Regarding::Node { name, .. } => name,
+            Regarding::Record { .. } => super::record::NAME,
+        }
+    }
+
+    /// Nodes are cluster-scoped: their Events go to `default`.
+    fn namespace(&self) -> &str {
+        match self {
+            Regarding::Node { .. } => "default",
+            Regarding::Record { namespace } => namespace,
+        }
+    }
+
+    fn reference(&self) -> ObjectReference {
+        match self {
+            Regarding::Node { name, uid } => ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Node".to_string()),
+                name: Some(name.clone()),
+                uid: uid.clone(),
+                ..ObjectReference::default()
+            },
+            Regarding::Record { namespace } => ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("ConfigMap".to_string()),
+                name: Some(super::record::NAME.to_string()),
+                namespace: Some(namespace.clone()),
+                ..ObjectReference::default()
+            },
+        }
+    }
 }
 
 fn until(deadline: Option<Timestamp>) -> String {
@@ -50,8 +105,7 @@ impl HoldEvent {
             _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
         HoldEvent {
-            node: node.name.clone().unwrap_or_default(),
-            uid: node.uid.clone(),
+            regarding: Regarding::node(node.name.as_deref().unwrap_or_default(), node.uid.as_ref()),
             reason,
             action: "Hold",
             note: format!(
@@ -64,8 +118,7 @@ impl HoldEvent {
     /// node-holder put its hold on the node.
     pub fn held(patch: &NodePatch, deadline: Option<Timestamp>) -> Self {
         HoldEvent {
-            node: patch.name.clone(),
-            uid: patch.uid.clone(),
+            regarding: Regarding::node(&patch.name, patch.uid.as_ref()),
             reason: "HoldApplied",
             action: "Hold",
             note: format!(
@@ -93,10 +146,48 @@ impl HoldEvent {
             ));
         }
         HoldEvent {
-            node: patch.name.clone(),
-            uid: patch.uid.clone(),
+            regarding: Regarding::node(&patch.name, patch.uid.as_ref()),
             reason: "HoldReleased",
             action: "Release",
+            note,
+        }
+    }
+}
+
+impl HoldEvent {
+    /// A manual hold request was handled: who asked, why, until when, and
+    /// what it did (`current`: the manual hold in force afterwards).
+    pub fn manual(
+        namespace: &str,
+        hold: &ManualHold,
+        outcome: ManualHoldOutcome,
+        current: Option<&ManualHold>,
+    ) -> Self {
+        let asked = format!(
+            "{} asked to hold every node until {} ({})",
+            hold.by, hold.until, hold.reason
+        );
+        let (reason, note) = match (outcome, current) {
+            (ManualHoldOutcome::Started, _) => ("ManualHoldStarted", asked),
+            (ManualHoldOutcome::Extended, _) => ("ManualHoldExtended", asked),
+            (ManualHoldOutcome::AlreadyLonger, Some(current)) => (
+                "ManualHoldUnchanged",
+                format!(
+                    "{asked}; the manual hold of {} until {} lasts longer and stays",
+                    current.by, current.until
+                ),
+            ),
+            (ManualHoldOutcome::AlreadyLonger | ManualHoldOutcome::Expired, _) => (
+                "ManualHoldExpired",
+                format!("{asked}; that time has passed"),
+            ),
+        };
+        HoldEvent {
+            regarding: Regarding::Record {
+                namespace: namespace.to_string(),
+            },
+            reason,
+            action: "Hold",
             note,
         }
     }
@@ -115,7 +206,7 @@ impl EventSink {
     /// one node and one moment, so there is no series to build.
     pub fn spawn(client: kube::Client, instance: &str, stop: CancellationToken) -> Self {
         let (queue, mut events) = mpsc::channel::<HoldEvent>(QUEUE);
-        let api: Api<K8sEvent> = Api::namespaced(client, "default");
+        let client = client.clone();
         let instance = instance.to_string();
         tokio::spawn(async move {
             let mut pacer = tokio::time::interval(Duration::from_secs(1) / PER_SECOND);
@@ -129,6 +220,8 @@ impl EventSink {
                     },
                 };
                 pacer.tick().await;
+                let api: Api<K8sEvent> =
+                    Api::namespaced(client.clone(), event.regarding.namespace());
                 if let Err(err) = api
                     .create(&PostParams::default(), &event.to_k8s(&instance))
                     .await
@@ -136,7 +229,7 @@ impl EventSink {
                     failures += 1;
                     // The 1st, 2nd, 4th, 8th… failure: visible, never a flood.
                     if failures.is_power_of_two() {
-                        tracing::warn!(node = %event.node, failures, error = %err, "publishing an event failed");
+                        tracing::warn!(regarding = %event.regarding.name(), failures, error = %err, "publishing an event failed");
                     }
                 }
             }
@@ -154,24 +247,23 @@ impl EventSink {
     /// Queues `event`; drops it when the queue is full.
     pub fn send(&self, event: HoldEvent) {
         if let Err(mpsc::error::TrySendError::Full(event)) = self.queue.try_send(event) {
-            tracing::debug!(node = %event.node, reason = event.reason, "event queue full; event dropped");
+            tracing::debug!(regarding = %event.regarding.name(), reason = event.reason, "event queue full; event dropped");
         }
     }
 }
 
 impl HoldEvent {
-    /// The `events.k8s.io/v1` Event, in the default namespace (Nodes are
-    /// cluster-scoped), named by the API server.
+    /// The `events.k8s.io/v1` Event, in the namespace of what it regards,
+    /// named as kubectl and client-go name Events: object name, time.
     fn to_k8s(&self, instance: &str) -> K8sEvent {
         K8sEvent {
             metadata: ObjectMeta {
-                // As kubectl and client-go name Events: object name, time.
                 name: Some(format!(
                     "{}.{:x}",
-                    truncate(&self.node, 230),
+                    truncate(self.regarding.name(), 230),
                     Timestamp::now().as_nanosecond()
                 )),
-                namespace: Some("default".to_string()),
+                namespace: Some(self.regarding.namespace().to_string()),
                 ..ObjectMeta::default()
             },
             event_time: Some(MicroTime(Timestamp::now())),
@@ -181,13 +273,7 @@ impl HoldEvent {
             type_: Some("Normal".to_string()),
             reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
             reporting_instance: Some(instance.to_string()),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Node".to_string()),
-                name: Some(self.node.clone()),
-                uid: self.uid.clone(),
-                ..ObjectReference::default()
-            }),
+            regarding: Some(self.regarding.reference()),
             ..K8sEvent::default()
         }
     }

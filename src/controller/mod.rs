@@ -32,7 +32,7 @@ use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
 use crate::core::patch::keep_what_patches_read;
 use crate::core::plan::{Action, NodePatch, Planner, identity, labels};
-use crate::core::window::{Mode, Observed, Window, WindowConfig};
+use crate::core::window::{ManualHold, Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
 use events::{EventSink, HoldEvent};
@@ -167,41 +167,59 @@ async fn hand_over(
     }
 }
 
-/// How many passes [`release_once`] runs at most while node patches fail.
-const RELEASE_ATTEMPTS: u32 = 5;
+/// How many passes [`handle_once`] runs at most while node patches fail.
+const ONCE_ATTEMPTS: u32 = 5;
 
-/// Handles the release requested at `requested` with the leader's own pass,
-/// once, as `config.identity`, which must hold the Lease: what `release`
-/// does when no leader runs. The pass closes the window in the record,
-/// releases what it held (and holds any node newer than the request, as a
-/// leader would), and records the request as done. A pass whose patches
-/// failed runs again from a fresh list, a few times.
-pub async fn release_once(
+/// What an operator asks of the window through the record.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// `release`: close the window now (and end a manual hold).
+    Release(Timestamp),
+    /// `hold`: hold every node in scope until the hold's end.
+    Hold(ManualHold),
+}
+
+/// Handles `request` with the leader's own pass, once, as
+/// `config.identity`, which must hold the Lease: what `release` and `hold`
+/// do when no leader runs. The pass puts the request in the window record,
+/// converges the nodes (holds, releases) as a leader would, and records the
+/// request as done. A pass whose patches failed runs again from a fresh
+/// list, a few times.
+pub async fn handle_once(
     client: kube::Client,
     config: Config,
-    requested: Timestamp,
-) -> Result<ReleaseReport> {
+    request: Request,
+) -> Result<PassReport> {
     let metrics = crate::metrics::Metrics::default().window;
     let mut task = WindowTask::new(client, config, metrics, EventSink::none());
-    task.report = Some(std::sync::Mutex::new(ReleaseReport::default()));
+    task.report = Some(std::sync::Mutex::new(PassReport::default()));
     let record = task.store.load().await?;
     task.restore(record);
-    task.release_request = Some(requested);
-    task.release_unconfirmed = Some(requested);
-    for attempt in 1..=RELEASE_ATTEMPTS {
+    match request {
+        Request::Release(requested) => {
+            task.release_request = Some(requested);
+            task.release_unconfirmed = Some(requested);
+        }
+        Request::Hold(hold) => {
+            task.hold_unconfirmed = Some(hold.requested_at);
+            task.hold_request = Some(hold);
+        }
+    }
+    for attempt in 1..=ONCE_ATTEMPTS {
         let nodes = list_nodes(&task.client, &task.config.policy).await?;
         task.pass(&nodes).await?;
         if task.failures == 0 {
             break;
         }
-        if attempt == RELEASE_ATTEMPTS {
-            bail!("node patches still failed after {attempt} passes; run release again");
+        if attempt == ONCE_ATTEMPTS {
+            bail!("node patches still failed after {attempt} passes; run the command again");
         }
         tokio::time::sleep(task.backoff()).await;
     }
     let report = task.report.take().unwrap_or_default();
     let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());
     // Patches complete in any order; the report is by name.
+    report.held.sort();
     report.released.sort();
     report.left.sort();
     Ok(report)
@@ -368,17 +386,24 @@ struct WindowTask {
     release_unconfirmed: Option<Timestamp>,
     /// Whether the record says a release is under way.
     releasing: bool,
+    /// A manual hold request not handled yet.
+    hold_request: Option<ManualHold>,
+    /// A manual hold request handled but not yet recorded as done: some
+    /// nodes may still lack its hold.
+    hold_unconfirmed: Option<Timestamp>,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
     failures: u32,
-    /// What the release patches did, node by node, when someone asked
-    /// (`release` without a leader prints it).
-    report: Option<std::sync::Mutex<ReleaseReport>>,
+    /// What the patches did, node by node, when someone asked (`release`
+    /// and `hold` without a leader print it).
+    report: Option<std::sync::Mutex<PassReport>>,
 }
 
-/// What the release patches of [`release_once`] did, node by node.
+/// What the patches of [`handle_once`] did, node by node.
 #[derive(Debug, Default, Clone)]
-pub struct ReleaseReport {
+pub struct PassReport {
+    /// Nodes that got node-holder's hold.
+    pub held: Vec<String>,
     /// Nodes whose holds came off.
     pub released: Vec<String>,
     /// `node: key` of holds someone changed since node-holder placed them:
@@ -426,6 +451,8 @@ impl WindowTask {
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
+            hold_request: None,
+            hold_unconfirmed: None,
             announced: HashSet::new(),
             failures: 0,
             report: None,
@@ -466,7 +493,8 @@ impl WindowTask {
                 }
                 event = record_events.try_next() => match event {
                     Ok(Some(config_map)) => {
-                        if self.release_requested(&config_map.metadata) {
+                        let release = self.release_requested(&config_map.metadata);
+                        if self.hold_requested(&config_map.metadata) || release {
                             next.run_now();
                         }
                     }
@@ -497,6 +525,80 @@ impl WindowTask {
             .release_requested_at
             .filter(|&at| record.release_done_at.is_none_or(|done| done < at));
         self.releasing = record.releasing.is_some();
+        // A manual hold not recorded as done is handled (again: handling it
+        // twice changes nothing) and recorded.
+        self.hold_request = record.hold_requested.filter(|hold| {
+            record
+                .hold_done_at
+                .is_none_or(|done| done < hold.requested_at)
+        });
+        self.hold_unconfirmed = self.hold_request.as_ref().map(|hold| hold.requested_at);
+    }
+
+    /// Whether the record, as changed, carries a manual hold request this
+    /// leader has not taken yet; takes it.
+    fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
+        let Some(hold) = record::hold_requested(meta) else {
+            return false;
+        };
+        let done = record::hold_done_at(meta).is_some_and(|done| done >= hold.requested_at);
+        let taken = self.hold_unconfirmed == Some(hold.requested_at)
+            || self.hold_request.as_ref() == Some(&hold);
+        if done || taken {
+            return false;
+        }
+        tracing::info!(requested_at = %hold.requested_at, until = %hold.until, by = %hold.by, "manual hold requested");
+        self.hold_unconfirmed = Some(hold.requested_at);
+        self.hold_request = Some(hold);
+        true
+    }
+
+    /// Applies the requests taken since the last pass to the window, in the
+    /// order they were made: a release after a manual hold ends it, a hold
+    /// after a release starts after it.
+    fn apply_requests(&mut self, now: Timestamp) {
+        let release = self.release_request.take();
+        let hold = self.hold_request.take();
+        let release_first = match (&release, &hold) {
+            (Some(release), Some(hold)) => *release < hold.requested_at,
+            _ => true,
+        };
+        if release_first {
+            self.apply_release(release, now);
+            self.apply_hold(hold, now);
+        } else {
+            self.apply_hold(hold, now);
+            self.apply_release(release, now);
+        }
+    }
+
+    fn apply_release(&mut self, requested: Option<Timestamp>, now: Timestamp) {
+        if let Some(at) = requested {
+            let was_open = self.window.release_now(at.min(now));
+            tracing::info!(requested_at = %at, was_open, "hold window released on request");
+        }
+    }
+
+    /// Puts a manual hold in the window; the log line and the Event on the
+    /// record say who asked, why and until when.
+    fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
+        let Some(hold) = hold else { return };
+        let outcome = self.window.hold_manually(hold.clone(), now);
+        tracing::info!(
+            requested_at = %hold.requested_at,
+            until = %hold.until,
+            by = %hold.by,
+            reason = %hold.reason,
+            outcome = ?outcome,
+            "manual hold"
+        );
+        let current = self.window.manual().cloned();
+        self.events.send(HoldEvent::manual(
+            &self.config.namespace,
+            &hold,
+            outcome,
+            current.as_ref(),
+        ));
     }
 
     /// Whether the record, as changed, carries a release request this leader
@@ -552,10 +654,7 @@ impl WindowTask {
         let now = Timestamp::now();
         let mut snapshot = nodes.state();
         snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        if let Some(at) = self.release_request.take() {
-            let was_open = self.window.release_now(at.min(now));
-            tracing::info!(requested_at = %at, was_open, "hold window released on request");
-        }
+        self.apply_requests(now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
@@ -637,8 +736,8 @@ impl WindowTask {
         }
         self.metrics.deadline.set(
             self.window
-                .open()
-                .map_or(0.0, |open| open.deadline.as_millisecond() as f64 / 1000.0),
+                .deadline()
+                .map_or(0.0, |deadline| deadline.as_millisecond() as f64 / 1000.0),
         );
         Ok(())
     }
@@ -686,6 +785,9 @@ impl WindowTask {
         let (released, release_failures) = self
             .apply(Action::Release, patches(release), release_total)
             .await;
+        if hold_failures == 0 {
+            self.record_held().await;
+        }
         if release_failures == 0 {
             self.record_released().await;
         }
@@ -708,9 +810,14 @@ impl WindowTask {
         Instant::now().checked_add(after)
     }
 
-    fn note_released(&self, patch: &NodePatch) {
+    /// Adds what `patch` did to the report, if one is kept.
+    fn note(&self, action: Action, patch: &NodePatch) {
         if let Some(report) = &self.report {
             let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
+            if action == Action::Hold {
+                report.held.push(patch.name.clone());
+                return;
+            }
             report
                 .left
                 .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
@@ -735,6 +842,19 @@ impl WindowTask {
         }
     }
 
+    /// After a pass that put every hold it had to: the handled manual hold
+    /// request is done (`hold` waits for that). A failed write is tried
+    /// again after the next pass.
+    async fn record_held(&mut self) {
+        let Some(done) = self.hold_unconfirmed else {
+            return;
+        };
+        match self.store.hold_done(done).await {
+            Ok(()) => self.hold_unconfirmed = None,
+            Err(err) => tracing::warn!(error = %err, "recording the manual hold failed"),
+        }
+    }
+
     /// Applies the patches of one kind; returns (applied, failed).
     async fn apply(
         &self,
@@ -748,10 +868,11 @@ impl WindowTask {
         let action_label = action.label();
         tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
-        // In `node` scope each node's hold ends at its own time.
+        // In `node` scope each node's hold ends at its own time, unless a
+        // manual hold holds them all.
         let deadline = match self.config.window.mode {
-            Mode::Cluster => self.window.open().map(|open| open.deadline),
-            Mode::Node => None,
+            Mode::Cluster => self.window.deadline(),
+            Mode::Node => self.window.manual().map(|manual| manual.until),
         };
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
         let results = self.patcher.apply(patches, total);
@@ -763,12 +884,13 @@ impl WindowTask {
                     applied += 1;
                     self.metrics.holds_applied.inc();
                     self.events.send(HoldEvent::held(&patch, deadline));
+                    self.note(action, &patch);
                 }
                 PatchResult::Applied => {
                     applied += 1;
                     self.metrics.holds_released.inc();
                     self.events.send(HoldEvent::released(&patch));
-                    self.note_released(&patch);
+                    self.note(action, &patch);
                 }
                 PatchResult::Gone => {}
                 PatchResult::Changed(code) => {

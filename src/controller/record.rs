@@ -1,7 +1,8 @@
 //! The window record: a ConfigMap in node-holder's namespace that keeps what
 //! the cluster cannot tell after a restart (deleted nodes' contributions, where
 //! the cap started, what a release consumed) and what `status` shows. Only the
-//! leader writes its data; `release` writes only a request annotation.
+//! leader writes its data; `release` and `hold` write only their request
+//! annotations.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::selector::NodeScope;
-use crate::core::window::{Mode, Window, WindowConfig};
+use crate::core::window::{ManualHold, Mode, Window, WindowConfig};
 
 /// Name of the record's ConfigMap (and of the Lease beside it, see
 /// [`super::lease`]).
@@ -23,6 +24,8 @@ pub const NAME: &str = "node-holder-window";
 pub const FIELD_MANAGER: &str = "node-holder";
 /// Field manager of `release`'s request on the record.
 const RELEASE_FIELD_MANAGER: &str = "node-holder-release";
+/// Field manager of `hold`'s request on the record.
+const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
 const SETTINGS_KEY: &str = "settings.json";
@@ -44,6 +47,19 @@ pub fn release_done_annotation() -> String {
 /// many nodes that release started with (`status` shows the progress).
 pub fn releasing_annotation() -> String {
     format!("{PREFIX}/releasing")
+}
+
+/// Annotation through which `hold` asks the leader for a manual hold: the
+/// [`ManualHold`] as JSON.
+pub fn hold_request_annotation() -> String {
+    format!("{PREFIX}/hold-requested")
+}
+
+/// Annotation the leader (or `hold` running without one) sets once a manual
+/// hold request is in the window and every node in scope carries the hold:
+/// the request's time. `hold` waits for it.
+pub fn hold_done_annotation() -> String {
+    format!("{PREFIX}/hold-done-at")
 }
 
 /// The settings the leader runs with, kept beside the window so that `status`
@@ -77,6 +93,10 @@ pub struct Record {
     pub release_done_at: Option<Timestamp>,
     /// Nodes the release in progress started with; `None` when none is.
     pub releasing: Option<u64>,
+    /// The last manual hold `hold` asked for.
+    pub hold_requested: Option<ManualHold>,
+    /// The last manual hold request that is done.
+    pub hold_done_at: Option<Timestamp>,
     /// Whether the ConfigMap exists.
     pub exists: bool,
 }
@@ -150,6 +170,33 @@ impl RecordStore {
         )
         .await?;
         Ok(now)
+    }
+
+    /// Asks the leader for a manual hold.
+    pub async fn request_hold(&self, hold: &ManualHold) -> Result<()> {
+        let request = serde_json::to_string(hold).context("serialising the hold request")?;
+        self.apply(
+            HOLD_FIELD_MANAGER,
+            ObjectMeta {
+                annotations: Some(BTreeMap::from([(hold_request_annotation(), request)])),
+                ..ObjectMeta::default()
+            },
+            None,
+        )
+        .await
+    }
+
+    /// Records that the manual hold requested at `at` is done. Only the
+    /// leader, or `hold` holding the Lease, calls this.
+    pub async fn hold_done(&self, at: Timestamp) -> Result<()> {
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {hold_done_annotation(): at.to_string()}}
+        });
+        self.api
+            .patch(NAME, &field_manager(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("recording the manual hold in ConfigMap {NAME}"))?;
+        Ok(())
     }
 
     /// Records the release progress: `releasing` the nodes a release in
@@ -233,6 +280,8 @@ impl Record {
             release_done_at: release_done_at(&config_map.metadata),
             releasing: annotation(&config_map.metadata, &releasing_annotation())
                 .and_then(|n| n.parse().ok()),
+            hold_requested: hold_requested(&config_map.metadata),
+            hold_done_at: hold_done_at(&config_map.metadata),
             exists: true,
         })
     }
@@ -248,6 +297,16 @@ pub fn release_requested_at(meta: &ObjectMeta) -> Option<Timestamp> {
 /// The last release request done, in `meta`'s annotations, if any.
 pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
     annotation(meta, &release_done_annotation())?.parse().ok()
+}
+
+/// The manual hold request in `meta`'s annotations, if any and well-formed.
+pub fn hold_requested(meta: &ObjectMeta) -> Option<ManualHold> {
+    serde_json::from_str(annotation(meta, &hold_request_annotation())?).ok()
+}
+
+/// The last manual hold request done, in `meta`'s annotations, if any.
+pub fn hold_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
+    annotation(meta, &hold_done_annotation())?.parse().ok()
 }
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {

@@ -86,6 +86,36 @@ pub struct Window {
     /// Dropped once consumed; empty when the clocks agree.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     future_creations: BTreeMap<Timestamp, Timestamp>,
+    /// A hold an operator asked for (`node-holder hold`), until it ends or a
+    /// release ends it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manual: Option<ManualHold>,
+}
+
+/// A hold an operator asked for: every node in scope is held until `until`,
+/// in either mode, whatever `--max-hold` says. It always has an end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManualHold {
+    /// When it was asked for; names the request.
+    pub requested_at: Timestamp,
+    pub until: Timestamp,
+    /// Who asked, as the API server knows them.
+    pub by: String,
+    pub reason: String,
+}
+
+/// What a manual hold request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManualHoldOutcome {
+    /// Nothing was held by hand: the hold starts.
+    Started,
+    /// A manual hold ending earlier was replaced by this one.
+    Extended,
+    /// A manual hold lasting at least as long stays as it is.
+    AlreadyLonger,
+    /// It ended before it was handled.
+    Expired,
 }
 
 /// An open window. Its deadline may already be past until `tick` runs.
@@ -213,6 +243,9 @@ impl Window {
     /// Closes the window if its deadline is at or before `now`; returns
     /// whether it did.
     pub fn tick(&mut self, now: Timestamp) -> bool {
+        if self.manual.as_ref().is_some_and(|m| m.until <= now) {
+            self.manual = None;
+        }
         match self.open {
             Some(open) if open.deadline <= now => {
                 self.open = None;
@@ -242,19 +275,57 @@ impl Window {
     /// Closes the window now (the `release` command): every node created so
     /// far is consumed, later ones open a new window. Returns whether a
     /// window was open.
+    /// A manual hold ends too.
     pub fn release_now(&mut self, now: Timestamp) -> bool {
         self.consume_through(now);
-        self.open.take().is_some_and(|open| now < open.deadline)
+        let manual = self.manual.take().is_some_and(|m| now < m.until);
+        let open = self.open.take().is_some_and(|open| now < open.deadline);
+        manual || open
+    }
+
+    /// Holds every node in scope until `hold.until` (the `hold` command).
+    /// A manual hold that lasts longer stays; nodes keep opening and
+    /// extending the window as before, beside it.
+    pub fn hold_manually(&mut self, hold: ManualHold, now: Timestamp) -> ManualHoldOutcome {
+        self.tick(now);
+        if hold.until <= now {
+            return ManualHoldOutcome::Expired;
+        }
+        let outcome = match &self.manual {
+            None => ManualHoldOutcome::Started,
+            Some(current) if current.until >= hold.until => {
+                return ManualHoldOutcome::AlreadyLonger;
+            }
+            Some(_) => ManualHoldOutcome::Extended,
+        };
+        self.manual = Some(hold);
+        outcome
+    }
+
+    /// The manual hold, if any (it may have ended until `tick`).
+    pub fn manual(&self) -> Option<&ManualHold> {
+        self.manual.as_ref()
     }
 
     /// Whether the window holds at `now` (the deadline may pass before `tick`).
     pub fn is_open(&self, now: Timestamp) -> bool {
-        self.open.is_some_and(|open| now < open.deadline)
+        self.deadline().is_some_and(|deadline| now < deadline)
+    }
+
+    /// When the hold of every node in scope ends: the open window's deadline
+    /// or the manual hold's end, whichever is later.
+    pub fn deadline(&self) -> Option<Timestamp> {
+        let manual = self.manual.as_ref().map(|m| m.until);
+        self.open.map(|open| open.deadline).max(manual)
     }
 
     /// When the caller should call [`Window::tick`] next.
     pub fn next_wake(&self) -> Option<Timestamp> {
-        self.open.map(|open| open.deadline)
+        let manual = self.manual.as_ref().map(|m| m.until);
+        match (self.open.map(|open| open.deadline), manual) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The open window, if any (its deadline may be past until `tick`).
@@ -267,13 +338,10 @@ impl Window {
         self.closed_through
     }
 
-    /// In `node` mode, when the node created at `creation` stops being held:
-    /// its creation (as [`Window::observe`] counts it) + hold, or `None` when
-    /// it was consumed (by a `release`). Held while `now` is before it.
     /// Until when a node created at `creation` is held by the window at
     /// `now`: in `cluster` mode the open window's deadline, in `node` mode
-    /// the node's own hold end; `None` once that is past, or when the window
-    /// does not hold the node.
+    /// the node's own hold end, or a manual hold's end when that is later;
+    /// `None` once that is past, or when the window does not hold the node.
     pub fn held_until(
         &self,
         creation: Timestamp,
@@ -284,9 +352,13 @@ impl Window {
             Mode::Cluster => self.open().map(|open| open.deadline),
             Mode::Node => self.node_hold_end(creation, now, cfg),
         };
-        end.filter(|&end| now < end)
+        end.max(self.manual.as_ref().map(|m| m.until))
+            .filter(|&end| now < end)
     }
 
+    /// In `node` mode, when the node created at `creation` stops being held:
+    /// its creation (as [`Window::observe`] counts it) + hold, or `None` when
+    /// it was consumed (by a `release`). Held while `now` is before it.
     pub fn node_hold_end(
         &self,
         creation: Timestamp,
@@ -643,6 +715,86 @@ mod tests {
                 "closedThrough": "2027-01-15T08:00:00Z",
             })
         );
+    }
+
+    fn manual(requested: i64, until: i64) -> ManualHold {
+        ManualHold {
+            requested_at: t(requested),
+            until: t(until),
+            by: "alice".to_string(),
+            reason: "payments rollout".to_string(),
+        }
+    }
+
+    #[test]
+    fn a_manual_hold_holds_every_node_in_either_mode_until_its_end() {
+        for cfg in [cluster(10, Some(15)), cfg(10, Some(15), Mode::Node)] {
+            let mut w = Window::default();
+            assert_eq!(
+                w.hold_manually(manual(0, 45), t(0)),
+                ManualHoldOutcome::Started
+            );
+            assert!(w.is_open(t(44)) && !w.is_open(t(45)), "{cfg:?}");
+            // Old nodes, consumed ones and new ones alike; the cap does not cut it.
+            assert_eq!(w.held_until(t(-600), t(30), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(w.observe(t(1), t(1), &cfg), Observed::Opened);
+            assert_eq!(w.held_until(t(1), t(40), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(w.next_wake(), Some(t(11)), "{cfg:?}");
+            assert!(w.tick(t(15)), "the node window closes by itself");
+            assert_eq!(w.held_until(t(1), t(20), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(w.next_wake(), Some(t(45)));
+            assert!(!w.tick(t(45)));
+            assert_eq!(w.manual(), None);
+            assert_eq!(w.held_until(t(1), t(45), &cfg), None, "{cfg:?}");
+        }
+    }
+
+    #[test]
+    fn a_manual_hold_extends_past_the_node_window_but_never_shortens_anything() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert_eq!(
+            w.hold_manually(manual(1, 5), t(1)),
+            ManualHoldOutcome::Started
+        );
+        assert_eq!(w.deadline(), Some(t(10)), "the node window lasts longer");
+        assert_eq!(
+            w.hold_manually(manual(2, 30), t(2)),
+            ManualHoldOutcome::Extended
+        );
+        assert_eq!(w.deadline(), Some(t(30)));
+        assert_eq!(
+            w.hold_manually(manual(3, 20), t(3)),
+            ManualHoldOutcome::AlreadyLonger
+        );
+        assert_eq!(w.manual(), Some(&manual(2, 30)));
+        assert_eq!(
+            w.hold_manually(manual(4, 4), t(5)),
+            ManualHoldOutcome::Expired
+        );
+    }
+
+    #[test]
+    fn release_ends_a_manual_hold() {
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.hold_manually(manual(0, 45), t(0));
+        assert!(w.release_now(t(5)));
+        assert!(!w.is_open(t(5)));
+        assert_eq!(w.held_until(t(-10), t(6), &cfg), None);
+        assert_eq!(w.next_wake(), None);
+        // A node created after the release opens a window of its own.
+        assert_eq!(w.observe(t(7), t(7), &cfg), Observed::Opened);
+    }
+
+    #[test]
+    fn a_manual_hold_survives_the_record() {
+        let mut w = Window::default();
+        w.hold_manually(manual(0, 45), t(0));
+        let json = serde_json::to_string(&w).unwrap();
+        assert!(json.contains(r#""manual":{"requestedAt":"#), "{json}");
+        assert_eq!(serde_json::from_str::<Window>(&json).unwrap(), w);
     }
 
     #[test]

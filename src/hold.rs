@@ -1,0 +1,101 @@
+//! `node-holder hold --for 45m --reason "payments rollout"`: holds every node
+//! in scope now, until then, whatever the window does. It asks through the
+//! record like `release` (see [`crate::request`]); the hold lives in the
+//! window record, so it survives restarts and failover, and `release` ends it.
+
+use anyhow::{Context, Result};
+use jiff::Timestamp;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::api::{Api, PostParams};
+
+use crate::cli::HoldArgs;
+use crate::controller::Request;
+use crate::controller::record::{self, RecordStore};
+use crate::core::window::ManualHold;
+use crate::request::{self, Handled};
+use crate::status;
+
+/// The `hold` subcommand.
+pub async fn run(args: &HoldArgs) -> Result<()> {
+    let client = crate::cluster::command_client("hold", &args.request.client).await?;
+    let namespace = &args.request.record.namespace;
+    let now = Timestamp::now();
+    let hold = ManualHold {
+        requested_at: now,
+        until: now
+            .checked_add(args.hold_for)
+            .context("--for reaches past the end of time")?,
+        by: who_am_i(&client).await,
+        reason: args.reason.clone(),
+    };
+    let before = status::read(&client, namespace, now).await?;
+    RecordStore::new(client.clone(), namespace)
+        .request_hold(&hold)
+        .await?;
+    println!(
+        "manual hold requested by {}: every node in scope held until {} ({})",
+        hold.by, hold.until, hold.reason
+    );
+    let requested = hold.requested_at;
+    let done = move |meta: &_| record::hold_done_at(meta).is_some_and(|done| done >= requested);
+    let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
+    let handled = request::handle(
+        &client,
+        &args.request,
+        Request::Hold(hold.clone()),
+        done,
+        leader_alive,
+        args.timeout,
+    )
+    .await?;
+    report(&client, namespace, &hold, handled).await
+}
+
+/// What the hold did, and the manual hold in force now (a longer one asked
+/// for before stays).
+async fn report(
+    client: &kube::Client,
+    namespace: &str,
+    hold: &ManualHold,
+    handled: Handled,
+) -> Result<()> {
+    match handled {
+        Handled::ByLeader { leader, took } => println!("handled by {leader} in {took:.1?}"),
+        Handled::Here(report) => println!("held {} node(s) here", report.held.len()),
+    }
+    let status = status::read(client, namespace, Timestamp::now()).await?;
+    match status.manual {
+        Some(current) if current.requested_at != hold.requested_at => println!(
+            "a manual hold asked for earlier lasts longer and stays: until {} by {} ({})",
+            current.until, current.by, current.reason
+        ),
+        _ => {}
+    }
+    println!(
+        "{} node(s) carry node-holder's hold",
+        status.held_nodes.len()
+    );
+    Ok(())
+}
+
+/// The user the API server knows this command as (a SelfSubjectReview,
+/// which every authenticated user may make); `unknown` when it cannot say.
+async fn who_am_i(client: &kube::Client) -> String {
+    let reviews: Api<SelfSubjectReview> = Api::all(client.clone());
+    match reviews
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+    {
+        Ok(review) => review
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .unwrap_or_else(|| "unknown".to_string()),
+        Err(err) => {
+            eprintln!(
+                "warning: could not tell who you are (SelfSubjectReview: {err}); recorded as unknown"
+            );
+            "unknown".to_string()
+        }
+    }
+}
