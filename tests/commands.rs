@@ -3,44 +3,15 @@
 
 use testsupport as common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{Served, node, register_webhook, serve};
+use common::window::marked;
+use common::{Served, node, operator, register_webhook, serve, succeeded};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
-
-fn node_holder(cp: &ControlPlane, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_node-holder"))
-        .args(args)
-        .env("KUBECONFIG", cp.admin_kubeconfig())
-        .output()
-        .unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-async fn marked(nodes: &Api<Node>) -> Vec<String> {
-    nodes
-        .list_metadata(&ListParams::default().labels("node-holder.dev/held=true"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|n| n.metadata.name)
-        .collect()
-}
 
 /// Starts serve with a long window, creates `names` through the webhook and
 /// waits until the window task has counted them.
@@ -69,7 +40,7 @@ async fn held_cluster_with(cp: &ControlPlane, names: &[&str], extra: &[&str]) ->
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
         let json: serde_json::Value =
-            serde_json::from_str(&stdout(&node_holder(cp, &["status", "-o", "json"]))).unwrap();
+            serde_json::from_str(&succeeded(&operator(cp, &["status", "-o", "json"]))).unwrap();
         if json["open"] == true && json["heldNodes"].as_array().unwrap().len() == names.len() {
             return served;
         }
@@ -91,7 +62,7 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
     let created = last.metadata.creation_timestamp.unwrap().0;
 
     let json: serde_json::Value =
-        serde_json::from_str(&stdout(&node_holder(&cp, &["status", "-o", "json"]))).unwrap();
+        serde_json::from_str(&succeeded(&operator(&cp, &["status", "-o", "json"]))).unwrap();
     let identity = format!("serve-{}", served.webhook_port);
     assert_eq!(json["leader"]["identity"], identity.as_str());
     assert_eq!(json["leader"]["expired"], false);
@@ -112,7 +83,7 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
         serde_json::json!(["karpenter.sh/do-not-disrupt"])
     );
 
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(
         text.starts_with(
             "Window:      open (cluster scope, all nodes, hold 1h, max 2h)\nOpened:      "
@@ -142,7 +113,7 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
     let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
     assert_eq!(marked(&nodes).await.len(), 2);
 
-    let out = stdout(&node_holder(&cp, &["release"]));
+    let out = succeeded(&operator(&cp, &["release"]));
     assert!(
         out.contains("window open, 2 node(s) carry node-holder's hold"),
         "{out}"
@@ -166,7 +137,7 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
         "{}",
         served.log()
     );
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(text.starts_with("Window:      closed"), "{text}");
     assert!(text.contains("Held nodes:  0"), "{text}");
     assert!(
@@ -198,7 +169,7 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The new window supersedes the old request: status does not show it.
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(text.starts_with("Window:      open"), "{text}");
     assert!(!text.contains("Release:"), "{text}");
 }
@@ -235,7 +206,7 @@ async fn record_annotations(cp: &ControlPlane) -> std::collections::BTreeMap<Str
 
 /// `status -o json`, parsed.
 fn status_json(cp: &ControlPlane) -> serde_json::Value {
-    serde_json::from_str(&stdout(&node_holder(cp, &["status", "-o", "json"]))).unwrap()
+    serde_json::from_str(&succeeded(&operator(cp, &["status", "-o", "json"]))).unwrap()
 }
 
 #[tokio::test]
@@ -269,7 +240,7 @@ async fn status_calls_a_node_held_at_admission_but_not_yet_counted_a_window_open
     assert_eq!(json["open"], false, "{json}");
     assert_eq!(json["windowOpening"], true, "{json}");
     assert_eq!(json["heldNodes"][0]["name"], "fresh", "{json}");
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(text.starts_with("Window:      opening ("), "{text}");
     assert!(!text.contains("Window:      closed"), "{text}");
 }
@@ -292,7 +263,7 @@ async fn status_follows_a_release_under_way_node_by_node() {
         if json["release"]["state"] == "releasing" {
             assert_eq!(json["release"]["of"], 6, "{json}");
             seen.push(json["release"]["left"].as_u64().unwrap());
-            let text = stdout(&node_holder(&cp, &["status"]));
+            let text = succeeded(&operator(&cp, &["status"]));
             if text.contains("Release:     releasing ") {
                 assert!(text.contains(" of 6 node(s) still held\n"), "{text}");
                 break;
@@ -322,7 +293,7 @@ async fn release_with_no_leader_running_strips_the_holds_itself() {
     served.child.wait().unwrap();
 
     let started = std::time::Instant::now();
-    let out = stdout(&node_holder(&cp, &["release"]));
+    let out = succeeded(&operator(&cp, &["release"]));
     assert!(out.contains("no live leader: releasing here"), "{out}");
     assert!(out.contains("released 2 node(s)\n  x\n  y\n"), "{out}");
     let agents = node_patch_agents(&cp, "x");
@@ -333,7 +304,7 @@ async fn release_with_no_leader_running_strips_the_holds_itself() {
     );
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(marked(&nodes).await.is_empty());
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(text.starts_with("Window:      closed"), "{text}");
 }
 
@@ -373,7 +344,7 @@ async fn node_holders_patches_run_in_the_priority_level_of_its_flowschema() {
 
     let _served = held_cluster(&cp, &["p1", "p2"]).await;
     let before = dispatched_to_node_holder(&cp).await;
-    stdout(&node_holder(&cp, &["release"]));
+    succeeded(&operator(&cp, &["release"]));
     // The leader's two release PATCHes (and nothing of anyone else's: the
     // schema matches only node-holder's node PATCHes).
     let after = dispatched_to_node_holder(&cp).await;

@@ -18,7 +18,7 @@ use serde_json::json;
 use testenv::Disruption;
 
 use common::window::{HOLD, annotate, at, sleep_until, window};
-use common::{Served, register_webhook, serve};
+use common::{Served, operator, register_webhook, serve, succeeded};
 use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND, condition_true};
 
 /// What one run of [`two_waves`] saw.
@@ -484,4 +484,52 @@ async fn a_drift_replacement_opens_the_window_the_node_being_replaced_goes_anywa
         "deleted {deleted}, window until {deadline}"
     );
     keep_node(&a, &waiting, false).await;
+}
+
+#[tokio::test]
+async fn a_manual_hold_pauses_consolidation_until_release_ends_it() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    // A rollout's nodes, launched before node-holder came; its own window
+    // (2 s a node) has long ended for them by the time they are empty.
+    let rollout = a.wave("rollout", 2).await;
+    let served = install_node_holder(&a, &["--hold-duration=2s"]).await;
+    let out = succeeded(&operator(
+        a.cp(),
+        &["hold", "--for", "10m", "--reason", "payments rollout"],
+    ));
+    assert!(out.contains("2 node(s) carry node-holder's hold"), "{out}");
+    a.end_wave("rollout").await;
+
+    // Karpenter's consolidateAfter runs out and it looks twice at the empty
+    // nodes, yet finds none it may disrupt and deletes nothing.
+    a.until(
+        "the rollout's nodes consolidatable",
+        KARPENTER_ROUND,
+        async |a| a.consolidatable_or_gone(&rollout).await,
+    )
+    .await;
+    a.karpenter_passes(2.0).await;
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+    assert_eq!(a.eligible_empty_nodes().await, 0.0);
+
+    // The rollout is done early: release ends the hold, and Karpenter
+    // consolidates both nodes, none before the release.
+    let released_at = Timestamp::now();
+    let out = succeeded(&operator(a.cp(), &["release"]));
+    assert!(out.contains("released"), "{out}");
+    a.until(
+        "the rollout's nodes consolidated after the release",
+        KARPENTER_ROUND * 2,
+        async |a| rollout.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    let deleted = a.nodes_deleted();
+    for node in &rollout {
+        assert!(
+            deleted[node] >= released_at,
+            "{node} deleted at {}",
+            deleted[node]
+        );
+    }
+    drop(served);
 }

@@ -57,7 +57,7 @@ fn two_contexts(cp: &ControlPlane, dir: &Path) -> PathBuf {
 }
 
 #[tokio::test]
-async fn kubectl_runs_status_and_release_as_a_plugin_with_its_kubeconfig_and_context() {
+async fn kubectl_runs_status_release_and_hold_as_a_plugin_with_its_kubeconfig_and_context() {
     let list = kubectl(&["plugin", "list"]);
     assert!(
         String::from_utf8_lossy(&list.stdout).contains("kubectl-node_holder"),
@@ -109,7 +109,26 @@ async fn kubectl_runs_status_and_release_as_a_plugin_with_its_kubeconfig_and_con
         "{}",
         text(&release)
     );
-    // Only status and release are the plugin's.
+    // A manual hold through the plugin holds the node again.
+    let hold = kubectl(&[
+        "node-holder",
+        "hold",
+        "--for",
+        "10m",
+        "--reason",
+        "plugin test",
+        "--kubeconfig",
+        kubeconfig,
+        "--context",
+        "good",
+    ]);
+    assert!(hold.status.success(), "{}", text(&hold));
+    assert!(
+        String::from_utf8_lossy(&hold.stdout).contains("1 node(s) carry node-holder's hold"),
+        "{}",
+        text(&hold)
+    );
+    // Only status, release and hold are the plugin's.
     let serve = kubectl(&["node-holder", "serve"]);
     assert_eq!(serve.status.code(), Some(2), "{}", text(&serve));
 }

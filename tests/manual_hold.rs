@@ -6,49 +6,16 @@
 
 use testsupport as common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::Served;
-use common::window::{eventually_logging, logged, metric};
+use common::window::{eventually_logging, logged, marked, metric};
+use common::{Served, operator, succeeded};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use testenv::{ADMIN_USER, ControlPlane, NODE_HOLDER_NAMESPACE};
 
 const REASON: &str = "payments rollout";
-
-fn node_holder(cp: &ControlPlane, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_node-holder"))
-        .args(args)
-        .env("KUBECONFIG", cp.admin_kubeconfig())
-        .output()
-        .unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-async fn marked(nodes: &Api<Node>) -> Vec<String> {
-    let mut names: Vec<String> = nodes
-        .list_metadata(&ListParams::default().labels("node-holder.dev/held=true"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|n| n.metadata.name)
-        .collect();
-    names.sort();
-    names
-}
 
 /// `serve` with a 2 s window: nodes created now are held for it and
 /// released after it, so that only a manual hold holds them later.
@@ -91,7 +58,7 @@ async fn nodes_past_their_window(cp: &ControlPlane, served: &Served, names: &[&s
 }
 
 fn status_json(cp: &ControlPlane) -> serde_json::Value {
-    serde_json::from_str(&stdout(&node_holder(cp, &["status", "-o", "json"]))).unwrap()
+    serde_json::from_str(&succeeded(&operator(cp, &["status", "-o", "json"]))).unwrap()
 }
 
 /// node-holder's Events on its window record.
@@ -118,7 +85,7 @@ async fn a_manual_hold_holds_every_node_survives_a_new_leader_and_release_ends_i
     let first = serve_short_window(&cp).await;
     let nodes = nodes_past_their_window(&cp, &first, &["old-1", "old-2"]).await;
 
-    let out = stdout(&node_holder(
+    let out = succeeded(&operator(
         &cp,
         &["hold", "--for", "10m", "--reason", REASON],
     ));
@@ -141,7 +108,7 @@ async fn a_manual_hold_holds_every_node_survives_a_new_leader_and_release_ends_i
     assert_eq!(status["manual"]["by"], ADMIN_USER, "{status}");
     assert_eq!(status["manual"]["reason"], REASON, "{status}");
     assert_eq!(status["deadline"], status["manual"]["until"], "{status}");
-    let text = stdout(&node_holder(&cp, &["status"]));
+    let text = succeeded(&operator(&cp, &["status"]));
     assert!(
         text.lines().any(|l| l.starts_with("Manual hold: until ")
             && l.ends_with(&format!("by {ADMIN_USER}: {REASON}"))),
@@ -187,7 +154,7 @@ async fn a_manual_hold_holds_every_node_survives_a_new_leader_and_release_ends_i
     );
 
     // release ends it early.
-    let out = stdout(&node_holder(&cp, &["release"]));
+    let out = succeeded(&operator(&cp, &["release"]));
     assert!(
         out.contains(&format!("released by serve-{}", second.webhook_port)),
         "{out}"
@@ -206,10 +173,7 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
     // The leader dies without handing over its lease.
     drop(served);
 
-    let out = stdout(&node_holder(
-        &cp,
-        &["hold", "--for", "1h", "--reason", REASON],
-    ));
+    let out = succeeded(&operator(&cp, &["hold", "--for", "1h", "--reason", REASON]));
     assert!(out.contains("no live leader: holding here"), "{out}");
     assert!(out.contains("held 2 node(s) here"), "{out}");
     assert_eq!(marked(&nodes).await, ["a", "b"]);
@@ -217,7 +181,7 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
     assert_eq!(status["manual"]["by"], ADMIN_USER, "{status}");
 
     // A second, shorter hold leaves the longer one in force and says so.
-    let out = stdout(&node_holder(
+    let out = succeeded(&operator(
         &cp,
         &["hold", "--for", "5m", "--reason", "a short one"],
     ));

@@ -39,6 +39,28 @@ pub fn node_holder_binary() -> PathBuf {
     binary
 }
 
+/// `node-holder args` run as an operator runs it: the admin's kubeconfig.
+pub fn operator(cp: &ControlPlane, args: &[&str]) -> std::process::Output {
+    Command::new(node_holder_binary())
+        .args(args)
+        .env("KUBECONFIG", cp.admin_kubeconfig())
+        .output()
+        .expect("node-holder runs")
+}
+
+/// The standard output of a command that must have succeeded; else the test
+/// fails, showing both streams.
+pub fn succeeded(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn free_port() -> u16 {
     testenv::free_port().expect("a free loopback port")
 }

@@ -413,8 +413,23 @@ pub async fn many_old_nodes(nodes: &Api<Node>, names: &[String], hold: Duration)
 /// How many nodes carry node-holder's marker, by one label-selector list of
 /// their metadata: cheap enough to poll with thousands of nodes.
 pub async fn marked_count(nodes: &Api<Node>) -> usize {
+    marked_metadata(nodes).await.len()
+}
+
+/// The names of the nodes that carry node-holder's marker, sorted.
+pub async fn marked(nodes: &Api<Node>) -> Vec<String> {
+    let mut names: Vec<String> = marked_metadata(nodes)
+        .await
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+async fn marked_metadata(nodes: &Api<Node>) -> Vec<kube::core::PartialObjectMeta<Node>> {
     let selector = kube::api::ListParams::default().labels(&format!("{MARKER}=true"));
-    nodes.list_metadata(&selector).await.unwrap().items.len()
+    nodes.list_metadata(&selector).await.unwrap().items
 }
 
 /// Every node PATCH node-holder's identity sent that the API server answered,
