@@ -11,6 +11,7 @@ use tracing::level_filters::LevelFilter;
 
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset};
+use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, WindowConfig};
 use crate::telemetry::LogFormat;
@@ -188,6 +189,13 @@ pub struct WindowArgs {
     /// hold; `node`: only new nodes are held, each for the hold duration.
     #[arg(long, env = "NODE_HOLDER_SCOPE", value_enum, default_value_t = Mode::Cluster)]
     pub scope: Mode,
+
+    /// `cluster` scope: when a window closes by itself, take the holds off in
+    /// steps, oldest nodes first (`10%/1m`: a tenth of the held nodes a
+    /// minute; `5/30s`: five nodes every 30 seconds); unset: all at once. A
+    /// new node holds everything again; `release` takes them all off at once.
+    #[arg(long, env = "NODE_HOLDER_RELEASE_PACE")]
+    pub release_pace: Option<Pace>,
 }
 
 /// Which cluster a command run by hand talks to, chosen as kubectl chooses
@@ -484,6 +492,7 @@ impl WindowArgs {
             hold: self.hold_duration,
             max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
             mode: self.scope,
+            release_pace: self.release_pace,
         }
     }
 }

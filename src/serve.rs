@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::core::holds::HoldPolicy;
+use crate::core::window::Mode;
 use crate::metrics::Metrics;
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
@@ -37,6 +38,11 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
                 humantime::format_duration(LONGEST_HOLD)
             );
         }
+    }
+    if args.window.release_pace.is_some() && args.window.scope != Mode::Cluster {
+        bail!(
+            "--release-pace paces the release of a closed window: it needs --scope cluster (in node scope each hold ends on its own)"
+        );
     }
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");

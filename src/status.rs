@@ -12,6 +12,7 @@ use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{RecordStore, Settings};
 use crate::core::holds::{MARKED, held_keys};
+use crate::core::pace::Pacing;
 use crate::core::window::ManualHold;
 
 /// Everything `status` shows.
@@ -42,6 +43,9 @@ pub struct Status {
     pub manual: Option<ManualHold>,
     /// A manual hold asked for that no leader has put in the window yet.
     pub manual_requested: Option<ManualHold>,
+    /// A paced release under way (`--release-pace`): since when, of how
+    /// many held nodes.
+    pub pacing: Option<Pacing>,
 }
 
 /// A release that is not finished.
@@ -119,6 +123,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         release: None,
         manual,
         manual_requested,
+        pacing: record.window.pacing().copied(),
     };
     status.window_opening = window_opening(&status);
     status.release = release(&status);
@@ -199,6 +204,9 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
     };
     window_lines(&mut line, status, now);
     manual_lines(&mut line, status, now);
+    if let Some(text) = pacing_text(status, now) {
+        line("Pacing:", text);
+    }
     match &status.release {
         Some(Release::Requested { requested_at }) => line(
             "Release:",
@@ -291,6 +299,20 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
             }
         }
     }
+}
+
+/// A paced release under way, while holds remain to come off.
+fn pacing_text(status: &Status, now: Timestamp) -> Option<String> {
+    let pacing = status.pacing.filter(|_| !status.open)?;
+    let pace = status.settings.as_ref()?.release_pace?;
+    let (keep, next) = pace.still_held(&pacing, now);
+    let next = next?;
+    Some(format!(
+        "{pace} since {} ({} node(s) at the start): {keep} keep their hold, the next step {}",
+        pacing.since,
+        thousands(pacing.of),
+        relative(next, now)
+    ))
 }
 
 /// The manual hold in force, and one asked for that waits for the leader.
@@ -395,6 +417,7 @@ mod tests {
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
+            release_pace: None,
         }
     }
 
@@ -414,6 +437,7 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
+            pacing: None,
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -466,6 +490,7 @@ mod tests {
             }),
             manual: None,
             manual_requested: None,
+            pacing: None,
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -551,6 +576,7 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
+            pacing: None,
         }
     }
 

@@ -291,6 +291,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/config': additional properties 'holdDurration' not allowed",
         ),
         (
+            vec!["--set=config.releasePace=fast"],
+            "at '/config/releasePace': 'fast' does not match pattern",
+        ),
+        (
             vec!["--set=replicaCount=two"],
             "at '/replicaCount': got string, want integer",
         ),
@@ -343,6 +347,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.holdPresets={karpenter-v1,cluster-autoscaler}",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
+        "--set=config.releasePace=10%/1m",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -355,6 +360,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         env["NODE_HOLDER_HOLD_ANNOTATIONS"],
         "a.example.com/keep=please,example.com/hold=yes"
     );
+    assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
@@ -398,6 +404,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     }
     assert!(!env.contains_key("NODE_HOLDER_HOLD_PRESETS"));
     assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
+    assert!(!env.contains_key("NODE_HOLDER_RELEASE_PACE"));
 
     let deployment = one(&objects, "Deployment");
     let pod = &deployment["spec"]["template"]["spec"];

@@ -717,4 +717,24 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
         let stderr = common::refused_start(&cert, &key, &[flag.to_string()]);
         assert!(stderr.contains(said), "{flag}: {stderr}");
     }
+    // A pace that does not parse is a usage error (exit 2); one the scope
+    // cannot honour is refused at start.
+    for (pace, said) in [
+        ("--release-pace=fast", "expected nodes/interval"),
+        ("--release-pace=0%/1m", "a percentage from 1% to 100%"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"))
+            .args(["serve", pace])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{pace}: {stderr}");
+        assert!(stderr.contains(said), "{pace}: {stderr}");
+    }
+    let extra = [
+        "--release-pace=1/1m".to_string(),
+        "--scope=node".to_string(),
+    ];
+    let stderr = common::refused_start(&cert, &key, &extra);
+    assert!(stderr.contains("it needs --scope cluster"), "{stderr}");
 }

@@ -30,8 +30,9 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
+use crate::core::pace::Pacing;
 use crate::core::patch::keep_what_patches_read;
-use crate::core::plan::{Action, NodePatch, Planner, identity, labels};
+use crate::core::plan::{Action, NodePatch, Planner, identity, labels, paced_keep};
 use crate::core::window::{ManualHold, Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
@@ -62,6 +63,7 @@ impl Config {
             max_hold: self.window.max_hold,
             holds: self.policy.holds.iter().map(ToString::to_string).collect(),
             node_selector: self.policy.scope.text().to_string(),
+            release_pace: self.window.release_pace,
         }
     }
 }
@@ -674,9 +676,17 @@ impl WindowTask {
             .filter_map(|meta| identity(meta).map(|(name, created)| (meta, name, created)))
             .collect();
         let was_open = self.window.open().is_some();
+        let (was_held, held_until) = (self.window.is_held(), self.window.deadline());
         let observed =
             self.window
                 .observe_all(in_scope.iter().map(|&(_, _, created)| created), now, cfg);
+        if was_held && !self.window.is_held() {
+            let marked = in_scope
+                .iter()
+                .filter(|&&(meta, _, _)| is_marked(meta))
+                .count();
+            self.pace_release(held_until.map_or(now, |until| until.min(now)), marked);
+        }
         for (&(meta, name, created), observed) in in_scope.iter().zip(observed) {
             let until = self.window.held_until(created, now, cfg);
             if matches!(observed, Observed::Opened | Observed::Extended) {
@@ -707,6 +717,21 @@ impl WindowTask {
                 );
             }
         }
+    }
+
+    /// A window (or manual hold) that closed by itself lets its `held` nodes
+    /// go at `--release-pace` from `since`, its end, when a pace is set
+    /// (`cluster` scope only).
+    fn pace_release(&mut self, since: Timestamp, held: usize) {
+        let cfg = &self.config.window;
+        let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
+            return;
+        };
+        tracing::info!(%since, nodes = held, pace = %pace, "paced release starts");
+        self.window.start_pacing(Pacing {
+            since,
+            of: u64::try_from(held).unwrap_or(u64::MAX),
+        });
     }
 
     /// The Event that says why a new node is held, once per node and leader.
@@ -750,12 +775,20 @@ impl WindowTask {
         now: Timestamp,
     ) -> Result<PassOutcome> {
         let cfg = &self.config.window;
+        let scope = &self.config.policy.scope;
         let planner = Planner {
             window: &self.window,
             cfg,
-            scope: &self.config.policy.scope,
+            scope,
             holds: &self.config.policy.holds,
             now,
+            paced: paced_keep(
+                &self.window,
+                cfg,
+                scope,
+                now,
+                snapshot.iter().map(|n| &n.metadata),
+            ),
         };
         let metas = || snapshot.iter().map(|node| &node.metadata);
         // Which nodes change is decided first (their patches are dropped at

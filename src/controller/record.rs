@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Mode, Window, WindowConfig};
 
@@ -80,6 +81,9 @@ pub struct Settings {
     pub holds: Vec<String>,
     /// The node selector, kubectl syntax; empty for every node.
     pub node_selector: String,
+    /// `--release-pace`; absent: all at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_pace: Option<Pace>,
 }
 
 /// What the record's ConfigMap holds.
@@ -320,6 +324,7 @@ impl Settings {
             hold: self.hold_duration,
             max_hold: self.max_hold,
             mode: self.mode,
+            release_pace: self.release_pace,
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod holds;
+pub mod pace;
 pub mod patch;
 pub mod plan;
 pub mod selector;

@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::holds::Holds;
+use super::holds::{Holds, is_marked};
 use super::patch::{hold_existing, release_holds};
 use super::selector::NodeScope;
 use super::window::{Mode, Window, WindowConfig};
@@ -73,6 +73,48 @@ pub struct Planner<'a> {
     pub scope: &'a NodeScope,
     pub holds: &'a Holds,
     pub now: Timestamp,
+    /// During a paced release, the held nodes that keep their hold for now.
+    pub paced: Option<PacedKeep<'a>>,
+}
+
+/// The held nodes that keep their hold during a paced release: those in
+/// scope that still carry it, from `from` on in (creation, name) order,
+/// which are the newest ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacedKeep<'a> {
+    from: (Timestamp, &'a str),
+    /// When the next step releases more.
+    next: Option<Timestamp>,
+}
+
+/// What a paced release keeps held at `now` of `nodes`; `None` when no paced
+/// release is under way (a window or a manual hold holds everything, or
+/// every hold is due to come off).
+pub fn paced_keep<'a>(
+    window: &Window,
+    cfg: &WindowConfig,
+    scope: &NodeScope,
+    now: Timestamp,
+    nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+) -> Option<PacedKeep<'a>> {
+    let (pace, pacing) = (cfg.release_pace.as_ref()?, window.pacing()?);
+    if cfg.mode != Mode::Cluster || window.is_open(now) {
+        return None;
+    }
+    let (keep, next) = pace.still_held(pacing, now);
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+    if keep == 0 {
+        return None;
+    }
+    let mut held: Vec<(Timestamp, &str)> = nodes
+        .into_iter()
+        .filter(|meta| is_marked(meta) && scope.matches(labels(meta)))
+        .filter_map(identity)
+        .map(|(name, created)| (created, name))
+        .collect();
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    let from = *held.get(keep.min(held.len()).checked_sub(1)?)?;
+    Some(PacedKeep { from, next })
 }
 
 impl Planner<'_> {
@@ -85,9 +127,16 @@ impl Planner<'_> {
         let until = self.window.held_until(creation, self.now, self.cfg);
         match self.cfg.mode {
             // The window's deadline wakes the leader (`Window::next_wake`).
-            Mode::Cluster => (until.is_some(), None),
+            Mode::Cluster => (until.is_some() || self.keeps(meta, creation), None),
             Mode::Node => (until.is_some(), until),
         }
+    }
+
+    /// Whether a paced release keeps this node's hold for now.
+    fn keeps(&self, meta: &ObjectMeta, creation: Timestamp) -> bool {
+        self.paced.is_some_and(|keep| {
+            is_marked(meta) && (creation, meta.name.as_deref().unwrap_or_default()) >= keep.from
+        })
     }
 
     /// The patch that brings this node to its desired state; `None` when it
@@ -126,6 +175,7 @@ impl Planner<'_> {
                 self.wanted(meta, creation).1
             })
             .chain(self.window.next_wake())
+            .chain(self.paced.and_then(|keep| keep.next))
             .min()
     }
 }
@@ -184,6 +234,7 @@ mod tests {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
             mode,
+            release_pace: None,
         }
     }
 
@@ -236,6 +287,7 @@ mod tests {
             scope,
             holds,
             now,
+            paced: paced_keep(window, cfg, scope, now, nodes),
         };
         plan_all(&planner, nodes)
     }
@@ -423,6 +475,51 @@ mod tests {
         assert_eq!(names(&plan.release), ["a"]);
         assert_eq!(names(&plan.hold), ["b"]);
         assert_eq!(plan.wake, Some(t(12)));
+    }
+
+    #[test]
+    fn a_paced_release_lets_the_oldest_holds_go_first_a_step_at_a_time() {
+        use crate::core::pace::Pacing;
+        let mut cfg = cfg(Mode::Cluster);
+        cfg.release_pace = Some("1/60s".parse().unwrap());
+        let mut w = open_window(&cfg, 0);
+        assert!(w.tick(t(10)));
+        w.start_pacing(Pacing {
+            since: t(10),
+            of: 4,
+        });
+        let nodes = [
+            held("d", -20),
+            held("a", -50),
+            held("c", -30),
+            held("b", -40),
+        ];
+        let scope = NodeScope::parse("").unwrap();
+        let at = |now| plan(&w, &cfg, &scope, &holds(), &nodes, now);
+        let first = at(t(10));
+        assert_eq!(names(&first.release), ["a"]);
+        assert_eq!(first.wake, Some(t(11)));
+        assert_eq!(names(&at(t(11)).release), ["a", "b"]);
+        assert_eq!(names(&at(t(12)).release), ["a", "b", "c"]);
+        let last = at(t(13));
+        assert_eq!(names(&last.release), ["a", "b", "c", "d"]);
+        assert_eq!(last.wake, None);
+        // Released nodes are not held again; the keep counts held nodes only.
+        let released_a = [
+            node("a", -50, json!({}), json!({})),
+            held("b", -40),
+            held("c", -30),
+            held("d", -20),
+        ];
+        let step = plan(&w, &cfg, &scope, &holds(), &released_a, t(11));
+        assert_eq!(names(&step.release), ["b"]);
+        assert!(step.hold.is_empty());
+        // A new node opens a window: everything is held again.
+        w.observe(t(12), t(12), &cfg);
+        let reopened = plan(&w, &cfg, &scope, &holds(), &released_a, t(12));
+        assert_eq!(names(&reopened.hold), ["a"]);
+        assert!(reopened.release.is_empty());
+        assert_eq!(w.pacing(), None);
     }
 
     #[test]

@@ -21,6 +21,8 @@ use clap::ValueEnum;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::pace::{Pace, Pacing};
+
 /// What an open window holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -50,6 +52,9 @@ pub struct WindowConfig {
     /// Cap of a window, from when it opened; `None` for no cap.
     pub max_hold: Option<Duration>,
     pub mode: Mode,
+    /// `cluster` mode: how fast a window's holds come off when it closes by
+    /// itself; `None` for all at once.
+    pub release_pace: Option<Pace>,
 }
 
 impl WindowConfig {
@@ -90,6 +95,10 @@ pub struct Window {
     /// release ends it.
     #[serde(skip_serializing_if = "Option::is_none")]
     manual: Option<ManualHold>,
+    /// A paced release under way (`--release-pace`), until a window opens
+    /// or a release ends it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pacing: Option<Pacing>,
 }
 
 /// A hold an operator asked for: every node in scope is held until `until`,
@@ -214,6 +223,9 @@ impl Window {
             return Observed::Consumed;
         }
         let opened = self.open.is_none();
+        if opened {
+            self.pacing = None;
+        }
         let open = self.open.get_or_insert(OpenWindow {
             opened_at: creation,
             deadline: creation,
@@ -278,6 +290,7 @@ impl Window {
     /// A manual hold ends too.
     pub fn release_now(&mut self, now: Timestamp) -> bool {
         self.consume_through(now);
+        self.pacing = None;
         let manual = self.manual.take().is_some_and(|m| now < m.until);
         let open = self.open.take().is_some_and(|open| now < open.deadline);
         manual || open
@@ -299,7 +312,24 @@ impl Window {
             Some(_) => ManualHoldOutcome::Extended,
         };
         self.manual = Some(hold);
+        self.pacing = None;
         outcome
+    }
+
+    /// Whether a window or a manual hold is there, ended or not: what a
+    /// `tick` would close.
+    pub fn is_held(&self) -> bool {
+        self.open.is_some() || self.manual.is_some()
+    }
+
+    /// Starts a paced release (the window closed by itself).
+    pub fn start_pacing(&mut self, pacing: Pacing) {
+        self.pacing = Some(pacing);
+    }
+
+    /// The paced release under way, if any.
+    pub fn pacing(&self) -> Option<&Pacing> {
+        self.pacing.as_ref()
     }
 
     /// The manual hold, if any (it may have ended until `tick`).
@@ -395,6 +425,7 @@ mod tests {
             hold: Duration::from_secs(hold * 60),
             max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
             mode,
+            release_pace: None,
         }
     }
 
@@ -795,6 +826,37 @@ mod tests {
         let json = serde_json::to_string(&w).unwrap();
         assert!(json.contains(r#""manual":{"requestedAt":"#), "{json}");
         assert_eq!(serde_json::from_str::<Window>(&json).unwrap(), w);
+    }
+
+    #[test]
+    fn a_paced_release_is_kept_in_the_record_until_a_window_opens_or_a_release() {
+        use crate::core::pace::Pacing;
+        let cfg = cluster(10, None);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert!(w.is_held());
+        assert!(w.tick(t(10)));
+        assert!(!w.is_held());
+        let pacing = Pacing {
+            since: t(10),
+            of: 7,
+        };
+        w.start_pacing(pacing);
+        let json = serde_json::to_string(&w).unwrap();
+        assert!(json.contains(r#""pacing":{"since":"#), "{json}");
+        assert_eq!(serde_json::from_str::<Window>(&json).unwrap(), w);
+        let mut released = w.clone();
+        released.release_now(t(11));
+        assert_eq!(
+            released.pacing(),
+            None,
+            "a release takes every hold off at once"
+        );
+        let mut held = w.clone();
+        held.hold_manually(manual(11, 20), t(11));
+        assert_eq!(held.pacing(), None, "a manual hold holds everything again");
+        w.observe(t(12), t(12), &cfg);
+        assert_eq!(w.pacing(), None, "a new window holds everything again");
     }
 
     #[test]
