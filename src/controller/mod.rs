@@ -585,6 +585,15 @@ impl WindowTask {
     /// record say who asked, why and until when.
     fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
         let Some(hold) = hold else { return };
+        if self
+            .window
+            .manual()
+            .is_some_and(|m| m.requested_at == hold.requested_at)
+        {
+            // A request an earlier leader put in the window but did not
+            // record as done: only the nodes and the record remain to do.
+            return;
+        }
         let outcome = self.window.hold_manually(hold.clone(), now);
         tracing::info!(
             requested_at = %hold.requested_at,
