@@ -401,6 +401,8 @@ pub struct InstallTools {
     pub cert_manager: CertManagerBinaries,
     /// kubectl, from the control plane's own pin (for `kubectl node-holder`).
     pub kubectl: PathBuf,
+    /// promtool, from the pinned Prometheus module (the chart's alert rules).
+    pub promtool: PathBuf,
 }
 
 /// Builds helm and cert-manager and fetches cert-manager's source if needed:
@@ -411,6 +413,7 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         cert_manager_source: cert_manager_source()?,
         cert_manager: ensure_cert_manager_built()?,
         kubectl: ensure_kubectl_built()?,
+        promtool: ensure_promtool_built()?,
     })
 }
 
@@ -568,4 +571,53 @@ pub fn ensure_oha_installed() -> Result<PathBuf> {
         bail!("cargo install oha {OHA_VERSION} failed: {status}");
     }
     Ok(oha)
+}
+
+// ---------------------------------------------------------------------------
+// promtool: the chart's alert rules checked and unit-tested as Prometheus
+// itself reads them.
+
+const PROMETHEUS_MODULE: &str = "github.com/prometheus/prometheus";
+const PROMTOOL_PKG: &str = "github.com/prometheus/prometheus/cmd/promtool";
+
+/// Returns the path of promtool from the pinned Prometheus module
+/// (`testenv/tools/promtool`), building it first if needed.
+pub fn ensure_promtool_built() -> Result<PathBuf> {
+    let module = tool_module_dir("promtool");
+    let version = required_version(&module, PROMETHEUS_MODULE)?;
+    // As Prometheus's own build stamps it, so `promtool --version` tells the pin.
+    let stamp = format!("-X github.com/prometheus/common/version.Version={version}");
+    let out = ensure_tools_built(
+        "promtool",
+        &module,
+        &[GoTool {
+            package: PROMTOOL_PKG,
+            binary: "promtool",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("promtool"))
+}
+
+/// The Go module pinning the Prometheus Operator (`testenv/tools/prometheus-operator`).
+const PROMETHEUS_OPERATOR_MODULE: &str = "github.com/prometheus-operator/prometheus-operator";
+
+/// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, from the
+/// pinned module's source (downloaded and checked against go.sum if needed),
+/// as one manifest.
+pub fn prometheus_operator_crds() -> Result<String> {
+    let source = module_source(
+        &tool_module_dir("prometheus-operator"),
+        PROMETHEUS_OPERATOR_MODULE,
+    )?;
+    let dir = source.join("example/prometheus-operator-crd");
+    let mut manifest = String::new();
+    for kind in ["servicemonitors", "prometheusrules"] {
+        let file = dir.join(format!("monitoring.coreos.com_{kind}.yaml"));
+        let text =
+            fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        manifest.push_str("\n---\n");
+        manifest.push_str(&text);
+    }
+    Ok(manifest)
 }

@@ -38,8 +38,9 @@ pub use binaries::{
     CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, OHA_VERSION, cert_manager_crds,
     cert_manager_module_dir, cert_manager_source, ensure_cert_manager_built, ensure_cluster_built,
     ensure_helm_built, ensure_install_tools, ensure_kubectl_built, ensure_oha_installed,
-    ensure_tools_built, helm_module_dir, karpenter_module_dir, karpenter_version, kwok_module_dir,
-    module_source, required_version, tool_module_dir,
+    ensure_promtool_built, ensure_tools_built, helm_module_dir, karpenter_module_dir,
+    karpenter_version, kwok_module_dir, module_source, prometheus_operator_crds, required_version,
+    tool_module_dir,
 };
 pub use karpenter::{
     Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,

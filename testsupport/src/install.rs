@@ -160,24 +160,38 @@ pub fn use_cert_files(env: &mut BTreeMap<String, String>, dir: &Path) {
 /// Installs cert-manager's CRDs (from the pinned module's `deploy/crds`) and
 /// waits until the API server serves them.
 pub async fn install_cert_manager_crds(cp: &ControlPlane) {
+    let names = install_crds(cp, testenv::cert_manager_crds).await;
+    assert!(names.contains(&"certificates.cert-manager.io".to_string()));
+    assert!(names.contains(&"issuers.cert-manager.io".to_string()));
+}
+
+/// Installs the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs
+/// (from the pinned module) and waits until the API server serves them.
+pub async fn install_prometheus_operator_crds(cp: &ControlPlane) {
+    let names = install_crds(cp, testenv::prometheus_operator_crds).await;
+    assert!(names.contains(&"servicemonitors.monitoring.coreos.com".to_string()));
+    assert!(names.contains(&"prometheusrules.monitoring.coreos.com".to_string()));
+}
+
+/// Applies the CRDs `crds` reads and waits until each is established;
+/// returns their names.
+async fn install_crds(cp: &ControlPlane, crds: fn() -> anyhow::Result<String>) -> Vec<String> {
     let client = cp.admin_client().await.unwrap();
-    let crds = tokio::task::spawn_blocking(testenv::cert_manager_crds)
+    let crds = tokio::task::spawn_blocking(crds)
         .await
         .unwrap()
-        .expect("cert-manager's CRDs from the pinned module");
+        .expect("CRDs from a pinned module");
     testenv::apply_manifests(&client, &crds).await.unwrap();
     let names: Vec<String> = testenv::parse_manifests(&crds)
         .unwrap()
         .iter()
         .map(|c| name(c).to_string())
         .collect();
-    assert!(names.contains(&"certificates.cert-manager.io".to_string()));
-    assert!(names.contains(&"issuers.cert-manager.io".to_string()));
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let deadline = Instant::now() + Duration::from_secs(30);
-    for crd in names {
+    for crd in &names {
         loop {
-            let established = api.get(&crd).await.unwrap().status.is_some_and(|s| {
+            let established = api.get(crd).await.unwrap().status.is_some_and(|s| {
                 s.conditions
                     .unwrap_or_default()
                     .iter()
@@ -190,6 +204,7 @@ pub async fn install_cert_manager_crds(cp: &ControlPlane) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    names
 }
 
 /// node-holder running as the chart's pod would: the rendered arguments and

@@ -1,0 +1,156 @@
+//! node-holder's alerts (chart/files/node-holder-rules.yaml), checked as
+//! Prometheus reads them with the pinned promtool (built from its Go module,
+//! `testenv/tools/promtool`): the rules load, each alert fires on the series
+//! that should fire it and stays quiet on a healthy pair of replicas
+//! (tests/prometheus/node-holder-rules.test.yaml), the chart ships exactly
+//! those rules, and every node-holder metric they name is on a running
+//! node-holder's `/metrics`, so a renamed metric breaks this test and not a
+//! production alert. The rendered ServiceMonitor and PrometheusRule are
+//! accepted by the API server with the pinned Prometheus Operator's CRDs.
+
+use testsupport as common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::install::{install_prometheus_operator_crds, one, repo, template};
+use testenv::ControlPlane;
+
+fn rules_file() -> PathBuf {
+    repo().join("chart/files/node-holder-rules.yaml")
+}
+
+fn promtool(args: &[&str]) -> String {
+    let promtool = testenv::ensure_promtool_built().expect("promtool builds");
+    let out = Command::new(promtool)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("promtool runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?}:\n{text}");
+    text
+}
+
+#[test]
+fn the_alert_rules_load_and_pass_their_unit_tests() {
+    let checked = promtool(&["check", "rules", "chart/files/node-holder-rules.yaml"]);
+    assert!(checked.contains("SUCCESS: 12 rules found"), "{checked}");
+    let tested = promtool(&[
+        "test",
+        "rules",
+        "tests/prometheus/node-holder-rules.test.yaml",
+    ]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+#[tokio::test]
+async fn the_chart_ships_exactly_the_tested_rules_and_scrapes_the_admin_port() {
+    // Off by default: a cluster without the Prometheus Operator's CRDs would
+    // refuse the objects.
+    let objects = template(&[]);
+    for kind in ["PrometheusRule", "ServiceMonitor"] {
+        assert!(
+            !objects.iter().any(|o| o["kind"] == kind),
+            "{kind} rendered by default"
+        );
+    }
+    let objects = template(&[
+        "--set=metrics.prometheusRule.enabled=true",
+        "--set=metrics.prometheusRule.labels.release=kube-prometheus",
+        "--set=metrics.serviceMonitor.enabled=true",
+    ]);
+    let rule = one(&objects, "PrometheusRule");
+    let file = std::fs::read_to_string(rules_file()).unwrap();
+    let tested = testenv::parse_manifests(&file).unwrap().remove(0);
+    assert_eq!(
+        rule["spec"], tested,
+        "the PrometheusRule's spec is the rules file"
+    );
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus");
+
+    // The ServiceMonitor scrapes the Service's port that leads to /metrics.
+    let monitor = one(&objects, "ServiceMonitor");
+    let service = one(&objects, "Service");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == endpoint["port"])
+        .unwrap_or_else(|| panic!("no Service port {}", endpoint["port"]));
+    let deployment = one(&objects, "Deployment");
+    let admin = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "admin")
+        .unwrap();
+    assert_eq!(port["targetPort"], "admin", "{port}");
+    assert!(admin["containerPort"].is_number());
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"],
+        service["spec"]["selector"]
+    );
+
+    // The API server accepts both against the Prometheus Operator's CRDs.
+    let cp = ControlPlane::start().await.unwrap();
+    install_prometheus_operator_crds(&cp).await;
+    let client = cp.admin_client().await.unwrap();
+    let namespace = serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": rule["metadata"]["namespace"]},
+    });
+    testenv::apply_objects(&client, &[namespace]).await.unwrap();
+    testenv::dry_run_objects(&client, &[rule.clone(), monitor.clone()])
+        .await
+        .unwrap();
+}
+
+/// The `node_holder_…` names in the rules' expressions.
+fn metrics_the_rules_name() -> BTreeSet<String> {
+    let file = std::fs::read_to_string(rules_file()).unwrap();
+    let rules = testenv::parse_manifests(&file).unwrap().remove(0);
+    let mut names = BTreeSet::new();
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let expr = rule["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("node_holder_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_the_alerts_name_is_on_a_running_node_holder() {
+    let names = metrics_the_rules_name();
+    assert!(names.len() >= 8, "{names:?}");
+    let served = common::serve_offline(&[]).await;
+    let (status, text) = common::http_get(served.admin_port, "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let exposed: BTreeSet<&str> = testenv::metrics::samples(&text).map(|s| s.name).collect();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !exposed.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the alerts name metrics node-holder does not expose: {missing:?}\n{text}"
+    );
+}
