@@ -1,11 +1,14 @@
-//! node-holder's alerts (chart/files/node-holder-rules.yaml), checked as
+//! node-holder's alerts (chart/files/node-holder-rules.yaml) and dashboard
+//! (chart/files/node-holder-dashboard.json). The alerts are checked as
 //! Prometheus reads them with the pinned promtool (built from its Go module,
 //! `testenv/tools/promtool`): the rules load, each alert fires on the series
 //! that should fire it and stays quiet on a healthy pair of replicas
 //! (tests/prometheus/node-holder-rules.test.yaml), the chart ships exactly
-//! those rules, and every node-holder metric they name is on a running
-//! node-holder's `/metrics`, so a renamed metric breaks this test and not a
-//! production alert. The rendered ServiceMonitor and PrometheusRule are
+//! those rules. Every dashboard query parses as PromQL (promtool, with
+//! Grafana's variables given values), and the chart ships the dashboard as a
+//! ConfigMap for Grafana's sidecar. Every node-holder metric the alerts and
+//! the panels name is on a running node-holder's `/metrics`, so a renamed
+//! metric breaks this test and not a production alert. The rendered ServiceMonitor and PrometheusRule are
 //! accepted by the API server with the pinned Prometheus Operator's CRDs.
 
 use testsupport as common;
@@ -113,32 +116,98 @@ async fn the_chart_ships_exactly_the_tested_rules_and_scrapes_the_admin_port() {
         .unwrap();
 }
 
-/// The `node_holder_…` names in the rules' expressions.
-fn metrics_the_rules_name() -> BTreeSet<String> {
+/// The rules' expressions.
+fn alert_expressions() -> Vec<String> {
     let file = std::fs::read_to_string(rules_file()).unwrap();
     let rules = testenv::parse_manifests(&file).unwrap().remove(0);
+    rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|group| group["rules"].as_array().unwrap())
+        .map(|rule| rule["expr"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn dashboard() -> serde_json::Value {
+    let path = repo().join("chart/files/node-holder-dashboard.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every panel's queries, as Prometheus sees them once Grafana has put in its
+/// variables (`$job`: every job; `$__rate_interval`: 5m).
+fn panel_expressions() -> Vec<String> {
+    dashboard()["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().unwrap())
+        .map(|target| {
+            target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "5m")
+                .replace("$job", ".*")
+        })
+        .collect()
+}
+
+/// The `node_holder_…` names in `expressions`.
+fn node_holder_metrics(expressions: &[String]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
-    for group in rules["groups"].as_array().unwrap() {
-        for rule in group["rules"].as_array().unwrap() {
-            let expr = rule["expr"].as_str().unwrap();
-            let mut rest = expr;
-            while let Some(at) = rest.find("node_holder_") {
-                let name: String = rest[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                rest = &rest[at + name.len()..];
-                names.insert(name);
-            }
+    for expr in expressions {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("node_holder_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.insert(name);
         }
     }
     names
 }
 
+#[test]
+fn every_dashboard_query_parses_and_the_chart_ships_the_dashboard() {
+    let panels = dashboard()["panels"].as_array().unwrap().len();
+    let expressions = panel_expressions();
+    assert!(
+        panels >= 10 && expressions.len() >= panels,
+        "{expressions:?}"
+    );
+    // promtool parses each query as the expression of a recording rule.
+    let rules: Vec<serde_json::Value> = expressions
+        .iter()
+        .enumerate()
+        .map(|(i, expr)| serde_json::json!({"record": format!("node_holder_dashboard_query_{i}"), "expr": expr}))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard-queries.json");
+    let groups = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    std::fs::write(&file, groups.to_string()).unwrap();
+    let checked = promtool(&["check", "rules", file.to_str().unwrap()]);
+    assert!(
+        checked.contains(&format!("SUCCESS: {} rules found", expressions.len())),
+        "{checked}"
+    );
+
+    assert!(!template(&[]).iter().any(|o| o["kind"] == "ConfigMap"));
+    let objects = template(&["--set=metrics.dashboard.enabled=true"]);
+    let config_map = one(&objects, "ConfigMap");
+    assert_eq!(config_map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: serde_json::Value =
+        serde_json::from_str(config_map["data"]["node-holder.json"].as_str().unwrap()).unwrap();
+    assert_eq!(shipped, dashboard());
+}
+
 #[tokio::test]
-async fn every_metric_the_alerts_name_is_on_a_running_node_holder() {
-    let names = metrics_the_rules_name();
-    assert!(names.len() >= 8, "{names:?}");
+async fn every_metric_the_alerts_and_the_dashboard_name_is_on_a_running_node_holder() {
+    let mut expressions = alert_expressions();
+    expressions.extend(panel_expressions());
+    let names = node_holder_metrics(&expressions);
+    assert!(names.len() >= 10, "{names:?}");
     let served = common::serve_offline(&[]).await;
     let (status, text) = common::http_get(served.admin_port, "/metrics")
         .await
@@ -151,6 +220,6 @@ async fn every_metric_the_alerts_name_is_on_a_running_node_holder() {
         .collect();
     assert!(
         missing.is_empty(),
-        "the alerts name metrics node-holder does not expose: {missing:?}\n{text}"
+        "the alerts or the dashboard name metrics node-holder does not expose: {missing:?}\n{text}"
     );
 }
