@@ -553,6 +553,13 @@ async fn a_paced_release_spreads_karpenters_consolidation_and_a_new_node_holds_e
     })
     .await;
     let since = at(&window(&records).await, "/pacing/since").unwrap();
+    let status = succeeded(&operator(a.cp(), &["status"]));
+    assert!(
+        status.contains(&format!(
+            "Pacing:      1/40s since {since} (4 node(s) at the start): "
+        )),
+        "{status}"
+    );
     // Oldest first: the k-th oldest node's hold comes off at since + k steps,
     // so Karpenter cannot delete it earlier, whatever its budget allows.
     let mut oldest_first: Vec<(Timestamp, String)> = Vec::new();

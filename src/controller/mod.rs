@@ -428,6 +428,31 @@ async fn record_releasing(store: &RecordStore, total: usize) -> bool {
     }
 }
 
+/// The plan for `snapshot` at `now`: the window's, with what a paced
+/// release keeps held.
+fn planner<'a>(
+    window: &'a Window,
+    config: &'a Config,
+    snapshot: &'a [Arc<PartialObjectMeta<Node>>],
+    now: Timestamp,
+) -> Planner<'a> {
+    let (cfg, scope) = (&config.window, &config.policy.scope);
+    Planner {
+        window,
+        cfg,
+        scope,
+        holds: &config.policy.holds,
+        now,
+        paced: paced_keep(
+            window,
+            cfg,
+            scope,
+            now,
+            snapshot.iter().map(|n| &n.metadata),
+        ),
+    }
+}
+
 /// What one pass asks of the next.
 struct PassOutcome {
     /// When the next pass must run at the latest.
@@ -784,21 +809,7 @@ impl WindowTask {
         now: Timestamp,
     ) -> Result<PassOutcome> {
         let cfg = &self.config.window;
-        let scope = &self.config.policy.scope;
-        let planner = Planner {
-            window: &self.window,
-            cfg,
-            scope,
-            holds: &self.config.policy.holds,
-            now,
-            paced: paced_keep(
-                &self.window,
-                cfg,
-                scope,
-                now,
-                snapshot.iter().map(|n| &n.metadata),
-            ),
-        };
+        let planner = planner(&self.window, &self.config, snapshot, now);
         let metas = || snapshot.iter().map(|node| &node.metadata);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
@@ -821,7 +832,8 @@ impl WindowTask {
         let wake_at = planner.wake(metas());
         let (hold_total, release_total) = (hold.len(), release.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
-        if release_total > 0 && cfg.mode == Mode::Cluster {
+        // A paced release shows its own progress (`pacing` in the record).
+        if release_total > 0 && cfg.mode == Mode::Cluster && self.window.pacing().is_none() {
             self.releasing |= record_releasing(&self.store, release_total).await;
         }
         let (released, release_failures) = self
