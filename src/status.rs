@@ -101,12 +101,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .manual()
         .filter(|manual| now < manual.until)
         .cloned();
-    let manual_requested = record.hold_requested.filter(|hold| {
-        now < hold.until
-            && record
-                .hold_done_at
-                .is_none_or(|done| done < hold.requested_at)
-    });
+    let manual_requested = record.pending_hold.filter(|hold| now < hold.until);
     let mut status = Status {
         open: record.window.is_open(now),
         opened_at: open.map(|o| o.opened_at),

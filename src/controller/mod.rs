@@ -554,24 +554,19 @@ impl WindowTask {
         self.releasing = record.releasing.is_some();
         // A manual hold not recorded as done is handled (again: handling it
         // twice changes nothing) and recorded.
-        self.hold_request = record.hold_requested.filter(|hold| {
-            record
-                .hold_done_at
-                .is_none_or(|done| done < hold.requested_at)
-        });
+        self.hold_request = record.pending_hold;
         self.hold_unconfirmed = self.hold_request.as_ref().map(|hold| hold.requested_at);
     }
 
     /// Whether the record, as changed, carries a manual hold request this
     /// leader has not taken yet; takes it.
     fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
-        let Some(hold) = record::hold_requested(meta) else {
+        let Some(hold) = record::pending_hold(meta) else {
             return false;
         };
-        let done = record::hold_done_at(meta).is_some_and(|done| done >= hold.requested_at);
         let taken = self.hold_unconfirmed == Some(hold.requested_at)
             || self.hold_request.as_ref() == Some(&hold);
-        if done || taken {
+        if taken {
             return false;
         }
         tracing::info!(requested_at = %hold.requested_at, until = %hold.until, by = %hold.by, "manual hold requested");

@@ -97,10 +97,8 @@ pub struct Record {
     pub release_done_at: Option<Timestamp>,
     /// Nodes the release in progress started with; `None` when none is.
     pub releasing: Option<u64>,
-    /// The last manual hold `hold` asked for.
-    pub hold_requested: Option<ManualHold>,
-    /// The last manual hold request that is done.
-    pub hold_done_at: Option<Timestamp>,
+    /// The last manual hold `hold` asked for, while it is not done.
+    pub pending_hold: Option<ManualHold>,
     /// Whether the ConfigMap exists.
     pub exists: bool,
 }
@@ -284,8 +282,7 @@ impl Record {
             release_done_at: release_done_at(&config_map.metadata),
             releasing: annotation(&config_map.metadata, &releasing_annotation())
                 .and_then(|n| n.parse().ok()),
-            hold_requested: hold_requested(&config_map.metadata),
-            hold_done_at: hold_done_at(&config_map.metadata),
+            pending_hold: pending_hold(&config_map.metadata),
             exists: true,
         })
     }
@@ -303,9 +300,13 @@ pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
     annotation(meta, &release_done_annotation())?.parse().ok()
 }
 
-/// The manual hold request in `meta`'s annotations, if any and well-formed.
-pub fn hold_requested(meta: &ObjectMeta) -> Option<ManualHold> {
-    serde_json::from_str(annotation(meta, &hold_request_annotation())?).ok()
+/// The manual hold request in `meta`'s annotations that is not done yet, if
+/// any and well-formed.
+pub fn pending_hold(meta: &ObjectMeta) -> Option<ManualHold> {
+    let hold: ManualHold =
+        serde_json::from_str(annotation(meta, &hold_request_annotation())?).ok()?;
+    let done = hold_done_at(meta).is_some_and(|done| done >= hold.requested_at);
+    (!done).then_some(hold)
 }
 
 /// The last manual hold request done, in `meta`'s annotations, if any.
