@@ -9,8 +9,9 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
+use crate::core::groups::Grouping;
 use crate::core::holds::HoldPolicy;
-use crate::core::holds::{Hold, Holds, Preset};
+use crate::core::holds::{Hold, Holds, Preset, is_label_value, is_qualified_name};
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, WindowConfig};
@@ -196,6 +197,14 @@ pub struct WindowArgs {
     /// new node holds everything again; `release` takes them all off at once.
     #[arg(long, env = "NODE_HOLDER_RELEASE_PACE")]
     pub release_pace: Option<Pace>,
+
+    /// `cluster` scope: one window per value of this node label
+    /// (`karpenter.sh/nodepool`): a new node opens and extends only the
+    /// window of its value, which holds only the nodes with that value; nodes
+    /// without the label share one more window. A manual hold holds them all.
+    /// Unset: one window for every node.
+    #[arg(long, env = "NODE_HOLDER_WINDOW_PER_LABEL", value_parser = parse_label_key)]
+    pub window_per_label: Option<String>,
 }
 
 /// Which cluster a command run by hand talks to, chosen as kubectl chooses
@@ -305,6 +314,12 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     pub request: RequestArgs,
 
+    /// With `--window-per-label`: close only the window of the nodes with
+    /// this label value (`''`: the nodes without the label); a manual hold
+    /// stays. Unset: close every window and end the manual hold.
+    #[arg(long, env = "NODE_HOLDER_RELEASE_GROUP", value_parser = parse_label_value)]
+    pub group: Option<String>,
+
     /// How long to wait for a running leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -327,6 +342,24 @@ pub struct HoldArgs {
     /// How long to wait for a running leader to put the hold on every node.
     #[arg(long, env = "NODE_HOLDER_HOLD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+}
+
+/// A label key, as `--window-per-label` takes it.
+fn parse_label_key(text: &str) -> Result<String, String> {
+    if is_qualified_name(text) {
+        Ok(text.to_string())
+    } else {
+        Err("not a label key: an optional DNS-subdomain prefix and `/`, then at most 63 letters, digits, `-`, `_` or `.`, beginning and ending with a letter or digit".to_string())
+    }
+}
+
+/// A label value, as `release --group` takes it.
+fn parse_label_value(text: &str) -> Result<String, String> {
+    if is_label_value(text) {
+        Ok(text.to_string())
+    } else {
+        Err("not a label value: at most 63 letters, digits, `-`, `_` or `.`, beginning and ending with a letter or digit (`''` for the nodes without the label)".to_string())
+    }
 }
 
 /// A manual hold's length: more than nothing, at most a year.
@@ -493,6 +526,7 @@ impl WindowArgs {
             max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
             mode: self.scope,
             release_pace: self.release_pace,
+            groups: Grouping::per_label(self.window_per_label.clone()),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! named as controller-runtime names its webhook metrics, so the dashboards
 //! operators already have fit.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -42,6 +44,21 @@ fn code_label(code: u16) -> CodeLabel {
 struct CodeLabel {
     code: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct GroupLabel {
+    group: String,
+}
+
+/// Groups (`--window-per-label`) with series of their own, at most; the
+/// others are summed up under [`OTHER_GROUPS`], so the series stay bounded
+/// whatever the label's values.
+pub const GROUP_SERIES: usize = 20;
+/// The group label of the groups past [`GROUP_SERIES`]. No label value can
+/// be it: a value starts with a letter or digit.
+pub const OTHER_GROUPS: &str = "_other";
+/// The group label of the nodes without the label.
+pub const NO_LABEL_GROUP: &str = "_none";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -115,6 +132,11 @@ pub struct WindowMetrics {
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
     pub reconcile: Histogram,
+    /// `--window-per-label`: each group's deadline and held nodes.
+    group_deadline: Family<GroupLabel, Gauge<f64, AtomicU64>>,
+    group_held_nodes: Family<GroupLabel, Gauge<i64, AtomicI64>>,
+    /// The groups shown now, so those gone are removed.
+    shown_groups: Arc<Mutex<BTreeSet<GroupLabel>>>,
 }
 
 impl WindowMetrics {
@@ -129,6 +151,9 @@ impl WindowMetrics {
             leader: Gauge::default(),
             // 1 ms .. ~65 s
             reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            group_deadline: Family::default(),
+            group_held_nodes: Family::default(),
+            shown_groups: Arc::default(),
         };
         for code in PATCH_ERROR_CODES {
             show_at_zero(&window.patch_errors, code_label(code));
@@ -168,7 +193,50 @@ impl WindowMetrics {
             "Duration of one pass of the hold window task",
             window.reconcile.clone(),
         );
+        window.register_groups(registry);
         window
+    }
+
+    /// The per-group metrics of `--window-per-label`.
+    fn register_groups(&self, registry: &mut Registry) {
+        registry.register(
+            "window_group_deadline_seconds",
+            "With --window-per-label: Unix time each group's window closes; 0 while closed",
+            self.group_deadline.clone(),
+        );
+        registry.register(
+            "window_group_held_nodes",
+            "With --window-per-label: nodes of each group carrying node-holder's hold",
+            self.group_held_nodes.clone(),
+        );
+    }
+
+    /// Shows each group's (name, deadline in Unix seconds, held nodes): the
+    /// first [`GROUP_SERIES`] by name with series of their own, the rest
+    /// summed up (latest deadline, total held) as [`OTHER_GROUPS`]. Groups
+    /// no longer given lose their series; none given clears them all.
+    pub fn show_groups(&self, groups: Vec<(String, f64, i64)>) {
+        let mut shown: BTreeMap<GroupLabel, (f64, i64)> = BTreeMap::new();
+        for (i, (group, deadline, held)) in groups.into_iter().enumerate() {
+            let group = match group.as_str() {
+                _ if i >= GROUP_SERIES => OTHER_GROUPS.to_string(),
+                "" => NO_LABEL_GROUP.to_string(),
+                _ => group,
+            };
+            let entry = shown.entry(GroupLabel { group }).or_insert((0.0, 0));
+            entry.0 = entry.0.max(deadline);
+            entry.1 = entry.1.saturating_add(held);
+        }
+        let mut before = self.shown_groups.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in before.iter().filter(|label| !shown.contains_key(label)) {
+            self.group_deadline.remove(gone);
+            self.group_held_nodes.remove(gone);
+        }
+        for (label, (deadline, held)) in &shown {
+            self.group_deadline.get_or_create(label).set(*deadline);
+            self.group_held_nodes.get_or_create(label).set(*held);
+        }
+        *before = shown.into_keys().collect();
     }
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).
@@ -252,5 +320,50 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_lines(metrics: &Metrics) -> Vec<String> {
+        let text = metrics.encode().unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("node_holder_window_group_held_nodes{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn group_series_are_bounded_and_gone_groups_lose_theirs() {
+        let metrics = Metrics::default();
+        let groups: Vec<(String, f64, i64)> = std::iter::once((String::new(), 0.0, 1))
+            .chain((0..30).map(|i| (format!("pool-{i:02}"), f64::from(i), 2)))
+            .collect();
+        metrics.window.show_groups(groups);
+        let lines = group_lines(&metrics);
+        assert_eq!(lines.len(), GROUP_SERIES + 1, "{lines:#?}");
+        assert!(
+            lines.contains(&r#"node_holder_window_group_held_nodes{group="_none"} 1"#.to_string())
+        );
+        // 31 groups: the unlabelled one and pool-00..18 have series, the 11
+        // others are summed up.
+        assert!(
+            lines
+                .contains(&r#"node_holder_window_group_held_nodes{group="_other"} 22"#.to_string())
+        );
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(r#"node_holder_window_group_deadline_seconds{group="_other"} 29.0"#),
+            "{text}"
+        );
+        metrics.window.show_groups(vec![("gpu".into(), 5.0, 3)]);
+        assert_eq!(
+            group_lines(&metrics),
+            [r#"node_holder_window_group_held_nodes{group="gpu"} 3"#]
+        );
+        metrics.window.show_groups(Vec::new());
+        assert!(group_lines(&metrics).is_empty());
     }
 }

@@ -2,12 +2,13 @@
 //! hold) and strips node-holder's holds, through the leader or, with none,
 //! by itself (see [`crate::request`]).
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use jiff::Timestamp;
 
 use crate::cli::ReleaseArgs;
 use crate::controller::Request;
-use crate::controller::record::{self, RecordStore};
+use crate::controller::record::{self, RecordStore, ReleaseRequest};
+use crate::core::groups;
 use crate::request::{self, Handled};
 use crate::status;
 
@@ -18,18 +19,27 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
     let store = RecordStore::new(client.clone(), namespace);
     let now = Timestamp::now();
     let before = status::read(&client, namespace, now).await?;
-    let requested = store.request_release(now).await?;
+    check_group(args, &before)?;
+    let request = ReleaseRequest {
+        at: now,
+        group: args.group.clone(),
+    };
+    store.request_release(&request).await?;
     println!(
-        "release requested at {requested}: window {}, {} node(s) carry node-holder's hold",
-        if before.open { "open" } else { "closed" },
+        "release requested at {now}{}: {}, {} node(s) carry node-holder's hold",
+        args.group.as_deref().map_or_else(String::new, |g| format!(
+            " for group {}",
+            groups::display(g)
+        )),
+        windows_text(&before, args.group.as_deref()),
         before.held_nodes.len()
     );
-    let done = move |meta: &_| record::release_done_at(meta).is_some_and(|done| done >= requested);
+    let done = move |meta: &_| record::release_done_at(meta).is_some_and(|done| done >= now);
     let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
     let handled = request::handle(
         &client,
         &args.request,
-        Request::Release(requested),
+        Request::Release(request),
         done,
         leader_alive,
         args.timeout,
@@ -59,4 +69,46 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--group` needs windows grouped by a label: as the last leader recorded,
+/// or, when none has run, as the flags say.
+fn check_group(args: &ReleaseArgs, status: &status::Status) -> Result<()> {
+    let grouped = match &status.settings {
+        Some(settings) => settings.window_per_label.is_some(),
+        None => args.request.window.window_per_label.is_some(),
+    };
+    if args.group.is_some() && !grouped {
+        bail!(
+            "--group needs windows grouped by a label (serve --window-per-label); the leader runs one window for every node: release without --group"
+        );
+    }
+    Ok(())
+}
+
+/// Which windows were open before the release: the one window, or how many
+/// groups' (the group's, with `--group`).
+fn windows_text(status: &status::Status, group: Option<&str>) -> String {
+    let state = |open: bool| if open { "open" } else { "closed" };
+    let grouped = status
+        .settings
+        .as_ref()
+        .is_some_and(|s| s.window_per_label.is_some());
+    match group {
+        None if !grouped => format!("window {}", state(status.open)),
+        None => {
+            let open = status.groups.iter().filter(|g| g.open).count() + usize::from(status.open);
+            format!("{open} group window(s) open")
+        }
+        Some(group) => {
+            let open = match status.groups.iter().find(|g| g.group == group) {
+                _ if group.is_empty() => status.open,
+                found => found.is_some_and(|g| g.open),
+            };
+            let manual = status.manual.as_ref().map_or_else(String::new, |m| {
+                format!("; the manual hold until {} holds it still", m.until)
+            });
+            format!("its window {}{manual}", state(open))
+        }
+    }
 }

@@ -44,6 +44,11 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
             "--release-pace paces the release of a closed window: it needs --scope cluster (in node scope each hold ends on its own)"
         );
     }
+    if args.window.window_per_label.is_some() && args.window.scope != Mode::Cluster {
+        bail!(
+            "--window-per-label groups the window of --scope cluster (in node scope each node has its own hold already)"
+        );
+    }
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
     }

@@ -6,14 +6,17 @@ use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{RecordStore, Settings};
+use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::{MARKED, held_keys};
 use crate::core::pace::Pacing;
-use crate::core::window::ManualHold;
+use crate::core::plan::labels;
+use crate::core::window::{ManualHold, Window, WindowConfig};
 
 /// Everything `status` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -46,6 +49,31 @@ pub struct Status {
     /// A paced release under way (`--release-pace`): since when, of how
     /// many held nodes.
     pub pacing: Option<Pacing>,
+    /// The group whose window the last release request closes (`release
+    /// --group`); `None`: every group's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_group: Option<String>,
+    /// With `--window-per-label`: the windows of the labelled groups (the
+    /// fields above are the unlabelled group's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupStatus>,
+}
+
+/// One labelled group's window.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    /// The label value.
+    pub group: String,
+    /// Held now, by its window or the manual hold.
+    pub open: bool,
+    pub opened_at: Option<Timestamp>,
+    pub deadline: Option<Timestamp>,
+    pub cap: Option<Timestamp>,
+    pub closed_through: Option<Timestamp>,
+    pub pacing: Option<Pacing>,
+    /// Its nodes that carry node-holder's hold.
+    pub held_nodes: usize,
 }
 
 /// A release that is not finished.
@@ -66,6 +94,10 @@ pub struct HeldNode {
     /// The hold keys node-holder added.
     pub holds: Vec<String>,
     pub created: Option<Timestamp>,
+    /// With `--window-per-label`: the group whose window it counts in (`""`:
+    /// the unlabelled group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Reads the status from the cluster.
@@ -78,37 +110,35 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .await
         .context("listing held nodes")?;
 
-    let open = record.window.open().copied();
-    let cap = match (&open, &record.settings) {
-        (Some(open), Some(settings)) => settings.window_config().cap(open.opened_at),
-        _ => None,
-    };
-    let mut held_nodes: Vec<HeldNode> = marked
-        .items
-        .into_iter()
-        .map(|node| HeldNode {
-            holds: held_keys(&node.metadata)
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
-            created: node.metadata.creation_timestamp.map(|t| t.0),
-            name: node.metadata.name.unwrap_or_default(),
-        })
-        .collect();
-    held_nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let manual = record
-        .window
+    let cfg = record.settings.as_ref().map(Settings::window_config);
+    let grouping = cfg
+        .as_ref()
+        .map(|cfg| cfg.groups.clone())
+        .unwrap_or_default();
+    let windows = &record.window;
+    let unlabelled = group_status(windows, UNLABELLED, cfg.as_ref(), now);
+    let held_nodes = held_nodes(marked.items, &grouping);
+    let manual = windows
         .manual()
         .filter(|manual| now < manual.until)
         .cloned();
     let manual_requested = record.pending_hold.filter(|hold| now < hold.until);
+    let groups = windows
+        .iter()
+        .filter(|&(group, _)| group != UNLABELLED)
+        .map(|(group, _)| group_status(windows, group, cfg.as_ref(), now))
+        .map(|group| group.counting(&held_nodes))
+        .collect();
+    let release_request = record.release_request.clone();
     let mut status = Status {
-        open: record.window.is_open(now),
-        opened_at: open.map(|o| o.opened_at),
-        deadline: record.window.deadline(),
-        cap,
-        closed_through: record.window.closed_through(),
-        release_requested_at: record.release_requested_at,
+        open: unlabelled.open,
+        opened_at: unlabelled.opened_at,
+        deadline: unlabelled.deadline,
+        cap: unlabelled.cap,
+        closed_through: unlabelled.closed_through,
+        release_requested_at: release_request.as_ref().map(|r| r.at),
+        release_group: release_request.and_then(|r| r.group),
+        groups,
         release_done_at: record.release_done_at,
         releasing_from: record.releasing,
         settings: record.settings,
@@ -118,11 +148,65 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         release: None,
         manual,
         manual_requested,
-        pacing: record.window.pacing().copied(),
+        pacing: unlabelled.pacing,
     };
     status.window_opening = window_opening(&status);
     status.release = release(&status);
     Ok(status)
+}
+
+/// The held nodes, by name, each with its group when windows are grouped.
+fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<HeldNode> {
+    let mut held: Vec<HeldNode> = marked
+        .into_iter()
+        .map(|node| HeldNode {
+            holds: held_keys(&node.metadata)
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            group: grouping
+                .key()
+                .map(|_| grouping.group_of(labels(&node.metadata)).to_string()),
+            created: node.metadata.creation_timestamp.map(|t| t.0),
+            name: node.metadata.name.unwrap_or_default(),
+        })
+        .collect();
+    held.sort_by(|a, b| a.name.cmp(&b.name));
+    held
+}
+
+impl GroupStatus {
+    /// With its held nodes counted, of `held`.
+    fn counting(mut self, held: &[HeldNode]) -> Self {
+        self.held_nodes = held
+            .iter()
+            .filter(|n| n.group.as_deref() == Some(self.group.as_str()))
+            .count();
+        self
+    }
+}
+
+/// One group's window as the record keeps it (its nodes not counted yet).
+fn group_status(
+    windows: &Windows,
+    group: &str,
+    cfg: Option<&WindowConfig>,
+    now: Timestamp,
+) -> GroupStatus {
+    let window = windows.window(group);
+    let open = window.and_then(Window::open).copied();
+    GroupStatus {
+        group: group.to_string(),
+        open: windows.holds(group, now),
+        opened_at: open.map(|o| o.opened_at),
+        deadline: windows.deadline(group),
+        cap: open
+            .zip(cfg)
+            .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
+        closed_through: window.and_then(Window::closed_through),
+        pacing: windows.pacing(group).copied(),
+        held_nodes: 0,
+    }
 }
 
 /// Whether a held node is newer than every window the record knows (after
@@ -156,8 +240,16 @@ fn release(status: &Status) -> Option<Release> {
     }
     let requested_at = status.release_requested_at?;
     let done = status.release_done_at.is_some_and(|d| d >= requested_at);
-    let handled = status.closed_through.is_some_and(|t| t >= requested_at);
-    let superseded = status.opened_at.is_some_and(|o| o > requested_at);
+    let (closed_through, opened_at) = match &status.release_group {
+        Some(group) => status
+            .groups
+            .iter()
+            .find(|g| &g.group == group)
+            .map_or((None, None), |g| (g.closed_through, g.opened_at)),
+        None => (status.closed_through, status.opened_at),
+    };
+    let handled = closed_through.is_some_and(|t| t >= requested_at);
+    let superseded = opened_at.is_some_and(|o| o > requested_at);
     (!done && !handled && !superseded).then_some(Release::Requested { requested_at })
 }
 
@@ -197,9 +289,16 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("{label:<13}{value}\n"));
     };
-    window_lines(&mut line, status, now);
+    if grouped_by(status).is_some() {
+        group_lines(&mut line, status, now);
+    } else {
+        window_lines(&mut line, status, now);
+    }
     manual_lines(&mut line, status, now);
-    if let Some(text) = pacing_text(status, now) {
+    let pacing = status
+        .pacing
+        .filter(|_| !status.open && grouped_by(status).is_none());
+    if let Some(text) = pacing_text(status.settings.as_ref(), pacing, now) {
         line("Pacing:", text);
     }
     match &status.release {
@@ -241,8 +340,12 @@ fn settings_text(status: &Status) -> String {
             });
             // The selector as the user wrote it: label values are
             // case-sensitive.
+            let per = s
+                .window_per_label
+                .as_ref()
+                .map_or_else(String::new, |key| format!(", one window per {key}"));
             format!(
-                "{} scope, {nodes}, hold {}, {cap}",
+                "{} scope, {nodes}, hold {}, {cap}{per}",
                 s.mode,
                 humantime::format_duration(s.hold_duration)
             )
@@ -296,10 +399,66 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
     }
 }
 
+/// The label whose values group windows, if they are grouped.
+fn grouped_by(status: &Status) -> Option<&str> {
+    status.settings.as_ref()?.window_per_label.as_deref()
+}
+
+/// With `--window-per-label`: the settings, then a table of the groups'
+/// windows, the unlabelled group's first.
+fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
+    line("Windows:", settings_text(status));
+    let unlabelled = GroupStatus {
+        group: UNLABELLED.to_string(),
+        open: status.open,
+        opened_at: status.opened_at,
+        deadline: status.deadline,
+        cap: status.cap,
+        closed_through: status.closed_through,
+        pacing: status.pacing,
+        held_nodes: status
+            .held_nodes
+            .iter()
+            .filter(|n| n.group.as_deref() == Some(UNLABELLED))
+            .count(),
+    };
+    let rows: Vec<&GroupStatus> = std::iter::once(&unlabelled).chain(&status.groups).collect();
+    let width = rows
+        .iter()
+        .map(|g| groups::display(&g.group).len())
+        .max()
+        .unwrap_or(0)
+        .max("GROUP".len());
+    line("", format!("{:<width$}  {:<5}  WINDOW", "GROUP", "HELD"));
+    for group in rows {
+        let window = match (group.open, group.deadline) {
+            (true, Some(deadline)) => {
+                format!("open until {deadline} ({})", relative(deadline, now))
+            }
+            _ => pacing_text(status.settings.as_ref(), group.pacing, now).map_or_else(
+                || "closed".to_string(),
+                |text| format!("closed, pacing {text}"),
+            ),
+        };
+        line(
+            "",
+            format!(
+                "{:<width$}  {:<5}  {window}",
+                groups::display(&group.group),
+                group.held_nodes
+            ),
+        );
+    }
+}
+
 /// A paced release under way, while holds remain to come off.
-fn pacing_text(status: &Status, now: Timestamp) -> Option<String> {
-    let pacing = status.pacing.filter(|_| !status.open)?;
-    let pace = status.settings.as_ref()?.release_pace?;
+fn pacing_text(
+    settings: Option<&Settings>,
+    pacing: Option<Pacing>,
+    now: Timestamp,
+) -> Option<String> {
+    let pacing = pacing?;
+    let pace = settings?.release_pace?;
     let (keep, next) = pace.still_held(&pacing, now);
     let next = next?;
     Some(format!(
@@ -413,6 +572,7 @@ mod tests {
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
             release_pace: None,
+            window_per_label: None,
         }
     }
 
@@ -433,6 +593,8 @@ mod tests {
             manual: None,
             manual_requested: None,
             pacing: None,
+            release_group: None,
+            groups: Vec::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -441,11 +603,13 @@ mod tests {
             }),
             held_nodes: vec![
                 HeldNode {
+                    group: None,
                     name: "ip-10-0-1-7".into(),
                     holds: vec!["karpenter.sh/do-not-disrupt".into()],
                     created: Some(at("2026-11-22T12:04:30Z")),
                 },
                 HeldNode {
+                    group: None,
                     name: "n2".into(),
                     holds: vec![],
                     created: None,
@@ -486,6 +650,8 @@ mod tests {
             manual: None,
             manual_requested: None,
             pacing: None,
+            release_group: None,
+            groups: Vec::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -572,11 +738,14 @@ mod tests {
             manual: None,
             manual_requested: None,
             pacing: None,
+            release_group: None,
+            groups: Vec::new(),
         }
     }
 
     fn held(name: &str, created: &str) -> HeldNode {
         HeldNode {
+            group: None,
             name: name.into(),
             holds: vec!["karpenter.sh/do-not-disrupt".into()],
             created: Some(at(created)),
@@ -674,5 +843,60 @@ mod tests {
         ] {
             assert_eq!(thousands(n), text);
         }
+    }
+
+    #[test]
+    fn grouped_windows_read_as_a_table_of_groups() {
+        let now = at("2026-11-22T12:10:00Z");
+        let mut status = closed("2026-11-22T10:00:00Z");
+        let settings = status.settings.as_mut().unwrap();
+        settings.window_per_label = Some("karpenter.sh/nodepool".into());
+        settings.release_pace = Some("1/1m".parse().unwrap());
+        let mut gpu = held("gpu-1", "2026-11-22T12:05:00Z");
+        gpu.group = Some("gpu".into());
+        let mut plain = held("plain", "2026-11-22T09:00:00Z");
+        plain.group = Some(String::new());
+        status.held_nodes = vec![gpu, plain];
+        status.groups = vec![
+            GroupStatus {
+                group: "general-purpose".into(),
+                open: false,
+                opened_at: None,
+                deadline: None,
+                cap: None,
+                closed_through: Some(at("2026-11-22T11:00:00Z")),
+                pacing: Some(Pacing {
+                    since: at("2026-11-22T12:09:30Z"),
+                    of: 3,
+                }),
+                held_nodes: 0,
+            },
+            GroupStatus {
+                group: "gpu".into(),
+                open: true,
+                opened_at: Some(at("2026-11-22T12:05:00Z")),
+                deadline: Some(at("2026-11-22T12:25:00Z")),
+                cap: None,
+                closed_through: None,
+                pacing: None,
+                held_nodes: 1,
+            },
+        ];
+        let text = render_text(&status, now);
+        assert!(
+            text.starts_with(
+                "Windows:     cluster scope, all nodes, hold 20m, max 2h, one window per karpenter.sh/nodepool\n\
+                 \x20            GROUP            HELD   WINDOW\n\
+                 \x20            (no label)       1      closed\n\
+                 \x20            general-purpose  0      closed, pacing 1/1m since 2026-11-22T12:09:30Z (3 node(s) at the start): 2 keep their hold, the next step in 30s\n\
+                 \x20            gpu              1      open until 2026-11-22T12:25:00Z (in 15m)\n\
+                 Leader:"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["groups"][1]["group"], "gpu");
+        assert_eq!(json["groups"][1]["heldNodes"], 1);
+        assert_eq!(json["heldNodes"][0]["group"], "gpu");
     }
 }

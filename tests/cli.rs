@@ -239,6 +239,18 @@ fn hold_refuses_a_hold_without_an_end_or_a_reason() {
     }
 }
 
+/// `release --group` takes a label value (or `''` for the nodes without
+/// the label), nothing else.
+#[test]
+fn release_refuses_a_group_that_is_no_label_value() {
+    for group in ["-gpu", "gpu pool", &"a".repeat(64)] {
+        let out = node_holder(&["release", &format!("--group={group}")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{group}: {stderr}");
+        assert!(stderr.contains("not a label value"), "{group}: {stderr}");
+    }
+}
+
 #[test]
 fn the_configuration_reference_matches_the_cli() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");

@@ -295,6 +295,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/config/releasePace': 'fast' does not match pattern",
         ),
         (
+            vec!["--set=config.windowPerLabel=karpenter.sh/"],
+            "at '/config/windowPerLabel': 'karpenter.sh/' does not match pattern",
+        ),
+        (
             vec!["--set=replicaCount=two"],
             "at '/replicaCount': got string, want integer",
         ),
@@ -348,6 +352,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
         "--set=config.releasePace=10%/1m",
+        "--set=config.windowPerLabel=karpenter.sh/nodepool",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -361,6 +366,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "a.example.com/keep=please,example.com/hold=yes"
     );
     assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
+    assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
@@ -405,6 +411,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert!(!env.contains_key("NODE_HOLDER_HOLD_PRESETS"));
     assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
     assert!(!env.contains_key("NODE_HOLDER_RELEASE_PACE"));
+    assert!(!env.contains_key("NODE_HOLDER_WINDOW_PER_LABEL"));
 
     let deployment = one(&objects, "Deployment");
     let pod = &deployment["spec"]["template"]["spec"];

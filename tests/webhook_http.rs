@@ -722,6 +722,8 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
     for (pace, said) in [
         ("--release-pace=fast", "expected nodes/interval"),
         ("--release-pace=0%/1m", "a percentage from 1% to 100%"),
+        ("--window-per-label=karpenter.sh/", "not a label key"),
+        ("--window-per-label=-pool", "not a label key"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"))
             .args(["serve", pace])
@@ -737,4 +739,13 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
     ];
     let stderr = common::refused_start(&cert, &key, &extra);
     assert!(stderr.contains("it needs --scope cluster"), "{stderr}");
+    let extra = [
+        "--window-per-label=karpenter.sh/nodepool".to_string(),
+        "--scope=node".to_string(),
+    ];
+    let stderr = common::refused_start(&cert, &key, &extra);
+    assert!(
+        stderr.contains("--window-per-label groups the window of --scope cluster"),
+        "{stderr}"
+    );
 }

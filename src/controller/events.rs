@@ -88,7 +88,10 @@ impl Regarding {
 }
 
 fn until(deadline: Option<Timestamp>) -> String {
-    deadline.map_or_else(|| "for its own hold".to_string(), |d| format!("until {d}"))
+    deadline.map_or_else(
+        || "while a paced release keeps it".to_string(),
+        |d| format!("until {d}"),
+    )
 }
 
 impl HoldEvent {
@@ -116,7 +119,7 @@ impl HoldEvent {
     }
 
     /// node-holder put its hold on the node.
-    pub fn held(patch: &NodePatch, deadline: Option<Timestamp>) -> Self {
+    pub fn held(patch: &NodePatch) -> Self {
         HoldEvent {
             regarding: Regarding::node(&patch.name, patch.uid.as_ref()),
             reason: "HoldApplied",
@@ -124,7 +127,7 @@ impl HoldEvent {
             note: format!(
                 "node-holder added {} {}",
                 patch.keys.join(", "),
-                until(deadline)
+                until(patch.until)
             ),
         }
     }

@@ -28,6 +28,7 @@ use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
 use crate::core::pace::Pacing;
@@ -38,7 +39,7 @@ use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
 use events::{EventSink, HoldEvent};
 use patcher::{PatchResult, Patcher};
-use record::{RecordStore, Settings};
+use record::{RecordStore, ReleaseRequest, Settings};
 
 /// Everything the window task runs with.
 #[derive(Debug, Clone)]
@@ -64,6 +65,7 @@ impl Config {
             holds: self.policy.holds.iter().map(ToString::to_string).collect(),
             node_selector: self.policy.scope.text().to_string(),
             release_pace: self.window.release_pace,
+            window_per_label: self.window.groups.key().map(str::to_string),
         }
     }
 }
@@ -151,6 +153,7 @@ async fn lead_while_leader(
     metrics.leader.set(0);
     metrics.deadline.set(0.0);
     metrics.held_nodes.set(0);
+    metrics.show_groups(Vec::new());
     Ok(outcome)
 }
 
@@ -175,8 +178,9 @@ const ONCE_ATTEMPTS: u32 = 5;
 /// What an operator asks of the window through the record.
 #[derive(Debug, Clone)]
 pub enum Request {
-    /// `release`: close the window now (and end a manual hold).
-    Release(Timestamp),
+    /// `release`: close the windows now (and end a manual hold), or one
+    /// group's window.
+    Release(ReleaseRequest),
     /// `hold`: hold every node in scope until the hold's end.
     Hold(ManualHold),
 }
@@ -199,8 +203,8 @@ pub async fn handle_once(
     task.restore(record);
     match request {
         Request::Release(requested) => {
+            task.release_unconfirmed = Some(requested.at);
             task.release_request = Some(requested);
-            task.release_unconfirmed = Some(requested);
         }
         Request::Hold(hold) => {
             task.hold_unconfirmed = Some(hold.requested_at);
@@ -208,7 +212,7 @@ pub async fn handle_once(
         }
     }
     for attempt in 1..=ONCE_ATTEMPTS {
-        let nodes = list_nodes(&task.client, &task.config.policy).await?;
+        let nodes = list_nodes(&task.client, &task.config).await?;
         task.pass(&nodes).await?;
         if task.failures == 0 {
             break;
@@ -231,8 +235,9 @@ pub async fn handle_once(
 /// store like the watch's.
 async fn list_nodes(
     client: &kube::Client,
-    policy: &HoldPolicy,
+    config: &Config,
 ) -> Result<Store<PartialObjectMeta<Node>>> {
+    let policy = &config.policy;
     let api: Api<Node> = Api::all(client.clone());
     let listed = api
         .list_metadata(&kube::api::ListParams::default())
@@ -241,7 +246,12 @@ async fn list_nodes(
     let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
     writer.apply_watcher_event(&Event::Init);
     for mut node in listed.items {
-        keep_what_patches_read(&mut node.metadata, &policy.holds, &policy.scope);
+        keep_what_patches_read(
+            &mut node.metadata,
+            &policy.holds,
+            &policy.scope,
+            &config.window.groups,
+        );
         writer.apply_watcher_event(&Event::InitApply(node));
     }
     writer.apply_watcher_event(&Event::InitDone);
@@ -280,8 +290,8 @@ fn watch_backoff() -> watcher::ExponentialBackoff {
 /// After any watch error (the API server gone, `410 Gone`, a failed list)
 /// the store is marked broken and the watch starts over with a fresh list:
 /// only a complete list proves no node was missed while it was down.
-fn watch_nodes(client: kube::Client, policy: &HoldPolicy) -> NodeWatch {
-    let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
+fn watch_nodes(client: kube::Client, policy: &HoldPolicy, groups: &Grouping) -> NodeWatch {
+    let (holds, scope, groups) = (policy.holds.clone(), policy.scope.clone(), groups.clone());
     let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
     // Metadata only: ~1 KB a node on the wire instead of ~25 KB for a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
@@ -290,9 +300,11 @@ fn watch_nodes(client: kube::Client, policy: &HoldPolicy) -> NodeWatch {
     let task = tokio::spawn(async move {
         let mut backoff = watch_backoff();
         loop {
-            let (holds, scope) = (holds.clone(), scope.clone());
-            let stream = watcher::watcher(api.clone(), watcher::Config::default())
-                .modify(move |node| keep_what_patches_read(&mut node.metadata, &holds, &scope));
+            let (holds, scope, groups) = (holds.clone(), scope.clone(), groups.clone());
+            let stream =
+                watcher::watcher(api.clone(), watcher::Config::default()).modify(move |node| {
+                    keep_what_patches_read(&mut node.metadata, &holds, &scope, &groups)
+                });
             futures::pin_mut!(stream);
             let error = loop {
                 match stream.next().await {
@@ -370,6 +382,15 @@ struct NodeWatch {
     _task: AbortOnDropHandle<()>,
 }
 
+/// A node in scope, as one pass reads it.
+struct InScope<'a> {
+    meta: &'a ObjectMeta,
+    name: &'a str,
+    created: Timestamp,
+    /// The group whose window it counts in.
+    group: &'a str,
+}
+
 /// The leader's state between passes.
 struct WindowTask {
     client: kube::Client,
@@ -378,11 +399,11 @@ struct WindowTask {
     events: EventSink,
     store: RecordStore,
     patcher: Patcher,
-    /// The window as last saved.
-    saved: Option<Window>,
-    window: Window,
+    /// The windows as last saved.
+    saved: Option<Windows>,
+    windows: Windows,
     /// A release request not handled yet.
-    release_request: Option<Timestamp>,
+    release_request: Option<ReleaseRequest>,
     /// A release request handled but not yet recorded as done: some of its
     /// holds may still be on.
     release_unconfirmed: Option<Timestamp>,
@@ -431,25 +452,65 @@ async fn record_releasing(store: &RecordStore, total: usize) -> bool {
 /// The plan for `snapshot` at `now`: the window's, with what a paced
 /// release keeps held.
 fn planner<'a>(
-    window: &'a Window,
+    windows: &'a Windows,
     config: &'a Config,
     snapshot: &'a [Arc<PartialObjectMeta<Node>>],
     now: Timestamp,
 ) -> Planner<'a> {
     let (cfg, scope) = (&config.window, &config.policy.scope);
     Planner {
-        window,
+        windows,
         cfg,
         scope,
         holds: &config.policy.holds,
         now,
         paced: paced_keep(
-            window,
+            windows,
             cfg,
             scope,
             now,
             snapshot.iter().map(|n| &n.metadata),
         ),
+    }
+}
+
+/// Unix seconds of `at`; 0 for none (what the deadline gauges show).
+fn seconds(at: Option<Timestamp>) -> f64 {
+    at.map_or(0.0, |at| at.as_millisecond() as f64 / 1000.0)
+}
+
+/// Each group's held nodes once a pass's patches land, for the group
+/// metrics.
+#[derive(Default)]
+struct GroupGauges {
+    held: std::collections::BTreeMap<String, i64>,
+}
+
+impl GroupGauges {
+    fn count(&mut self, groups: &Grouping, meta: &ObjectMeta, held: bool) {
+        if groups.key().is_none() {
+            return;
+        }
+        let count = self
+            .held
+            .entry(groups.group_of(labels(meta)).to_string())
+            .or_default();
+        *count += i64::from(held);
+    }
+
+    /// Every group's (deadline in Unix seconds, held nodes), the groups
+    /// with a window and those with nodes.
+    fn finish(mut self, windows: &Windows) -> Vec<(String, f64, i64)> {
+        for (group, _) in windows.iter() {
+            self.held.entry(group.to_string()).or_default();
+        }
+        self.held
+            .into_iter()
+            .map(|(group, held)| {
+                let deadline = seconds(windows.deadline(&group));
+                (group, deadline, held)
+            })
+            .collect()
     }
 }
 
@@ -474,7 +535,7 @@ impl WindowTask {
             metrics,
             events,
             saved: None,
-            window: Window::default(),
+            windows: Windows::default(),
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
@@ -494,7 +555,11 @@ impl WindowTask {
             store: nodes,
             mut feed,
             _task,
-        } = watch_nodes(self.client.clone(), &self.config.policy);
+        } = watch_nodes(
+            self.client.clone(),
+            &self.config.policy,
+            &self.config.window.groups,
+        );
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
 
@@ -539,18 +604,19 @@ impl WindowTask {
     /// Takes up the window where the record left it: the window, a release
     /// request not yet handled, and one handled but not recorded as done.
     fn restore(&mut self, record: record::Record) {
-        self.window = record.window.clone();
+        self.windows = record.window.clone();
         self.saved = record.exists.then_some(record.window);
-        self.release_request = record.release_requested_at.filter(|&at| {
-            self.window
-                .closed_through()
-                .is_none_or(|through| through < at)
-        });
+        let done = record.release_done_at;
+        self.release_request = record
+            .release_request
+            .clone()
+            .filter(|request| self.is_new_release(request, done));
         // A release the last leader handled but did not finish is finished
         // (and recorded as done) by this one.
         self.release_unconfirmed = record
-            .release_requested_at
-            .filter(|&at| record.release_done_at.is_none_or(|done| done < at));
+            .release_request
+            .map(|request| request.at)
+            .filter(|&at| done.is_none_or(|done| done < at));
         self.releasing = record.releasing.is_some();
         // A manual hold not recorded as done is handled (again: handling it
         // twice changes nothing) and recorded.
@@ -582,7 +648,7 @@ impl WindowTask {
         let release = self.release_request.take();
         let hold = self.hold_request.take();
         let release_first = match (&release, &hold) {
-            (Some(release), Some(hold)) => *release < hold.requested_at,
+            (Some(release), Some(hold)) => release.at < hold.requested_at,
             _ => true,
         };
         if release_first {
@@ -594,10 +660,10 @@ impl WindowTask {
         }
     }
 
-    fn apply_release(&mut self, requested: Option<Timestamp>, now: Timestamp) {
-        if let Some(at) = requested {
-            let was_open = self.window.release_now(at.min(now));
-            tracing::info!(requested_at = %at, was_open, "hold window released on request");
+    fn apply_release(&mut self, requested: Option<ReleaseRequest>, now: Timestamp) {
+        if let Some(ReleaseRequest { at, group }) = requested {
+            let was_open = self.windows.release_now(at.min(now), group.as_deref());
+            tracing::info!(requested_at = %at, group, was_open, "hold window released on request");
         }
     }
 
@@ -606,7 +672,7 @@ impl WindowTask {
     fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
         let Some(hold) = hold else { return };
         if self
-            .window
+            .windows
             .manual()
             .is_some_and(|m| m.requested_at == hold.requested_at)
         {
@@ -614,7 +680,7 @@ impl WindowTask {
             // record as done: only the nodes and the record remain to do.
             return;
         }
-        let outcome = self.window.hold_manually(hold.clone(), now);
+        let outcome = self.windows.hold_manually(hold.clone(), now);
         tracing::info!(
             requested_at = %hold.requested_at,
             until = %hold.until,
@@ -623,7 +689,7 @@ impl WindowTask {
             outcome = ?outcome,
             "manual hold"
         );
-        let current = self.window.manual().cloned();
+        let current = self.windows.manual().cloned();
         self.events.send(HoldEvent::manual(
             &self.config.namespace,
             &hold,
@@ -635,20 +701,29 @@ impl WindowTask {
     /// Whether the record, as changed, carries a release request this leader
     /// has not taken yet; takes it.
     fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
-        let Some(at) = record::release_requested_at(meta) else {
+        let Some(request) = record::release_request(meta) else {
             return false;
         };
-        let new = self
-            .window
-            .closed_through()
-            .is_none_or(|through| through < at)
-            && self.release_request != Some(at);
+        let new = self.is_new_release(&request, record::release_done_at(meta))
+            && self.release_request.as_ref() != Some(&request);
         if new {
-            tracing::info!(requested_at = %at, "release requested");
-            self.release_request = Some(at);
-            self.release_unconfirmed = Some(at);
+            tracing::info!(requested_at = %request.at, group = request.group, "release requested");
+            self.release_unconfirmed = Some(request.at);
+            self.release_request = Some(request);
         }
         new
+    }
+
+    /// Whether a release request is still to be handled: not recorded as
+    /// done, and made after what its window last consumed.
+    fn is_new_release(&self, request: &ReleaseRequest, done: Option<Timestamp>) -> bool {
+        let group = request.group.as_deref().unwrap_or(UNLABELLED);
+        let consumed = self
+            .windows
+            .window(group)
+            .and_then(Window::closed_through)
+            .is_some_and(|through| through >= request.at);
+        !consumed && done.is_none_or(|done| done < request.at)
     }
 
     /// One pass, timed; returns when the next must run at the latest (a
@@ -693,74 +768,126 @@ impl WindowTask {
         self.converge(&snapshot, now).await
     }
 
-    /// Moves the window forward with the nodes in scope, and says what it
-    /// did: a log line for each node that opens or extends it, an Event for
-    /// each new node of the window (once per leader), a line when it closes.
+    /// Moves the windows forward with the nodes in scope, and says what they
+    /// did: a log line for each node that opens or extends one, an Event for
+    /// each new node of an open window (once per leader), a line when one
+    /// closes.
     fn observe(&mut self, snapshot: &[Arc<PartialObjectMeta<Node>>], now: Timestamp) {
         let cfg = &self.config.window.clone();
-        let in_scope: Vec<(&ObjectMeta, &str, Timestamp)> = snapshot
+        let in_scope: Vec<InScope> = snapshot
             .iter()
             .map(|node| &node.metadata)
             .filter(|meta| self.config.policy.scope.matches(labels(meta)))
-            .filter_map(|meta| identity(meta).map(|(name, created)| (meta, name, created)))
+            .filter_map(|meta| {
+                let (name, created) = identity(meta)?;
+                let group = cfg.groups.group_of(labels(meta));
+                Some(InScope {
+                    meta,
+                    name,
+                    created,
+                    group,
+                })
+            })
             .collect();
-        let was_open = self.window.open().is_some();
-        let (was_held, held_until) = (self.window.is_held(), self.window.deadline());
-        let observed =
-            self.window
-                .observe_all(in_scope.iter().map(|&(_, _, created)| created), now, cfg);
-        if was_held && !self.window.is_held() {
-            let marked = in_scope
+        let open_before = self.open_groups();
+        let (observed, ended) =
+            self.windows
+                .observe_all(in_scope.iter().map(|n| (n.group, n.created)), now, cfg);
+        for ended in ended {
+            let held = in_scope
                 .iter()
-                .filter(|&&(meta, _, _)| is_marked(meta))
+                .filter(|n| n.group == ended.group && is_marked(n.meta))
                 .count();
-            self.pace_release(held_until.map_or(now, |until| until.min(now)), marked);
+            self.pace_release(&ended.group, ended.since, held);
         }
-        for (&(meta, name, created), observed) in in_scope.iter().zip(observed) {
-            let until = self.window.held_until(created, now, cfg);
-            if matches!(observed, Observed::Opened | Observed::Extended) {
-                tracing::info!(
-                    node = %name,
-                    created = %created,
-                    deadline = %until.map_or_else(String::new, |d| d.to_string()),
-                    "hold window {}", observed.label()
-                );
-            }
-            let new_in_window = match cfg.mode {
-                Mode::Cluster => self
-                    .window
-                    .open()
-                    .is_some_and(|open| created >= open.opened_at),
-                Mode::Node => until.is_some(),
-            };
-            if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
-                self.announce(meta, name, created, observed, until);
-            }
+        for (node, observed) in in_scope.iter().zip(observed) {
+            self.observed(node, observed, now);
         }
-        if self.window.open().is_none() {
-            self.announced.clear();
-            if was_open {
-                tracing::info!(
-                    closed_through = %self.window.closed_through().map_or_else(String::new, |t| t.to_string()),
-                    "hold window closed"
-                );
-            }
+        self.log_closed(open_before);
+    }
+
+    /// The groups whose window is open (ended or not).
+    fn open_groups(&self) -> Vec<String> {
+        self.windows
+            .iter()
+            .filter(|(_, w)| w.open().is_some())
+            .map(|(group, _)| group.to_string())
+            .collect()
+    }
+
+    /// What one node in scope did to its window: the log line of a node that
+    /// opened or extended it, the Event of a node new in an open window.
+    fn observed(&mut self, node: &InScope, observed: Observed, now: Timestamp) {
+        let cfg = &self.config.window;
+        let until = self.windows.held_until(node.group, node.created, now, cfg);
+        let group = self.group_field(node.group);
+        if matches!(observed, Observed::Opened | Observed::Extended) {
+            tracing::info!(
+                node = %node.name,
+                group,
+                created = %node.created,
+                deadline = %until.map_or_else(String::new, |d| d.to_string()),
+                "hold window {}", observed.label()
+            );
+        }
+        let new_in_window = match cfg.mode {
+            Mode::Cluster => self
+                .windows
+                .window(node.group)
+                .and_then(Window::open)
+                .is_some_and(|open| node.created >= open.opened_at),
+            Mode::Node => until.is_some(),
+        };
+        if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
+            self.announce(node.meta, node.name, node.created, observed, until);
         }
     }
 
-    /// A window (or manual hold) that closed by itself lets its `held` nodes
-    /// go at `--release-pace` from `since`, its end, when a pace is set
-    /// (`cluster` scope only).
-    fn pace_release(&mut self, since: Timestamp, held: usize) {
+    /// The log lines of the windows that closed at this pass.
+    fn log_closed(&mut self, open_before: Vec<String>) {
+        for group in open_before {
+            let Some(w) = self.windows.window(&group).filter(|w| w.open().is_none()) else {
+                continue;
+            };
+            tracing::info!(
+                group = self.group_field(&group),
+                closed_through = %w.closed_through().map_or_else(String::new, |t| t.to_string()),
+                "hold window closed"
+            );
+        }
+        if self.open_groups().is_empty() {
+            self.announced.clear();
+        }
+    }
+
+    /// A group as a log field: only when windows are grouped.
+    fn group_field<'g>(&self, group: &'g str) -> Option<&'g str> {
+        self.config
+            .window
+            .groups
+            .key()
+            .map(|_| groups::display(group))
+    }
+
+    /// A group's window (or the manual hold) that closed by itself lets its
+    /// `held` nodes go at `--release-pace` from `since`, its end, when a pace
+    /// is set (`cluster` scope only).
+    fn pace_release(&mut self, group: &str, since: Timestamp, held: usize) {
         let cfg = &self.config.window;
         let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
             return;
         };
-        tracing::info!(%since, nodes = held, pace = %pace, "paced release starts");
-        self.window.start_pacing(Pacing {
-            since,
-            of: u64::try_from(held).unwrap_or(u64::MAX),
-        });
+        if held == 0 {
+            return;
+        }
+        tracing::info!(group = self.group_field(group), %since, nodes = held, pace = %pace, "paced release starts");
+        self.windows.start_pacing(
+            group,
+            Pacing {
+                since,
+                of: u64::try_from(held).unwrap_or(u64::MAX),
+            },
+        );
     }
 
     /// The Event that says why a new node is held, once per node and leader.
@@ -779,20 +906,18 @@ impl WindowTask {
         }
     }
 
-    /// Saves the window if it changed since last saved, and shows its
-    /// deadline in the metrics.
+    /// Saves the windows if they changed since last saved, and shows the
+    /// latest deadline in the metrics.
     async fn save_record(&mut self) -> Result<()> {
-        if self.saved.as_ref() != Some(&self.window) {
+        if self.saved.as_ref() != Some(&self.windows) {
             self.store
-                .save(&self.window, &self.config.settings())
+                .save(&self.windows, &self.config.settings())
                 .await?;
-            self.saved = Some(self.window.clone());
+            self.saved = Some(self.windows.clone());
         }
-        self.metrics.deadline.set(
-            self.window
-                .deadline()
-                .map_or(0.0, |deadline| deadline.as_millisecond() as f64 / 1000.0),
-        );
+        self.metrics
+            .deadline
+            .set(seconds(self.windows.latest_deadline()));
         Ok(())
     }
 
@@ -804,18 +929,22 @@ impl WindowTask {
         now: Timestamp,
     ) -> Result<PassOutcome> {
         let cfg = &self.config.window;
-        let planner = planner(&self.window, &self.config, snapshot, now);
+        let planner = &planner(&self.windows, &self.config, snapshot, now);
         let metas = || snapshot.iter().map(|node| &node.metadata);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
         let (mut hold, mut release) = (Vec::new(), Vec::new());
+        let mut groups = GroupGauges::default();
         for (i, meta) in metas().enumerate() {
-            match planner.node(meta).map(|(action, _)| action) {
+            let action = planner.node(meta).map(|(action, _)| action);
+            match action {
                 Some(Action::Hold) => hold.push(i),
                 Some(Action::Release) => release.push(i),
                 None => {}
             }
+            let held_after = action == Some(Action::Hold) || (is_marked(meta) && action.is_none());
+            groups.count(&self.config.window.groups, meta, held_after);
         }
         let patches = |indices: Vec<usize>| {
             indices
@@ -828,7 +957,7 @@ impl WindowTask {
         let (hold_total, release_total) = (hold.len(), release.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
         // A paced release shows its own progress (`pacing` in the record).
-        if release_total > 0 && cfg.mode == Mode::Cluster && self.window.pacing().is_none() {
+        if release_total > 0 && cfg.mode == Mode::Cluster && !self.windows.is_pacing() {
             self.releasing |= record_releasing(&self.store, release_total).await;
         }
         let (released, release_failures) = self
@@ -841,6 +970,9 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
+        if self.config.window.groups.key().is_some() {
+            self.metrics.show_groups(groups.finish(&self.windows));
+        }
         Ok(PassOutcome {
             wake: self.wake(hold_failures + release_failures, wake_at, now),
         })
@@ -917,12 +1049,6 @@ impl WindowTask {
         let action_label = action.label();
         tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
-        // In `node` scope each node's hold ends at its own time, unless a
-        // manual hold holds them all.
-        let deadline = match self.config.window.mode {
-            Mode::Cluster => self.window.deadline(),
-            Mode::Node => self.window.manual().map(|manual| manual.until),
-        };
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
         let results = self.patcher.apply(patches, total);
         futures::pin_mut!(results);
@@ -932,7 +1058,7 @@ impl WindowTask {
                 PatchResult::Applied if action == Action::Hold => {
                     applied += 1;
                     self.metrics.holds_applied.inc();
-                    self.events.send(HoldEvent::held(&patch, deadline));
+                    self.events.send(HoldEvent::held(&patch));
                     self.note(action, &patch);
                 }
                 PatchResult::Applied => {

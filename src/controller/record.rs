@@ -12,11 +12,12 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
+use crate::core::groups::{Grouping, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
-use crate::core::window::{ManualHold, Mode, Window, WindowConfig};
+use crate::core::window::{ManualHold, Mode, WindowConfig};
 
 /// Name of the record's ConfigMap (and of the Lease beside it, see
 /// [`super::lease`]).
@@ -35,6 +36,20 @@ const SETTINGS_KEY: &str = "settings.json";
 /// the RFC 3339 time of the request.
 pub fn release_request_annotation() -> String {
     format!("{PREFIX}/release-requested-at")
+}
+
+/// Annotation that `release --group VALUE` sets beside its request: the
+/// group whose window closes. Absent: every group's, and the manual hold.
+pub fn release_group_annotation() -> String {
+    format!("{PREFIX}/release-group")
+}
+
+/// A `release` request: when it was made, and the group whose window it
+/// closes (`None`: every group's, and the manual hold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    pub at: Timestamp,
+    pub group: Option<String>,
 }
 
 /// Annotation the leader (or `release` running without one) sets once a
@@ -84,15 +99,18 @@ pub struct Settings {
     /// `--release-pace`; absent: all at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_pace: Option<Pace>,
+    /// `--window-per-label`; absent: one window for every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_per_label: Option<String>,
 }
 
 /// What the record's ConfigMap holds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
-    pub window: Window,
+    pub window: Windows,
     pub settings: Option<Settings>,
-    /// When `release` last asked for the window to close.
-    pub release_requested_at: Option<Timestamp>,
+    /// What `release` last asked for.
+    pub release_request: Option<ReleaseRequest>,
     /// The last release request that is done.
     pub release_done_at: Option<Timestamp>,
     /// Nodes the release in progress started with; `None` when none is.
@@ -132,7 +150,7 @@ impl RecordStore {
     /// Writes the window and settings (creating the ConfigMap if needed).
     /// Only the leader calls this: a merge patch of `data` leaves the release
     /// annotation alone.
-    pub async fn save(&self, window: &Window, settings: &Settings) -> Result<()> {
+    pub async fn save(&self, window: &Windows, settings: &Settings) -> Result<()> {
         let data = BTreeMap::from([
             (
                 WINDOW_KEY.to_string(),
@@ -157,21 +175,24 @@ impl RecordStore {
         .await
     }
 
-    /// Asks the leader to close the window now; returns the request's time.
-    pub async fn request_release(&self, now: Timestamp) -> Result<Timestamp> {
+    /// Asks the leader to close the window now: every group's, or one
+    /// group's. (Applied without a group, the group annotation of an earlier
+    /// request goes: the field manager no longer sets it.)
+    pub async fn request_release(&self, request: &ReleaseRequest) -> Result<()> {
+        let mut annotations =
+            BTreeMap::from([(release_request_annotation(), request.at.to_string())]);
+        if let Some(group) = &request.group {
+            annotations.insert(release_group_annotation(), group.clone());
+        }
         self.apply(
             RELEASE_FIELD_MANAGER,
             ObjectMeta {
-                annotations: Some(BTreeMap::from([(
-                    release_request_annotation(),
-                    now.to_string(),
-                )])),
+                annotations: Some(annotations),
                 ..ObjectMeta::default()
             },
             None,
         )
-        .await?;
-        Ok(now)
+        .await
     }
 
     /// Asks the leader for a manual hold.
@@ -267,7 +288,7 @@ impl Record {
         let window = match data.get(WINDOW_KEY) {
             Some(text) => serde_json::from_str(text)
                 .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
-            None => Window::default(),
+            None => Windows::default(),
         };
         let settings = match data.get(SETTINGS_KEY) {
             Some(text) => Some(serde_json::from_str(text).with_context(|| {
@@ -278,7 +299,7 @@ impl Record {
         Ok(Record {
             window,
             settings,
-            release_requested_at: release_requested_at(&config_map.metadata),
+            release_request: release_request(&config_map.metadata),
             release_done_at: release_done_at(&config_map.metadata),
             releasing: annotation(&config_map.metadata, &releasing_annotation())
                 .and_then(|n| n.parse().ok()),
@@ -289,10 +310,13 @@ impl Record {
 }
 
 /// The release request in `meta`'s annotations, if any and well-formed.
-pub fn release_requested_at(meta: &ObjectMeta) -> Option<Timestamp> {
-    annotation(meta, &release_request_annotation())?
-        .parse()
-        .ok()
+pub fn release_request(meta: &ObjectMeta) -> Option<ReleaseRequest> {
+    Some(ReleaseRequest {
+        at: annotation(meta, &release_request_annotation())?
+            .parse()
+            .ok()?,
+        group: annotation(meta, &release_group_annotation()).map(str::to_string),
+    })
 }
 
 /// The last release request done, in `meta`'s annotations, if any.
@@ -326,6 +350,7 @@ impl Settings {
             max_hold: self.max_hold,
             mode: self.mode,
             release_pace: self.release_pace,
+            groups: Grouping::per_label(self.window_per_label.clone()),
         }
     }
 

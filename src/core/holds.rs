@@ -187,6 +187,19 @@ pub fn is_qualified_name(key: &str) -> bool {
     prefix_ok && name_ok
 }
 
+/// A label value: empty, or at most 63 letters, digits, `-`, `_` and `.`,
+/// beginning and ending with a letter or digit.
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    value.is_empty()
+        || (value.len() <= 63
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric())
+}
+
 /// An RFC 1123 subdomain: annotation-key prefixes and Service DNS names.
 pub fn is_dns_subdomain(name: &str) -> bool {
     let label_ok = |label: &str| {

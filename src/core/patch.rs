@@ -15,6 +15,7 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOpera
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
+use super::groups::Grouping;
 use super::holds::{
     HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
     listed_keys,
@@ -132,12 +133,17 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
 /// Drops from `meta` what the patches and the plan never read, so that a
 /// store of thousands of nodes stays small: managed fields, owner references,
 /// finalizers, every annotation but the configured holds, node-holder's
-/// hold-keys list and the keys in it, and every label but node-holder's marker and
-/// those the node selector reads. A map left empty stays (empty, not absent):
+/// hold-keys list and the keys in it, and every label but node-holder's marker,
+/// those the node selector reads and the one that groups windows. A map left empty stays (empty, not absent):
 /// it still exists on the node, so holds are added into it, never as a whole
 /// new map that would replace the others' keys. Every patch and every scope
 /// decision made from the trimmed metadata is the one made from the whole.
-pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds, scope: &NodeScope) {
+pub fn keep_what_patches_read(
+    meta: &mut ObjectMeta,
+    holds: &Holds,
+    scope: &NodeScope,
+    groups: &Grouping,
+) {
     meta.managed_fields = None;
     meta.owner_references = None;
     meta.finalizers = None;
@@ -153,7 +159,9 @@ pub fn keep_what_patches_read(meta: &mut ObjectMeta, holds: &Holds, scope: &Node
         });
     }
     if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|key, _| key == MARKER_LABEL || scope.reads(key));
+        labels.retain(|key, _| {
+            key == MARKER_LABEL || scope.reads(key) || groups.key() == Some(key.as_str())
+        });
     }
 }
 
@@ -525,6 +533,7 @@ mod tests {
     #[test]
     fn trimmed_metadata_gives_the_same_patches_and_scope() {
         let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
+        let groups = Grouping::per_label(Some("pool".into()));
         let scopes = [
             NodeScope::default(),
             NodeScope::parse("zone=a,!gone").unwrap(),
@@ -545,7 +554,7 @@ mod tests {
             let whole = meta(original);
             for scope in &scopes {
                 let mut trimmed = whole.clone();
-                keep_what_patches_read(&mut trimmed, &holds, scope);
+                keep_what_patches_read(&mut trimmed, &holds, scope, &groups);
                 assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
                 let annotations = trimmed.annotations.as_ref();
                 assert!(!annotations.is_some_and(|a| a.contains_key("a/b")));
@@ -559,6 +568,10 @@ mod tests {
                     scope.matches(&trimmed_labels),
                     scope.matches(&whole_labels),
                     "{scope}"
+                );
+                assert_eq!(
+                    groups.group_of(&trimmed_labels),
+                    groups.group_of(&whole_labels)
                 );
                 assert_eq!(
                     hold_existing(&trimmed, &holds),

@@ -14,10 +14,11 @@ use jiff::Timestamp;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::groups::Windows;
 use super::holds::{Holds, is_marked};
 use super::patch::{hold_existing, release_holds};
 use super::selector::NodeScope;
-use super::window::{Mode, Window, WindowConfig};
+use super::window::{Mode, WindowConfig};
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
@@ -43,6 +44,9 @@ pub struct NodePatch {
     /// Release only: keys node-holder added that someone changed since;
     /// left in place, only node-holder's listing of them is dropped.
     pub left: Vec<String>,
+    /// Hold only: until when the node is held, as far as known now (`None`
+    /// for a node a paced release keeps for a while).
+    pub until: Option<Timestamp>,
 }
 
 /// Which way a node's patch goes.
@@ -61,25 +65,27 @@ impl Action {
     }
 }
 
-/// The desired state, one node at a time. `cluster` mode: while the window
-/// is open every node in scope carries every hold, and when it is closed no
-/// node carries node-holder's. `node` mode: a node in scope is held until its
-/// own creation + hold (unless a release consumed it). A node out of scope
-/// never carries node-holder's holds. Nodes already as desired get no patch.
-#[derive(Debug, Clone, Copy)]
+/// The desired state, one node at a time. `cluster` mode: while its group's
+/// window (or the manual hold) is open every node in scope carries every
+/// hold, and when it is closed no node carries node-holder's. `node` mode: a
+/// node in scope is held until its own creation + hold (unless a release
+/// consumed it). A node out of scope never carries node-holder's holds.
+/// Nodes already as desired get no patch.
+#[derive(Debug, Clone)]
 pub struct Planner<'a> {
-    pub window: &'a Window,
+    pub windows: &'a Windows,
     pub cfg: &'a WindowConfig,
     pub scope: &'a NodeScope,
     pub holds: &'a Holds,
     pub now: Timestamp,
-    /// During a paced release, the held nodes that keep their hold for now.
-    pub paced: Option<PacedKeep<'a>>,
+    /// During a paced release, the held nodes that keep their hold for now,
+    /// by group.
+    pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
 }
 
-/// The held nodes that keep their hold during a paced release: those in
-/// scope that still carry it, from `from` on in (creation, name) order,
-/// which are the newest ones.
+/// The held nodes of one group that keep their hold during a paced release:
+/// those in scope that still carry it, from `from` on in (creation, name)
+/// order, which are the newest ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacedKeep<'a> {
     from: (Timestamp, &'a str),
@@ -87,54 +93,63 @@ pub struct PacedKeep<'a> {
     next: Option<Timestamp>,
 }
 
-/// What a paced release keeps held at `now` of `nodes`; `None` when no paced
-/// release is under way (a window or a manual hold holds everything, or
-/// every hold is due to come off).
+/// What paced releases keep held at `now` of `nodes`, by group: none for a
+/// group its window or the manual hold holds, or whose every hold is due to
+/// come off.
 pub fn paced_keep<'a>(
-    window: &Window,
+    windows: &Windows,
     cfg: &WindowConfig,
     scope: &NodeScope,
     now: Timestamp,
     nodes: impl IntoIterator<Item = &'a ObjectMeta>,
-) -> Option<PacedKeep<'a>> {
-    let (pace, pacing) = (cfg.release_pace.as_ref()?, window.pacing()?);
-    if cfg.mode != Mode::Cluster || window.is_open(now) {
-        return None;
+) -> BTreeMap<&'a str, PacedKeep<'a>> {
+    let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
+        return BTreeMap::new();
+    };
+    if !windows.is_pacing() {
+        return BTreeMap::new();
     }
-    let (keep, next) = pace.still_held(pacing, now);
-    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-    if keep == 0 {
-        return None;
+    let mut held: BTreeMap<&str, Vec<(Timestamp, &str)>> = BTreeMap::new();
+    for meta in nodes {
+        if !is_marked(meta) || !scope.matches(labels(meta)) {
+            continue;
+        }
+        let group = cfg.groups.group_of(labels(meta));
+        if let Some((name, created)) = identity(meta) {
+            held.entry(group).or_default().push((created, name));
+        }
     }
-    let mut held: Vec<(Timestamp, &str)> = nodes
-        .into_iter()
-        .filter(|meta| is_marked(meta) && scope.matches(labels(meta)))
-        .filter_map(identity)
-        .map(|(name, created)| (created, name))
-        .collect();
-    held.sort_unstable_by(|a, b| b.cmp(a));
-    let from = *held.get(keep.min(held.len()).checked_sub(1)?)?;
-    Some(PacedKeep { from, next })
+    held.into_iter()
+        .filter_map(|(group, mut held)| {
+            let pacing = windows.pacing(group)?;
+            if windows.holds(group, now) {
+                return None;
+            }
+            let (keep, next) = pace.still_held(pacing, now);
+            let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+            held.sort_unstable_by(|a, b| b.cmp(a));
+            let from = *held.get(keep.min(held.len()).checked_sub(1)?)?;
+            Some((group, PacedKeep { from, next }))
+        })
+        .collect()
 }
 
 impl Planner<'_> {
-    /// Whether the node should carry the holds now, and in `node` mode when
-    /// its own hold ends.
+    /// Whether the node should carry the holds now, and until when its
+    /// window (or the manual hold) holds it.
     fn wanted(&self, meta: &ObjectMeta, creation: Timestamp) -> (bool, Option<Timestamp>) {
         if !self.scope.matches(labels(meta)) {
             return (false, None);
         }
-        let until = self.window.held_until(creation, self.now, self.cfg);
-        match self.cfg.mode {
-            // The window's deadline wakes the leader (`Window::next_wake`).
-            Mode::Cluster => (until.is_some() || self.keeps(meta, creation), None),
-            Mode::Node => (until.is_some(), until),
-        }
+        let group = self.cfg.groups.group_of(labels(meta));
+        let until = self.windows.held_until(group, creation, self.now, self.cfg);
+        let kept = self.cfg.mode == Mode::Cluster && self.keeps(meta, group, creation);
+        (until.is_some() || kept, until)
     }
 
     /// Whether a paced release keeps this node's hold for now.
-    fn keeps(&self, meta: &ObjectMeta, creation: Timestamp) -> bool {
-        self.paced.is_some_and(|keep| {
+    fn keeps(&self, meta: &ObjectMeta, group: &str, creation: Timestamp) -> bool {
+        self.paced.get(group).is_some_and(|keep| {
             is_marked(meta) && (creation, meta.name.as_deref().unwrap_or_default()) >= keep.from
         })
     }
@@ -143,39 +158,45 @@ impl Planner<'_> {
     /// is already there (or the metadata names no node).
     pub fn node(&self, meta: &ObjectMeta) -> Option<(Action, NodePatch)> {
         let (name, creation) = identity(meta)?;
-        let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>| NodePatch {
+        let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>, until| NodePatch {
             name: name.to_string(),
             uid: meta.uid.clone(),
             patch,
             keys,
             left,
+            until,
         };
-        if self.wanted(meta, creation).0 {
+        let (wanted, until) = self.wanted(meta, creation);
+        if wanted {
             let (patch, added) = hold_existing(meta, self.holds);
             let keys = added.into_iter().map(|h| h.key).collect();
-            (!patch.0.is_empty()).then(|| (Action::Hold, node_patch(patch, keys, Vec::new())))
+            (!patch.0.is_empty())
+                .then(|| (Action::Hold, node_patch(patch, keys, Vec::new(), until)))
         } else {
             let release = release_holds(meta, self.holds);
             (!release.patch.0.is_empty()).then(|| {
                 (
                     Action::Release,
-                    node_patch(release.patch, release.removed, release.left),
+                    node_patch(release.patch, release.removed, release.left, None),
                 )
             })
         }
     }
 
     /// When the plan changes by itself (a hold ends), absent node changes:
-    /// the window's deadline, or in `node` mode the first node's hold end.
+    /// a window's deadline, a paced release's next step, or in `node` mode
+    /// the first node's hold end.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m ObjectMeta>) -> Option<Timestamp> {
-        nodes
-            .into_iter()
+        // In `cluster` mode the windows' deadlines are the nodes' hold ends.
+        let own_ends = (self.cfg.mode == Mode::Node).then_some(nodes).into_iter();
+        own_ends
+            .flatten()
             .filter_map(|meta| {
                 let (_, creation) = identity(meta)?;
                 self.wanted(meta, creation).1
             })
-            .chain(self.window.next_wake())
-            .chain(self.paced.and_then(|keep| keep.next))
+            .chain(self.windows.next_wake())
+            .chain(self.paced.values().filter_map(|keep| keep.next))
             .min()
     }
 }
@@ -187,7 +208,9 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::core::groups::Grouping;
     use crate::core::holds::Preset;
+    use crate::core::window::Window;
 
     /// The patches that bring the nodes to the desired state, by node name.
     #[derive(Debug, Clone, Default, PartialEq)]
@@ -235,6 +258,7 @@ mod tests {
             max_hold: Some(Duration::from_secs(30 * 60)),
             mode,
             release_pace: None,
+            groups: Grouping::default(),
         }
     }
 
@@ -281,13 +305,31 @@ mod tests {
         nodes: &[ObjectMeta],
         now: Timestamp,
     ) -> Plan {
+        plan_groups(
+            &Windows::from(window.clone()),
+            cfg,
+            scope,
+            holds,
+            nodes,
+            now,
+        )
+    }
+
+    fn plan_groups(
+        windows: &Windows,
+        cfg: &WindowConfig,
+        scope: &NodeScope,
+        holds: &Holds,
+        nodes: &[ObjectMeta],
+        now: Timestamp,
+    ) -> Plan {
         let planner = Planner {
-            window,
+            windows,
             cfg,
             scope,
             holds,
             now,
-            paced: paced_keep(window, cfg, scope, now, nodes),
+            paced: paced_keep(windows, cfg, scope, now, nodes),
         };
         plan_all(&planner, nodes)
     }
@@ -559,5 +601,79 @@ mod tests {
         let second = plan(&w, &cfg, &NodeScope::default(), &holds(), &nodes, t(1));
         assert_eq!(first, second);
         assert_eq!(names(&first.hold), ["a", "b", "c"]);
+    }
+
+    fn pool(name: &str, created: i64, pool: &str, marked: bool) -> ObjectMeta {
+        let mut meta = if marked {
+            held(name, created)
+        } else {
+            node(name, created, json!({}), json!({}))
+        };
+        meta.labels
+            .get_or_insert_default()
+            .insert("pool".into(), pool.into());
+        meta
+    }
+
+    #[test]
+    fn a_groups_window_holds_only_the_nodes_of_its_group() {
+        let mut cfg = cfg(Mode::Cluster);
+        cfg.groups = Grouping::per_label(Some("pool".into()));
+        let nodes = [
+            pool("gpu-old", -100, "gpu", false),
+            pool("gpu-new", 0, "gpu", true),
+            pool("general", -100, "general", true),
+            node("plain", -100, json!({}), json!({})),
+        ];
+        let mut windows = Windows::default();
+        let groups = nodes.iter().map(|meta| {
+            let (_, created) = identity(meta).unwrap();
+            (cfg.groups.group_of(labels(meta)), created)
+        });
+        windows.observe_all(groups, t(1), &cfg);
+        let plan = plan_groups(
+            &windows,
+            &cfg,
+            &NodeScope::default(),
+            &holds(),
+            &nodes,
+            t(1),
+        );
+        assert_eq!(names(&plan.hold), ["gpu-old"]);
+        assert_eq!(names(&plan.release), ["general"], "its group holds nothing");
+        assert_eq!(plan.wake, Some(t(10)));
+    }
+
+    #[test]
+    fn each_group_paces_its_own_release() {
+        use crate::core::pace::Pacing;
+        let mut cfg = cfg(Mode::Cluster);
+        cfg.groups = Grouping::per_label(Some("pool".into()));
+        cfg.release_pace = Some("1/60s".parse().unwrap());
+        let nodes = [
+            pool("gpu-a", -50, "gpu", true),
+            pool("gpu-b", -40, "gpu", true),
+            pool("web-a", -30, "web", true),
+            pool("web-b", -20, "web", true),
+            pool("web-c", -1, "web", true),
+        ];
+        let mut windows = Windows::default();
+        windows.observe_all([("gpu", t(-50)), ("web", t(-1))], t(0), &cfg);
+        windows.start_pacing("gpu", Pacing { since: t(0), of: 2 });
+        let plan = plan_groups(
+            &windows,
+            &cfg,
+            &NodeScope::default(),
+            &holds(),
+            &nodes,
+            t(0),
+        );
+        // gpu: one step taken, its oldest goes; web's window still holds all.
+        assert_eq!(names(&plan.release), ["gpu-a"]);
+        assert_eq!(
+            plan.wake,
+            Some(t(1)),
+            "gpu's next step, before web's deadline"
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::core::{Expression, Selector, SelectorExt};
 
-use super::holds::is_qualified_name;
+use super::holds::{is_label_value, is_qualified_name};
 
 /// The nodes node-holder acts on. The empty selector selects every node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,10 +113,7 @@ fn parse_requirement(requirement: &str) -> Result<Expression, String> {
     };
     let value = |v: &str| -> Result<String, String> {
         let v = v.trim();
-        let ok = v.len() <= 63
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-        if ok {
+        if is_label_value(v) {
             Ok(v.to_string())
         } else {
             Err(format!("invalid label value {v:?} in {r:?}"))

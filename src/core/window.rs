@@ -21,6 +21,7 @@ use clap::ValueEnum;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::groups::Grouping;
 use super::pace::{Pace, Pacing};
 
 /// What an open window holds.
@@ -55,6 +56,8 @@ pub struct WindowConfig {
     /// `cluster` mode: how fast a window's holds come off when it closes by
     /// itself; `None` for all at once.
     pub release_pace: Option<Pace>,
+    /// Which window a node counts in (`--window-per-label`).
+    pub groups: Grouping,
 }
 
 impl WindowConfig {
@@ -285,15 +288,25 @@ impl Window {
     }
 
     /// Closes the window now (the `release` command): every node created so
-    /// far is consumed, later ones open a new window. Returns whether a
-    /// window was open.
-    /// A manual hold ends too.
+    /// far is consumed, later ones open a new window. A manual hold ends too.
+    /// Returns whether a window or a manual hold was holding.
     pub fn release_now(&mut self, now: Timestamp) -> bool {
+        let manual = self.manual.take().is_some_and(|m| now < m.until);
+        self.release_window(now) || manual
+    }
+
+    /// Closes the window now, as [`Window::release_now`] does, but leaves a
+    /// manual hold in force (`release --group`: the manual hold holds every
+    /// group). Returns whether the window was open.
+    pub fn release_window(&mut self, now: Timestamp) -> bool {
         self.consume_through(now);
         self.pacing = None;
-        let manual = self.manual.take().is_some_and(|m| now < m.until);
-        let open = self.open.take().is_some_and(|open| now < open.deadline);
-        manual || open
+        self.open.take().is_some_and(|open| now < open.deadline)
+    }
+
+    /// Ends the paced release, if one is under way (a manual hold started).
+    pub fn stop_pacing(&mut self) {
+        self.pacing = None;
     }
 
     /// Holds every node in scope until `hold.until` (the `hold` command).
@@ -426,6 +439,7 @@ mod tests {
             max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
             mode,
             release_pace: None,
+            groups: Grouping::default(),
         }
     }
 

@@ -1,0 +1,435 @@
+//! One window per group of nodes (`--window-per-label KEY`): each value of
+//! the label has its own window, opened and extended only by new nodes that
+//! carry that value, and holding only the nodes that carry it. Nodes without
+//! the label, or with an empty value, form the unlabelled group. Without the
+//! flag every node is in the unlabelled group: one window for the cluster.
+//!
+//! A manual hold belongs to no group: it holds every group, including one
+//! whose first node arrives during it. It is kept with the unlabelled group's
+//! window, where a record written before groups existed keeps everything, so
+//! such a record reads as it is.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::pace::Pacing;
+use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
+
+/// The unlabelled group's name: nodes without the label (or with an empty
+/// value), and every node when windows are not grouped.
+pub const UNLABELLED: &str = "";
+
+/// Which window a node counts in: the value of one label, or one window for
+/// every node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grouping {
+    key: Option<String>,
+}
+
+impl Grouping {
+    /// One window per value of `key`; `None`: one window for every node.
+    pub fn per_label(key: Option<String>) -> Grouping {
+        Grouping { key }
+    }
+
+    /// The label whose values name the groups, if windows are grouped.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The group of a node with these labels.
+    pub fn group_of<'a>(&self, labels: &'a BTreeMap<String, String>) -> &'a str {
+        self.key
+            .as_ref()
+            .and_then(|key| labels.get(key))
+            .map_or(UNLABELLED, String::as_str)
+    }
+}
+
+/// A group's name as people read it: the label value, or `(no label)`.
+pub fn display(group: &str) -> &str {
+    if group == UNLABELLED {
+        "(no label)"
+    } else {
+        group
+    }
+}
+
+/// Every group's window, stored in the record as JSON: the unlabelled
+/// group's fields at the top (as a record without groups has them), the other
+/// groups under `groups`, by label value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Windows {
+    #[serde(flatten)]
+    unlabelled: Window,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    groups: BTreeMap<String, Window>,
+}
+
+/// A group that stopped being held at a pass, by itself (its window or the
+/// manual hold ended): its held nodes may be let go at a pace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub group: String,
+    /// When the hold ended (or the pass's `now`, if that is earlier).
+    pub since: Timestamp,
+}
+
+impl From<Window> for Windows {
+    /// One window for every node: the unlabelled group's.
+    fn from(unlabelled: Window) -> Self {
+        Windows {
+            unlabelled,
+            groups: BTreeMap::new(),
+        }
+    }
+}
+
+impl Windows {
+    /// The group's window; `None` for a group the record does not know.
+    pub fn window(&self, group: &str) -> Option<&Window> {
+        if group == UNLABELLED {
+            Some(&self.unlabelled)
+        } else {
+            self.groups.get(group)
+        }
+    }
+
+    fn window_mut(&mut self, group: &str) -> &mut Window {
+        if group == UNLABELLED {
+            &mut self.unlabelled
+        } else {
+            self.groups.entry(group.to_string()).or_default()
+        }
+    }
+
+    /// Every group's window: the unlabelled group's first, then by value.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Window)> {
+        std::iter::once((UNLABELLED, &self.unlabelled))
+            .chain(self.groups.iter().map(|(group, w)| (group.as_str(), w)))
+    }
+
+    /// Whether the record knows windows of labelled groups.
+    pub fn is_grouped(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    /// The manual hold, which holds every group (it may have ended until a
+    /// pass ticks it).
+    pub fn manual(&self) -> Option<&ManualHold> {
+        self.unlabelled.manual()
+    }
+
+    fn manual_until(&self) -> Option<Timestamp> {
+        self.manual().map(|manual| manual.until)
+    }
+
+    /// Catches every group's window up with its nodes, given as (group,
+    /// creation), and closes what ended by `now` (see
+    /// [`Window::observe_all`]). Returns what each node did, in the order
+    /// given, and the groups no longer held. A group that has no node left
+    /// and holds nothing is forgotten.
+    pub fn observe_all<'g>(
+        &mut self,
+        nodes: impl IntoIterator<Item = (&'g str, Timestamp)>,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> (Vec<Observed>, Vec<Ended>) {
+        let nodes: Vec<(&str, Timestamp)> = nodes.into_iter().collect();
+        let before: Vec<(String, Option<Timestamp>)> = self
+            .iter()
+            .filter(|&(group, _)| self.is_held(group))
+            .map(|(group, _)| (group.to_string(), self.deadline(group)))
+            .collect();
+        let mut by_group: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, &(group, _)) in nodes.iter().enumerate() {
+            by_group.entry(group).or_default().push(i);
+        }
+        let mut observed = vec![Observed::Unchanged; nodes.len()];
+        for (&group, indices) in &by_group {
+            let creations = indices.iter().map(|&i| nodes[i].1);
+            let seen = self.window_mut(group).observe_all(creations, now, cfg);
+            for (&i, what) in indices.iter().zip(seen) {
+                observed[i] = what;
+            }
+        }
+        // A group without nodes now closes too, when its time comes.
+        self.unlabelled.tick(now);
+        self.groups.values_mut().for_each(|w| {
+            w.tick(now);
+        });
+        self.forget_idle(&by_group.into_keys().collect());
+        let ended = before
+            .into_iter()
+            .filter(|(group, _)| !self.is_held(group))
+            .map(|(group, deadline)| Ended {
+                since: deadline.map_or(now, |d| d.min(now)),
+                group,
+            })
+            .collect();
+        (observed, ended)
+    }
+
+    /// Drops the labelled groups that have no node and hold nothing: a node
+    /// of such a group arriving later is new and opens a window.
+    fn forget_idle(&mut self, present: &BTreeSet<&str>) {
+        self.groups
+            .retain(|group, w| w.is_held() || present.contains(group.as_str()));
+    }
+
+    /// Until when a node of `group` created at `creation` is held at `now`:
+    /// by its group's window (see [`Window::held_until`]) or by the manual
+    /// hold, whichever ends later; `None` when neither holds it.
+    pub fn held_until(
+        &self,
+        group: &str,
+        creation: Timestamp,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Option<Timestamp> {
+        let own = self
+            .window(group)
+            .and_then(|w| w.held_until(creation, now, cfg));
+        own.max(self.manual_until().filter(|&until| now < until))
+    }
+
+    /// Whether the group's window or the manual hold is there, ended or not:
+    /// what a pass would close.
+    pub fn is_held(&self, group: &str) -> bool {
+        self.manual().is_some() || self.window(group).is_some_and(Window::is_held)
+    }
+
+    /// When the hold of every node in `group` ends: its window's deadline or
+    /// the manual hold's end, whichever is later.
+    pub fn deadline(&self, group: &str) -> Option<Timestamp> {
+        let own = self.window(group).and_then(Window::deadline);
+        own.max(self.manual_until())
+    }
+
+    /// Whether `group` is held at `now` (a deadline may pass before a pass).
+    pub fn holds(&self, group: &str, now: Timestamp) -> bool {
+        self.deadline(group).is_some_and(|deadline| now < deadline)
+    }
+
+    /// The latest deadline of any group (the manual hold's included).
+    pub fn latest_deadline(&self) -> Option<Timestamp> {
+        self.iter().filter_map(|(_, w)| w.deadline()).max()
+    }
+
+    /// When a pass must run next to close what ends (see
+    /// [`Window::next_wake`]).
+    pub fn next_wake(&self) -> Option<Timestamp> {
+        self.iter().filter_map(|(_, w)| w.next_wake()).min()
+    }
+
+    /// Holds every group until `hold.until` (see [`Window::hold_manually`]);
+    /// a paced release under way in any group ends.
+    pub fn hold_manually(&mut self, hold: ManualHold, now: Timestamp) -> ManualHoldOutcome {
+        let outcome = self.unlabelled.hold_manually(hold, now);
+        if matches!(
+            outcome,
+            ManualHoldOutcome::Started | ManualHoldOutcome::Extended
+        ) {
+            self.groups.values_mut().for_each(Window::stop_pacing);
+        }
+        outcome
+    }
+
+    /// Closes windows now (the `release` command): every group's, and the
+    /// manual hold, or only `group`'s window (the manual hold, if any, still
+    /// holds it). Returns whether anything that was holding ended.
+    pub fn release_now(&mut self, now: Timestamp, group: Option<&str>) -> bool {
+        match group {
+            Some(group) => self.window_mut(group).release_window(now),
+            None => {
+                let manual = self.unlabelled.release_now(now);
+                self.groups
+                    .values_mut()
+                    .fold(manual, |any, w| w.release_window(now) || any)
+            }
+        }
+    }
+
+    /// Starts a paced release of `group`'s held nodes.
+    pub fn start_pacing(&mut self, group: &str, pacing: Pacing) {
+        self.window_mut(group).start_pacing(pacing);
+    }
+
+    /// The paced release under way in `group`, if any.
+    pub fn pacing(&self, group: &str) -> Option<&Pacing> {
+        self.window(group).and_then(Window::pacing)
+    }
+
+    /// Whether a paced release is under way in any group.
+    pub fn is_pacing(&self) -> bool {
+        self.iter().any(|(_, w)| w.pacing().is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::window::Mode;
+
+    fn t(m: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + m * 60).unwrap()
+    }
+
+    fn cfg() -> WindowConfig {
+        WindowConfig {
+            hold: Duration::from_secs(10 * 60),
+            max_hold: Some(Duration::from_secs(30 * 60)),
+            mode: Mode::Cluster,
+            release_pace: None,
+            groups: Grouping::per_label(Some("pool".into())),
+        }
+    }
+
+    fn hold(until: i64) -> ManualHold {
+        ManualHold {
+            requested_at: t(0),
+            until: t(until),
+            by: "ops".into(),
+            reason: "rollout".into(),
+        }
+    }
+
+    #[test]
+    fn a_node_is_in_the_group_of_its_label_value() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let grouped = Grouping::per_label(Some("pool".into()));
+        assert_eq!(grouped.group_of(&labels(&[("pool", "gpu")])), "gpu");
+        assert_eq!(grouped.group_of(&labels(&[("other", "gpu")])), UNLABELLED);
+        assert_eq!(grouped.group_of(&labels(&[("pool", "")])), UNLABELLED);
+        let one = Grouping::default();
+        assert_eq!(one.group_of(&labels(&[("pool", "gpu")])), UNLABELLED);
+        assert_eq!(display(UNLABELLED), "(no label)");
+    }
+
+    #[test]
+    fn a_record_without_groups_reads_as_the_unlabelled_groups_window() {
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg());
+        let json = serde_json::to_string(&w).unwrap();
+        let read: Windows = serde_json::from_str(&json).unwrap();
+        assert_eq!(read, Windows::from(w));
+        assert_eq!(
+            serde_json::to_string(&read).unwrap(),
+            json,
+            "written the same way"
+        );
+        assert!(!read.is_grouped());
+    }
+
+    #[test]
+    fn a_groups_new_node_opens_and_holds_only_its_group() {
+        let cfg = cfg();
+        let mut w = Windows::default();
+        let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(-60))], t(0), &cfg);
+        assert_eq!(observed, [Observed::Opened, Observed::Expired]);
+        assert_eq!(w.held_until("gpu", t(-50), t(1), &cfg), Some(t(10)));
+        assert_eq!(w.held_until("general", t(-60), t(1), &cfg), None);
+        assert_eq!(w.held_until(UNLABELLED, t(-60), t(1), &cfg), None);
+        // Another group's new node extends its own window only.
+        w.observe_all([("gpu", t(0)), ("general", t(5))], t(5), &cfg);
+        assert_eq!(w.deadline("gpu"), Some(t(10)));
+        assert_eq!(w.deadline("general"), Some(t(15)));
+        assert_eq!(w.latest_deadline(), Some(t(15)));
+        assert_eq!(w.next_wake(), Some(t(10)));
+        let json = serde_json::to_value(&w).unwrap();
+        assert!(json["groups"]["gpu"]["open"].is_object(), "{json}");
+    }
+
+    #[test]
+    fn the_manual_hold_holds_every_group_even_one_that_appears_later() {
+        let cfg = cfg();
+        let mut w = Windows::default();
+        w.observe_all([("general", t(-60))], t(0), &cfg);
+        assert_eq!(w.hold_manually(hold(45), t(0)), ManualHoldOutcome::Started);
+        assert_eq!(w.held_until("general", t(-60), t(1), &cfg), Some(t(45)));
+        assert_eq!(w.held_until("gpu", t(-60), t(1), &cfg), Some(t(45)));
+        assert!(w.is_held("gpu") && w.holds("gpu", t(44)) && !w.holds("gpu", t(45)));
+        // Releasing one group leaves the manual hold, which still holds it.
+        assert!(!w.release_now(t(2), Some("general")));
+        assert_eq!(w.held_until("general", t(-60), t(3), &cfg), Some(t(45)));
+        // Releasing everything ends it.
+        assert!(w.release_now(t(3), None));
+        assert_eq!(w.manual(), None);
+        assert_eq!(w.held_until("general", t(-60), t(4), &cfg), None);
+    }
+
+    #[test]
+    fn releasing_one_group_leaves_the_others_open() {
+        let cfg = cfg();
+        let mut w = Windows::default();
+        w.observe_all(
+            [("gpu", t(0)), ("general", t(0)), (UNLABELLED, t(0))],
+            t(0),
+            &cfg,
+        );
+        assert!(w.release_now(t(2), Some("gpu")));
+        assert_eq!(w.held_until("gpu", t(0), t(3), &cfg), None);
+        assert_eq!(w.held_until("general", t(0), t(3), &cfg), Some(t(10)));
+        assert!(w.release_now(t(3), None));
+        assert!(w.iter().all(|(_, w)| !w.is_open(t(3))));
+        // The released nodes are consumed: seen again, they open nothing.
+        let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(0))], t(4), &cfg);
+        assert_eq!(observed, [Observed::Consumed, Observed::Consumed]);
+    }
+
+    #[test]
+    fn groups_whose_hold_ends_are_reported_and_idle_ones_forgotten() {
+        let cfg = cfg();
+        let mut w = Windows::default();
+        w.observe_all([("gpu", t(0)), ("general", t(4))], t(4), &cfg);
+        let (_, ended) = w.observe_all([("gpu", t(0)), ("general", t(4))], t(12), &cfg);
+        assert_eq!(
+            ended,
+            [Ended {
+                group: "gpu".into(),
+                since: t(10)
+            }]
+        );
+        // gpu's nodes are gone and its window closed: forgotten. general,
+        // with no node left but still open, stays until it closes.
+        let (_, ended) = w.observe_all([], t(13), &cfg);
+        assert!(ended.is_empty());
+        assert!(w.window("gpu").is_none());
+        assert!(w.window("general").is_some_and(|w| w.is_open(t(13))));
+        let (_, ended) = w.observe_all([], t(20), &cfg);
+        assert_eq!(ended.len(), 1);
+        assert!(w.window("general").is_none() && !w.is_grouped());
+    }
+
+    #[test]
+    fn a_manual_hold_ends_every_groups_paced_release_and_its_end_starts_them() {
+        let cfg = cfg();
+        let mut w = Windows::default();
+        w.observe_all([("gpu", t(0))], t(0), &cfg);
+        let (_, ended) = w.observe_all([("gpu", t(0))], t(10), &cfg);
+        w.start_pacing(
+            &ended[0].group,
+            Pacing {
+                since: t(10),
+                of: 3,
+            },
+        );
+        assert!(w.is_pacing());
+        w.hold_manually(hold(20), t(11));
+        assert!(!w.is_pacing(), "the manual hold holds everything again");
+        let (_, ended) = w.observe_all([("gpu", t(0))], t(21), &cfg);
+        let groups: Vec<&str> = ended.iter().map(|e| e.group.as_str()).collect();
+        assert_eq!(groups, [UNLABELLED, "gpu"]);
+        assert!(ended.iter().all(|e| e.since == t(20)));
+    }
+}
