@@ -603,6 +603,16 @@ mod tests {
         assert_eq!(names(&first.hold), ["a", "b", "c"]);
     }
 
+    /// The plan of grouped windows, every node in scope, the default holds.
+    fn plan_every_node(
+        windows: &Windows,
+        cfg: &WindowConfig,
+        nodes: &[ObjectMeta],
+        now: Timestamp,
+    ) -> Plan {
+        plan_groups(windows, cfg, &NodeScope::default(), &holds(), nodes, now)
+    }
+
     fn pool(name: &str, created: i64, pool: &str, marked: bool) -> ObjectMeta {
         let mut meta = if marked {
             held(name, created)
@@ -631,14 +641,7 @@ mod tests {
             (cfg.groups.group_of(labels(meta)), created)
         });
         windows.observe_all(groups, t(1), &cfg);
-        let plan = plan_groups(
-            &windows,
-            &cfg,
-            &NodeScope::default(),
-            &holds(),
-            &nodes,
-            t(1),
-        );
+        let plan = plan_every_node(&windows, &cfg, &nodes, t(1));
         assert_eq!(names(&plan.hold), ["gpu-old"]);
         assert_eq!(names(&plan.release), ["general"], "its group holds nothing");
         assert_eq!(plan.wake, Some(t(10)));
@@ -660,14 +663,7 @@ mod tests {
         let mut windows = Windows::default();
         windows.observe_all([("gpu", t(-50)), ("web", t(-1))], t(0), &cfg);
         windows.start_pacing("gpu", Pacing { since: t(0), of: 2 });
-        let plan = plan_groups(
-            &windows,
-            &cfg,
-            &NodeScope::default(),
-            &holds(),
-            &nodes,
-            t(0),
-        );
+        let plan = plan_every_node(&windows, &cfg, &nodes, t(0));
         // gpu: one step taken, its oldest goes; web's window still holds all.
         assert_eq!(names(&plan.release), ["gpu-a"]);
         assert_eq!(

@@ -81,7 +81,8 @@ impl KarpenterCluster {
         let cp = ControlPlane::start().await?;
         let admin = cp.admin_client().await?;
         apply_objects(&admin, &karpenter_crds(&binaries.karpenter_source)?).await?;
-        apply_objects(&admin, &[node_class(), node_pool(disruption)]).await?;
+        let pool = node_pool(NODE_POOL, disruption, json!([]));
+        apply_objects(&admin, &[node_class(), pool]).await?;
 
         let scheduler = start_scheduler(&cp, &binaries)?;
         let controller_manager = start_controller_manager(&cp, &binaries)?;
@@ -111,6 +112,15 @@ impl KarpenterCluster {
             result => result?,
         }
         Ok(cluster)
+    }
+
+    /// Adds a second NodePool `name`, like the first but with `disruption`
+    /// and a taint only the pods of [`filler_pod_in`] tolerate: a pool of
+    /// its own (GPU nodes, say) that other pods never land on.
+    pub async fn add_node_pool(&self, name: &str, disruption: &Disruption) -> Result<()> {
+        let taint = json!([{"key": POOL_TAINT, "value": name, "effect": "NoSchedule"}]);
+        let admin = self.cp.admin_client().await?;
+        apply_objects(&admin, &[node_pool(name, disruption, taint)]).await
     }
 
     /// The control plane under it all.
@@ -245,18 +255,19 @@ fn node_class() -> Value {
     })
 }
 
-/// The NodePool: one small on-demand instance type in one zone, with the
-/// test's disruption settings.
-fn node_pool(disruption: &Disruption) -> Value {
+/// A NodePool: one small on-demand instance type in one zone, with the
+/// test's disruption settings and `taints` on its nodes.
+fn node_pool(name: &str, disruption: &Disruption, taints: Value) -> Value {
     let requirement =
         |key: &str, value: &str| json!({"key": key, "operator": "In", "values": [value]});
     json!({
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodePool",
-        "metadata": {"name": NODE_POOL},
+        "metadata": {"name": name},
         "spec": {
             "template": {
                 "spec": {
+                    "taints": taints,
                     "nodeClassRef": {
                         "group": "karpenter.kwok.sh",
                         "kind": "KWOKNodeClass",
@@ -417,6 +428,25 @@ fn filler_spec() -> Value {
         }],
         "terminationGracePeriodSeconds": 0
     })
+}
+
+/// The taint of the NodePools [`KarpenterCluster::add_node_pool`] adds.
+const POOL_TAINT: &str = "example.com/pool";
+
+/// A bare pod named `name` in `default` that fills one node of the NodePool
+/// `pool` that [`KarpenterCluster::add_node_pool`] added.
+pub fn filler_pod_in(name: &str, pool: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut spec = filler_spec();
+    spec["nodeSelector"] = json!({"karpenter.sh/nodepool": pool});
+    spec["tolerations"] =
+        json!([{"key": POOL_TAINT, "operator": "Equal", "value": pool, "effect": "NoSchedule"}]);
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": spec
+    }))
+    .expect("a valid Pod")
 }
 
 /// A bare pod named `name` in `default` that fills one node.

@@ -44,7 +44,7 @@ pub use binaries::{
 };
 pub use karpenter::{
     Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,
-    filler_job, filler_pod, node_claims, node_pools,
+    filler_job, filler_pod, filler_pod_in, node_claims, node_pools,
 };
 pub use process::ManagedChild;
 

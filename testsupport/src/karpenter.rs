@@ -54,12 +54,25 @@ impl Autoscaled {
     /// Creates `count` pods named `{wave}-{n}` that each fill a node, and
     /// waits until every one runs; returns the nodes they run on.
     pub async fn wave(&mut self, wave: &str, count: usize) -> BTreeSet<String> {
+        self.wave_of(wave, count, testenv::filler_pod).await
+    }
+
+    /// [`Autoscaled::wave`] on the nodes of NodePool `pool`, one that
+    /// `KarpenterCluster::add_node_pool` added.
+    pub async fn wave_in(&mut self, pool: &str, wave: &str, count: usize) -> BTreeSet<String> {
+        self.wave_of(wave, count, |name| testenv::filler_pod_in(name, pool))
+            .await
+    }
+
+    async fn wave_of(
+        &mut self,
+        wave: &str,
+        count: usize,
+        pod: impl Fn(&str) -> Pod,
+    ) -> BTreeSet<String> {
         for n in 0..count {
             self.pods
-                .create(
-                    &PostParams::default(),
-                    &testenv::filler_pod(&format!("{wave}-{n}")),
-                )
+                .create(&PostParams::default(), &pod(&format!("{wave}-{n}")))
                 .await
                 .unwrap();
         }
