@@ -9,6 +9,7 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
+use crate::core::budget::Mechanism;
 use crate::core::groups::Grouping;
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset, is_label_value, is_qualified_name};
@@ -170,6 +171,22 @@ pub struct PolicyArgs {
     /// Label selector of the nodes in scope (kubectl syntax); empty means all.
     #[arg(long, env = "NODE_HOLDER_NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
+
+    /// `annotation`: hold every node in scope with the hold annotation (one
+    /// PATCH a node; stops consolidation and drift). `budget`: while a window
+    /// is open, add a disruption budget `{nodes: "0", reasons: [Underutilized,
+    /// Empty]}` to every Karpenter NodePool in scope (one PATCH a pool; stops
+    /// consolidation, lets drift go on) and take exactly that entry off when
+    /// it closes; the webhook still holds each new node until its pool
+    /// carries the budget. `budget` needs `--scope cluster` and no
+    /// `--release-pace`.
+    #[arg(long, env = "NODE_HOLDER_HOLD_MECHANISM", value_enum, default_value_t = Mechanism::Annotation)]
+    pub hold_mechanism: Mechanism,
+
+    /// With `--hold-mechanism budget`: label selector of the NodePools held
+    /// by budget (kubectl syntax); empty means all.
+    #[arg(long, env = "NODE_HOLDER_NODEPOOL_SELECTOR", default_value = "")]
+    pub nodepool_selector: String,
 }
 
 /// How long holds last.
@@ -507,6 +524,17 @@ fn table<'a>(out: &mut String, args: impl Iterator<Item = &'a clap::Arg>) {
 }
 
 impl PolicyArgs {
+    /// The NodePools held by budget (`--hold-mechanism budget`), or an
+    /// error naming the flag; `None` for the annotation mechanism.
+    pub fn pools(&self) -> anyhow::Result<Option<NodeScope>> {
+        if self.hold_mechanism != Mechanism::Budget {
+            return Ok(None);
+        }
+        NodeScope::parse(&self.nodepool_selector)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--nodepool-selector: {e}"))
+    }
+
     /// The admission policy the flags describe, or an error naming the flag.
     pub fn policy(&self) -> anyhow::Result<HoldPolicy> {
         Ok(HoldPolicy {

@@ -132,6 +132,8 @@ pub struct WindowMetrics {
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
     pub reconcile: Histogram,
+    /// `--hold-mechanism budget`: NodePools carrying node-holder's budget.
+    pub pools_held: Gauge<i64, AtomicI64>,
     /// `--window-per-label`: each group's deadline and held nodes.
     group_deadline: Family<GroupLabel, Gauge<f64, AtomicU64>>,
     group_held_nodes: Family<GroupLabel, Gauge<i64, AtomicI64>>,
@@ -151,6 +153,7 @@ impl WindowMetrics {
             leader: Gauge::default(),
             // 1 ms .. ~65 s
             reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            pools_held: Gauge::default(),
             group_deadline: Family::default(),
             group_held_nodes: Family::default(),
             shown_groups: Arc::default(),
@@ -197,8 +200,13 @@ impl WindowMetrics {
         window
     }
 
-    /// The per-group metrics of `--window-per-label`.
+    /// The metrics of `--window-per-label` and `--hold-mechanism budget`.
     fn register_groups(&self, registry: &mut Registry) {
+        registry.register(
+            "nodepools_held",
+            "With --hold-mechanism budget: NodePools carrying node-holder's budget",
+            self.pools_held.clone(),
+        );
         registry.register(
             "window_group_deadline_seconds",
             "With --window-per-label: Unix time each group's window closes; 0 while closed",

@@ -156,13 +156,22 @@ fn leader_config(
     settings: Option<Settings>,
     identity: String,
 ) -> Result<controller::Config> {
-    let (window, policy) = match settings {
-        Some(settings) => (settings.window_config(), settings.policy()?),
-        None => (args.window.window_config(), args.policy.policy()?),
+    let (window, policy, pools) = match settings {
+        Some(settings) => (
+            settings.window_config(),
+            settings.policy()?,
+            settings.pools()?,
+        ),
+        None => (
+            args.window.window_config(),
+            args.policy.policy()?,
+            args.policy.pools()?,
+        ),
     };
     Ok(controller::Config {
         window,
         policy,
+        pools,
         namespace: args.record.namespace.clone(),
         identity,
         lease_duration: COMMAND_LEASE,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{LONGEST_HOLD, ServeArgs};
 use crate::controller;
+use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::HoldPolicy;
 use crate::core::window::Mode;
 use crate::metrics::Metrics;
@@ -24,6 +25,28 @@ use crate::server::{
 
 /// The window task's configuration the flags describe.
 pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<controller::Config> {
+    check_window_flags(args)?;
+    check_mechanism_flags(args)?;
+    Ok(controller::Config {
+        window: args.window.window_config(),
+        policy,
+        pools: args.policy.pools()?,
+        namespace: args.record.namespace.clone(),
+        identity: if args.leader.identity.is_empty() {
+            controller::default_identity()
+        } else {
+            args.leader.identity.clone()
+        },
+        lease_duration: args.leader.lease_duration,
+        qps: args.patching.api_qps,
+        max_in_flight: args.patching.api_max_in_flight,
+        coalesce_idle: args.patching.coalesce_idle,
+        coalesce_max: args.patching.coalesce_max,
+    })
+}
+
+/// Window flags a pass could not honour, refused by name.
+fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if args.window.hold_duration.is_zero() {
         bail!("--hold-duration must be longer than 0");
     }
@@ -52,21 +75,35 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
     }
-    Ok(controller::Config {
-        window: args.window.window_config(),
-        policy,
-        namespace: args.record.namespace.clone(),
-        identity: if args.leader.identity.is_empty() {
-            controller::default_identity()
-        } else {
-            args.leader.identity.clone()
-        },
-        lease_duration: args.leader.lease_duration,
-        qps: args.patching.api_qps,
-        max_in_flight: args.patching.api_max_in_flight,
-        coalesce_idle: args.patching.coalesce_idle,
-        coalesce_max: args.patching.coalesce_max,
-    })
+    Ok(())
+}
+
+/// `--hold-mechanism budget` holds whole NodePools while a window is open:
+/// it cannot hold nodes one by one, pace a release node by node, or group
+/// windows by any label but the NodePool's.
+fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
+    if args.policy.hold_mechanism != Mechanism::Budget {
+        return Ok(());
+    }
+    if args.window.scope != Mode::Cluster {
+        bail!("--hold-mechanism budget holds whole NodePools: it needs --scope cluster");
+    }
+    if args.window.release_pace.is_some() {
+        bail!(
+            "--release-pace takes holds off node by node: it needs --hold-mechanism annotation (a budget comes off a whole NodePool at once)"
+        );
+    }
+    if let Some(key) = args
+        .window
+        .window_per_label
+        .as_deref()
+        .filter(|&key| key != NODEPOOL_LABEL)
+    {
+        bail!(
+            "--hold-mechanism budget holds whole NodePools: --window-per-label must be {NODEPOOL_LABEL}, not {key}"
+        );
+    }
+    Ok(())
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {

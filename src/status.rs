@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{RecordStore, Settings};
+use crate::core::budget::Mechanism;
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::{MARKED, held_keys};
 use crate::core::pace::Pacing;
@@ -57,6 +58,10 @@ pub struct Status {
     /// fields above are the unlabelled group's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupStatus>,
+    /// With `--hold-mechanism budget`: the NodePools the record says carry
+    /// node-holder's budget.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodepool_budgets: Vec<String>,
 }
 
 /// One labelled group's window.
@@ -139,6 +144,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         release_requested_at: release_request.as_ref().map(|r| r.at),
         release_group: release_request.and_then(|r| r.group),
         groups,
+        nodepool_budgets: record.budgets.keys().cloned().collect(),
         release_done_at: record.release_done_at,
         releasing_from: record.releasing,
         settings: record.settings,
@@ -295,6 +301,18 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         window_lines(&mut line, status, now);
     }
     manual_lines(&mut line, status, now);
+    if status
+        .settings
+        .as_ref()
+        .is_some_and(|s| s.hold_mechanism == Mechanism::Budget)
+    {
+        let pools = if status.nodepool_budgets.is_empty() {
+            "none".to_string()
+        } else {
+            status.nodepool_budgets.join(", ")
+        };
+        line("Budget on:", format!("NodePool(s) {pools}"));
+    }
     let pacing = status
         .pacing
         .filter(|_| !status.open && grouped_by(status).is_none());
@@ -340,10 +358,13 @@ fn settings_text(status: &Status) -> String {
             });
             // The selector as the user wrote it: label values are
             // case-sensitive.
-            let per = s
+            let mut per = s
                 .window_per_label
                 .as_ref()
                 .map_or_else(String::new, |key| format!(", one window per {key}"));
+            if s.hold_mechanism == Mechanism::Budget {
+                per.push_str(", held by NodePool budget");
+            }
             format!(
                 "{} scope, {nodes}, hold {}, {cap}{per}",
                 s.mode,
@@ -573,6 +594,8 @@ mod tests {
             node_selector: String::new(),
             release_pace: None,
             window_per_label: None,
+            hold_mechanism: Mechanism::Annotation,
+            nodepool_selector: String::new(),
         }
     }
 
@@ -595,6 +618,7 @@ mod tests {
             pacing: None,
             release_group: None,
             groups: Vec::new(),
+            nodepool_budgets: Vec::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -652,6 +676,7 @@ mod tests {
             pacing: None,
             release_group: None,
             groups: Vec::new(),
+            nodepool_budgets: Vec::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -740,6 +765,7 @@ mod tests {
             pacing: None,
             release_group: None,
             groups: Vec::new(),
+            nodepool_budgets: Vec::new(),
         }
     }
 

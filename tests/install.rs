@@ -295,6 +295,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/config/releasePace': 'fast' does not match pattern",
         ),
         (
+            vec!["--set=config.holdMechanism=budgets"],
+            "at '/config/holdMechanism': value must be one of 'annotation', 'budget'",
+        ),
+        (
             vec!["--set=config.windowPerLabel=karpenter.sh/"],
             "at '/config/windowPerLabel': 'karpenter.sh/' does not match pattern",
         ),
@@ -389,6 +393,8 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_MAX_HOLD", "2h"),
         ("NODE_HOLDER_SCOPE", "cluster"),
         ("NODE_HOLDER_NODE_SELECTOR", ""),
+        ("NODE_HOLDER_HOLD_MECHANISM", "annotation"),
+        ("NODE_HOLDER_NODEPOOL_SELECTOR", ""),
         ("NODE_HOLDER_LEASE_DURATION", "15s"),
         ("NODE_HOLDER_API_QPS", "250"),
         ("NODE_HOLDER_API_MAX_IN_FLIGHT", "16"),
@@ -592,6 +598,29 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
             .count();
         assert_eq!(rbac_kinds, 5, "{mode}");
     }
+    // The budget mechanism adds exactly webhook-config/rbac-nodepools.yaml.
+    let nodepools = manifest("webhook-config/rbac-nodepools.yaml");
+    let objects = template(&["--set=config.holdMechanism=budget"]);
+    let roles: Vec<&Value> = objects
+        .iter()
+        .filter(|o| kind(o) == "ClusterRole")
+        .collect();
+    assert_eq!(roles.len(), 2);
+    let added = roles
+        .iter()
+        .find(|r| name(r).ends_with("-nodepools"))
+        .expect("the NodePool ClusterRole");
+    assert_eq!(rules_of(added), rules_of(one(&nodepools, "ClusterRole")));
+    let bindings = objects.iter().filter(|o| kind(o) == "ClusterRoleBinding");
+    let binding = bindings
+        .into_iter()
+        .find(|b| name(b).ends_with("-nodepools"))
+        .expect("the NodePool ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"],
+        one(&nodepools, "ClusterRoleBinding")["subjects"]
+    );
+    assert_eq!(binding["roleRef"]["name"], name(added));
 }
 
 /// `assert_eq!(a.field, b.field, "{what}: label")` for each field.

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::Disruption;
 
@@ -714,5 +715,142 @@ async fn one_window_per_nodepool_a_gpu_scale_up_leaves_the_general_pools_empty_n
         "{gpu_node} deleted before its window ended at {gpu_deadline}: {:?}",
         a.nodes_deleted()
     );
+    drop(served);
+}
+
+/// When node-holder's NodePool PATCHes that succeeded were made, by the API
+/// server's audit log.
+fn node_holder_pool_writes(a: &Autoscaled) -> Vec<Timestamp> {
+    a.cp()
+        .audit_events()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["objectRef"]["resource"] == "nodepools"
+                && e["user"]["username"] == testenv::NODE_HOLDER_USER
+                && e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"] == 200
+        })
+        .filter_map(|e| e["stageTimestamp"].as_str()?.parse().ok())
+        .collect()
+}
+
+async fn pool_budgets(a: &Autoscaled) -> serde_json::Value {
+    testenv::node_pools(&a.client)
+        .get(testenv::NODE_POOL)
+        .await
+        .unwrap()
+        .data["spec"]["disruption"]["budgets"]
+        .clone()
+}
+
+#[tokio::test]
+async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_the_owners_budgets_intact()
+ {
+    // The owner's budgets: everything at once, drift two at a time.
+    let owner = json!([{"nodes": "100%"}, {"nodes": "2", "reasons": ["Drifted"]}]);
+    let mut a = Autoscaled::start(&Disruption {
+        budgets: owner.clone(),
+        ..Disruption::default()
+    })
+    .await;
+    common::install_nodepool_rbac(a.cp()).await;
+    let served =
+        install_node_holder(&a, &["--hold-duration=120s", "--hold-mechanism=budget"]).await;
+    let records = records(&a);
+    let before = pool_budgets(&a).await;
+    assert_eq!(before, owner);
+
+    // Each new node comes out of the webhook held; once the pool carries
+    // node-holder's budget, their annotations come off: one write for the
+    // pool instead of one per node.
+    let busy = a.deployment("busy", 1).await;
+    let idle = a.wave("idle", 2).await;
+    created_held(&a, &busy);
+    created_held(&a, &idle);
+    let mut held = owner.as_array().unwrap().clone();
+    held.push(json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]}));
+    a.until(
+        "the pool's budget instead of the nodes' annotations",
+        KARPENTER_ROUND,
+        async |a| {
+            pool_budgets(a).await == json!(held)
+                && common::window::marked(&a.nodes).await.is_empty()
+        },
+    )
+    .await;
+    assert_eq!(node_holder_pool_writes(&a).len(), 1);
+
+    // The idle nodes' consolidateAfter runs out; Karpenter looks twice and
+    // finds none it may disrupt.
+    a.end_wave("idle").await;
+    a.until(
+        "the idle nodes consolidatable",
+        KARPENTER_ROUND,
+        async |a| a.consolidatable_or_gone(&idle).await,
+    )
+    .await;
+    a.karpenter_passes(2.0).await;
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+
+    // Someone changes the pool's template: every node has drifted, and
+    // Karpenter replaces the busy one while the window is open.
+    drift_the_pool(&a).await;
+    let drifted = busy.iter().next().unwrap().clone();
+    a.until(
+        "the drifted busy node replaced",
+        KARPENTER_ROUND * 2,
+        async |a| a.nodes_deleted().contains_key(&drifted),
+    )
+    .await;
+    let said = a.node_events(&drifted, "DisruptionTerminating").await;
+    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
+    a.until(
+        "the pod runs on the replacement",
+        KARPENTER_ROUND,
+        async |a| {
+            let now = a.running_nodes("busy").await;
+            now.len() == 1 && !now.contains(&drifted)
+        },
+    )
+    .await;
+    let replacement = a.running_nodes("busy").await.into_iter().next().unwrap();
+
+    // The batch ends; the replacement, empty, waits for the window (which it
+    // extended), then Karpenter consolidates it.
+    let deployments: Api<Deployment> = Api::namespaced(a.client.clone(), "default");
+    deployments
+        .delete("busy", &DeleteParams::background())
+        .await
+        .unwrap();
+    let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
+    a.until(
+        "the replacement consolidated after the window",
+        KARPENTER_ROUND * 3,
+        async |a| a.nodes_deleted().contains_key(&replacement),
+    )
+    .await;
+    let deleted = a.nodes_deleted()[&replacement];
+    assert!(
+        deleted >= deadline,
+        "{replacement} deleted at {deleted} < {deadline}"
+    );
+
+    // node-holder's entry came off: the owner's budgets are as they were,
+    // byte for byte, and node-holder wrote the pool twice in all.
+    a.until("node-holder's budget off", KARPENTER_ROUND, async |a| {
+        pool_budgets(a).await == before
+    })
+    .await;
+    assert_eq!(
+        serde_json::to_string(&pool_budgets(&a).await).unwrap(),
+        serde_json::to_string(&owner).unwrap()
+    );
+    // Two writes: the entry on, and off once the window closed, after the
+    // drifted node was replaced.
+    let writes = node_holder_pool_writes(&a);
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert!(a.nodes_deleted()[&drifted] < writes[1], "{writes:?}");
     drop(served);
 }

@@ -134,13 +134,14 @@ impl HoldEvent {
 
     /// node-holder removed its hold from the node.
     pub fn released(patch: &NodePatch) -> Self {
+        let why = patch.pool_budget.as_ref().map_or_else(
+            || "node-holder's hold window closed".to_string(),
+            |pool| format!("NodePool {pool}'s budget holds it instead"),
+        );
         let mut note = if patch.keys.is_empty() {
-            "node-holder's hold window closed".to_string()
+            why
         } else {
-            format!(
-                "node-holder's hold window closed: removed {}",
-                patch.keys.join(", ")
-            )
+            format!("{why}: removed {}", patch.keys.join(", "))
         };
         if !patch.left.is_empty() {
             note.push_str(&format!(

@@ -4,13 +4,14 @@
 //! every pass starts from the watched state and the record, so running it
 //! again, or after a crash, changes nothing more.
 
+mod budgets;
 mod coalesce;
 mod events;
 pub mod lease;
 pub mod patcher;
 pub mod record;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,12 +29,14 @@ use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
 use crate::core::pace::Pacing;
 use crate::core::patch::keep_what_patches_read;
 use crate::core::plan::{Action, NodePatch, Planner, identity, labels, paced_keep};
+use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
@@ -46,6 +49,9 @@ use record::{RecordStore, ReleaseRequest, Settings};
 pub struct Config {
     pub window: WindowConfig,
     pub policy: HoldPolicy,
+    /// `--hold-mechanism budget`: the NodePools held by a budget (a label
+    /// selector); `None`: nodes are held by annotation.
+    pub pools: Option<NodeScope>,
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
@@ -56,6 +62,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// Node labels the plan reads besides the marker and the node
+    /// selector's: the one that groups windows, and with budgets the
+    /// NodePool's.
+    fn labels_read(&self) -> Vec<String> {
+        let groups = self.window.groups.key().map(str::to_string);
+        let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
+        groups.into_iter().chain(pools).collect()
+    }
+
     /// What the record keeps of this configuration, for `status` and `release`.
     pub fn settings(&self) -> Settings {
         Settings {
@@ -66,6 +81,15 @@ impl Config {
             node_selector: self.policy.scope.text().to_string(),
             release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
+            hold_mechanism: if self.pools.is_some() {
+                Mechanism::Budget
+            } else {
+                Mechanism::Annotation
+            },
+            nodepool_selector: self
+                .pools
+                .as_ref()
+                .map_or_else(String::new, |pools| pools.text().to_string()),
         }
     }
 }
@@ -250,7 +274,7 @@ async fn list_nodes(
             &mut node.metadata,
             &policy.holds,
             &policy.scope,
-            &config.window.groups,
+            &config.labels_read(),
         );
         writer.apply_watcher_event(&Event::InitApply(node));
     }
@@ -290,8 +314,8 @@ fn watch_backoff() -> watcher::ExponentialBackoff {
 /// After any watch error (the API server gone, `410 Gone`, a failed list)
 /// the store is marked broken and the watch starts over with a fresh list:
 /// only a complete list proves no node was missed while it was down.
-fn watch_nodes(client: kube::Client, policy: &HoldPolicy, groups: &Grouping) -> NodeWatch {
-    let (holds, scope, groups) = (policy.holds.clone(), policy.scope.clone(), groups.clone());
+fn watch_nodes(client: kube::Client, policy: &HoldPolicy, also: Vec<String>) -> NodeWatch {
+    let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
     let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
     // Metadata only: ~1 KB a node on the wire instead of ~25 KB for a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
@@ -300,10 +324,10 @@ fn watch_nodes(client: kube::Client, policy: &HoldPolicy, groups: &Grouping) -> 
     let task = tokio::spawn(async move {
         let mut backoff = watch_backoff();
         loop {
-            let (holds, scope, groups) = (holds.clone(), scope.clone(), groups.clone());
+            let (holds, scope, also) = (holds.clone(), scope.clone(), also.clone());
             let stream =
                 watcher::watcher(api.clone(), watcher::Config::default()).modify(move |node| {
-                    keep_what_patches_read(&mut node.metadata, &holds, &scope, &groups)
+                    keep_what_patches_read(&mut node.metadata, &holds, &scope, &also)
                 });
             futures::pin_mut!(stream);
             let error = loop {
@@ -399,9 +423,13 @@ struct WindowTask {
     events: EventSink,
     store: RecordStore,
     patcher: Patcher,
-    /// The windows as last saved.
-    saved: Option<Windows>,
+    /// The windows and the NodePool budgets as last saved.
+    saved: Option<(Windows, AddedBudgets)>,
     windows: Windows,
+    /// `--hold-mechanism budget`: the NodePools.
+    pools: Option<budgets::Pools>,
+    /// What node-holder added to which NodePool's budgets.
+    added: AddedBudgets,
     /// A release request not handled yet.
     release_request: Option<ReleaseRequest>,
     /// A release request handled but not yet recorded as done: some of its
@@ -471,6 +499,7 @@ fn planner<'a>(
             now,
             snapshot.iter().map(|n| &n.metadata),
         ),
+        pool_budgets: None,
     }
 }
 
@@ -527,6 +556,10 @@ impl WindowTask {
         metrics: WindowMetrics,
         events: EventSink,
     ) -> Self {
+        let pools = config
+            .pools
+            .clone()
+            .map(|scope| budgets::Pools::new(client.clone(), scope));
         WindowTask {
             store: RecordStore::new(client.clone(), &config.namespace),
             patcher: Patcher::new(client.clone(), config.qps, config.max_in_flight),
@@ -536,6 +569,8 @@ impl WindowTask {
             events,
             saved: None,
             windows: Windows::default(),
+            pools,
+            added: AddedBudgets::new(),
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
@@ -558,7 +593,7 @@ impl WindowTask {
         } = watch_nodes(
             self.client.clone(),
             &self.config.policy,
-            &self.config.window.groups,
+            self.config.labels_read(),
         );
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
@@ -605,7 +640,8 @@ impl WindowTask {
     /// request not yet handled, and one handled but not recorded as done.
     fn restore(&mut self, record: record::Record) {
         self.windows = record.window.clone();
-        self.saved = record.exists.then_some(record.window);
+        self.added = record.budgets.clone();
+        self.saved = record.exists.then_some((record.window, record.budgets));
         let done = record.release_done_at;
         self.release_request = record
             .release_request
@@ -765,7 +801,8 @@ impl WindowTask {
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;
-        self.converge(&snapshot, now).await
+        let pool_budgets = self.hold_pools(now).await?;
+        self.converge(&snapshot, now, pool_budgets.as_ref()).await
     }
 
     /// Moves the windows forward with the nodes in scope, and says what they
@@ -909,11 +946,12 @@ impl WindowTask {
     /// Saves the windows if they changed since last saved, and shows the
     /// latest deadline in the metrics.
     async fn save_record(&mut self) -> Result<()> {
-        if self.saved.as_ref() != Some(&self.windows) {
+        let now = (&self.windows, &self.added);
+        if self.saved.as_ref().map(|(w, a)| (w, a)) != Some(now) {
             self.store
-                .save(&self.windows, &self.config.settings())
+                .save(&self.windows, &self.added, &self.config.settings())
                 .await?;
-            self.saved = Some(self.windows.clone());
+            self.saved = Some((self.windows.clone(), self.added.clone()));
         }
         self.metrics
             .deadline
@@ -927,9 +965,12 @@ impl WindowTask {
         &mut self,
         snapshot: &[Arc<PartialObjectMeta<Node>>],
         now: Timestamp,
+        pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
         let cfg = &self.config.window;
-        let planner = &planner(&self.windows, &self.config, snapshot, now);
+        let mut planner = planner(&self.windows, &self.config, snapshot, now);
+        planner.pool_budgets = pool_budgets;
+        let planner = &planner;
         let metas = || snapshot.iter().map(|node| &node.metadata);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when

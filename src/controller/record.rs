@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
+use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::groups::{Grouping, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
@@ -30,6 +31,7 @@ const RELEASE_FIELD_MANAGER: &str = "node-holder-release";
 const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
+const BUDGETS_KEY: &str = "budgets.json";
 const SETTINGS_KEY: &str = "settings.json";
 
 /// Annotation through which `release` asks the leader to close the window:
@@ -102,12 +104,24 @@ pub struct Settings {
     /// `--window-per-label`; absent: one window for every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_per_label: Option<String>,
+    /// `--hold-mechanism`; absent: `annotation`.
+    #[serde(default, skip_serializing_if = "is_annotation")]
+    pub hold_mechanism: Mechanism,
+    /// `--nodepool-selector` (kubectl syntax); empty for every NodePool.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nodepool_selector: String,
+}
+
+fn is_annotation(mechanism: &Mechanism) -> bool {
+    *mechanism == Mechanism::Annotation
 }
 
 /// What the record's ConfigMap holds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
     pub window: Windows,
+    /// What node-holder added to which NodePool's budgets.
+    pub budgets: AddedBudgets,
     pub settings: Option<Settings>,
     /// What `release` last asked for.
     pub release_request: Option<ReleaseRequest>,
@@ -150,8 +164,13 @@ impl RecordStore {
     /// Writes the window and settings (creating the ConfigMap if needed).
     /// Only the leader calls this: a merge patch of `data` leaves the release
     /// annotation alone.
-    pub async fn save(&self, window: &Windows, settings: &Settings) -> Result<()> {
-        let data = BTreeMap::from([
+    pub async fn save(
+        &self,
+        window: &Windows,
+        budgets: &AddedBudgets,
+        settings: &Settings,
+    ) -> Result<()> {
+        let mut data = BTreeMap::from([
             (
                 WINDOW_KEY.to_string(),
                 serde_json::to_string(window).context("serialising the window")?,
@@ -161,6 +180,12 @@ impl RecordStore {
                 serde_json::to_string(settings).context("serialising the settings")?,
             ),
         ]);
+        if !budgets.is_empty() {
+            data.insert(
+                BUDGETS_KEY.to_string(),
+                serde_json::to_string(budgets).context("serialising the NodePool budgets")?,
+            );
+        }
         self.apply(
             FIELD_MANAGER,
             ObjectMeta {
@@ -290,6 +315,12 @@ impl Record {
                 .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
             None => Windows::default(),
         };
+        let budgets = match data.get(BUDGETS_KEY) {
+            Some(text) => serde_json::from_str(text).with_context(|| {
+                format!("ConfigMap {NAME}: {BUDGETS_KEY} is not node-holder's NodePool budgets")
+            })?,
+            None => AddedBudgets::new(),
+        };
         let settings = match data.get(SETTINGS_KEY) {
             Some(text) => Some(serde_json::from_str(text).with_context(|| {
                 format!("ConfigMap {NAME}: {SETTINGS_KEY} is not node-holder's settings")
@@ -298,6 +329,7 @@ impl Record {
         };
         Ok(Record {
             window,
+            budgets,
             settings,
             release_request: release_request(&config_map.metadata),
             release_done_at: release_done_at(&config_map.metadata),
@@ -352,6 +384,16 @@ impl Settings {
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
         }
+    }
+
+    /// The NodePools held by budget, with `--hold-mechanism budget`.
+    pub fn pools(&self) -> Result<Option<NodeScope>> {
+        if self.hold_mechanism != Mechanism::Budget {
+            return Ok(None);
+        }
+        NodeScope::parse(&self.nodepool_selector)
+            .map(Some)
+            .map_err(|e| anyhow!("ConfigMap {NAME}: nodepoolSelector: {e}"))
     }
 
     /// The holds and node scope these settings describe.

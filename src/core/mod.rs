@@ -3,6 +3,7 @@
 //! plan that brings nodes to it. No I/O happens here.
 
 pub mod admission;
+pub mod budget;
 pub mod groups;
 pub mod holds;
 pub mod pace;

@@ -15,7 +15,6 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOpera
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use super::groups::Grouping;
 use super::holds::{
     HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
     listed_keys,
@@ -134,7 +133,8 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
 /// store of thousands of nodes stays small: managed fields, owner references,
 /// finalizers, every annotation but the configured holds, node-holder's
 /// hold-keys list and the keys in it, and every label but node-holder's marker,
-/// those the node selector reads and the one that groups windows. A map left empty stays (empty, not absent):
+/// those the node selector reads and those in `also` (the one that groups
+/// windows, the NodePool's). A map left empty stays (empty, not absent):
 /// it still exists on the node, so holds are added into it, never as a whole
 /// new map that would replace the others' keys. Every patch and every scope
 /// decision made from the trimmed metadata is the one made from the whole.
@@ -142,7 +142,7 @@ pub fn keep_what_patches_read(
     meta: &mut ObjectMeta,
     holds: &Holds,
     scope: &NodeScope,
-    groups: &Grouping,
+    also: &[String],
 ) {
     meta.managed_fields = None;
     meta.owner_references = None;
@@ -159,9 +159,7 @@ pub fn keep_what_patches_read(
         });
     }
     if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|key, _| {
-            key == MARKER_LABEL || scope.reads(key) || groups.key() == Some(key.as_str())
-        });
+        labels.retain(|key, _| key == MARKER_LABEL || scope.reads(key) || also.contains(key));
     }
 }
 
@@ -223,6 +221,7 @@ fn remove(path: PointerBuf) -> PatchOperation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::groups::Grouping;
     use crate::core::holds::Preset;
     use serde_json::json;
 
@@ -554,7 +553,7 @@ mod tests {
             let whole = meta(original);
             for scope in &scopes {
                 let mut trimmed = whole.clone();
-                keep_what_patches_read(&mut trimmed, &holds, scope, &groups);
+                keep_what_patches_read(&mut trimmed, &holds, scope, &["pool".to_string()]);
                 assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
                 let annotations = trimmed.annotations.as_ref();
                 assert!(!annotations.is_some_and(|a| a.contains_key("a/b")));

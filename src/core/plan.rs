@@ -8,12 +8,13 @@
 //! builds one node's patch at a time, so a pass over thousands of nodes can
 //! stream its patches instead of holding them all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::budget::NODEPOOL_LABEL;
 use super::groups::Windows;
 use super::holds::{Holds, is_marked};
 use super::patch::{hold_existing, release_holds};
@@ -47,6 +48,9 @@ pub struct NodePatch {
     /// Hold only: until when the node is held, as far as known now (`None`
     /// for a node a paced release keeps for a while).
     pub until: Option<Timestamp>,
+    /// Release only: the NodePool whose budget holds the node instead
+    /// (`--hold-mechanism budget`), if that is why.
+    pub pool_budget: Option<String>,
 }
 
 /// Which way a node's patch goes.
@@ -81,6 +85,11 @@ pub struct Planner<'a> {
     /// During a paced release, the held nodes that keep their hold for now,
     /// by group.
     pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
+    /// `--hold-mechanism budget`: the NodePools whose budget holds their
+    /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
+    /// NodePool; a pool whose budget could not be written is held by
+    /// annotation as before. `None`: every node is held by annotation.
+    pub pool_budgets: Option<&'a BTreeSet<String>>,
 }
 
 /// The held nodes of one group that keep their hold during a paced release:
@@ -138,13 +147,24 @@ impl Planner<'_> {
     /// Whether the node should carry the holds now, and until when its
     /// window (or the manual hold) holds it.
     fn wanted(&self, meta: &ObjectMeta, creation: Timestamp) -> (bool, Option<Timestamp>) {
-        if !self.scope.matches(labels(meta)) {
+        if !self.scope.matches(labels(meta)) || self.budget_holds(meta).is_some() {
             return (false, None);
         }
         let group = self.cfg.groups.group_of(labels(meta));
         let until = self.windows.held_until(group, creation, self.now, self.cfg);
         let kept = self.cfg.mode == Mode::Cluster && self.keeps(meta, group, creation);
         (until.is_some() || kept, until)
+    }
+
+    /// With budgets, why the node needs no hold annotation: `Some(pool)`
+    /// when its NodePool's budget holds it, `Some("")` when it belongs to no
+    /// NodePool; `None` when it is held by annotation.
+    fn budget_holds<'m>(&self, meta: &'m ObjectMeta) -> Option<&'m str> {
+        let covered = self.pool_budgets?;
+        match labels(meta).get(NODEPOOL_LABEL) {
+            None => Some(""),
+            Some(pool) => covered.contains(pool).then_some(pool.as_str()),
+        }
     }
 
     /// Whether a paced release keeps this node's hold for now.
@@ -165,6 +185,7 @@ impl Planner<'_> {
             keys,
             left,
             until,
+            pool_budget: None,
         };
         let (wanted, until) = self.wanted(meta, creation);
         if wanted {
@@ -175,10 +196,12 @@ impl Planner<'_> {
         } else {
             let release = release_holds(meta, self.holds);
             (!release.patch.0.is_empty()).then(|| {
-                (
-                    Action::Release,
-                    node_patch(release.patch, release.removed, release.left, None),
-                )
+                let mut patch = node_patch(release.patch, release.removed, release.left, None);
+                patch.pool_budget = self
+                    .budget_holds(meta)
+                    .filter(|pool| !pool.is_empty())
+                    .map(str::to_string);
+                (Action::Release, patch)
             })
         }
     }
@@ -330,6 +353,7 @@ mod tests {
             holds,
             now,
             paced: paced_keep(windows, cfg, scope, now, nodes),
+            pool_budgets: None,
         };
         plan_all(&planner, nodes)
     }
@@ -671,5 +695,49 @@ mod tests {
             Some(t(1)),
             "gpu's next step, before web's deadline"
         );
+    }
+
+    #[test]
+    fn with_pool_budgets_only_nodes_of_pools_without_one_carry_the_annotation() {
+        let cfg = cfg(Mode::Cluster);
+        let windows = Windows::from(open_window(&cfg, 0));
+        let karpenter = |name: &str, pool: &str, marked: bool| {
+            let mut meta = if marked {
+                held(name, 0)
+            } else {
+                node(name, -100, json!({}), json!({}))
+            };
+            meta.labels
+                .get_or_insert_default()
+                .insert(NODEPOOL_LABEL.into(), pool.into());
+            meta
+        };
+        let nodes = [
+            karpenter("a-new", "general", true),
+            karpenter("b-old", "general", false),
+            karpenter("c-gpu", "gpu", false),
+            held("d-not-karpenters", 0),
+            node("e-not-karpenters", -100, json!({}), json!({})),
+        ];
+        let covered = BTreeSet::from(["general".to_string()]);
+        let mut planner = Planner {
+            windows: &windows,
+            cfg: &cfg,
+            scope: &NodeScope::default(),
+            holds: &holds(),
+            now: t(1),
+            paced: BTreeMap::new(),
+            pool_budgets: Some(&covered),
+        };
+        let plan = plan_all(&planner, &nodes);
+        // gpu's budget could not be written: its node is held by annotation.
+        assert_eq!(names(&plan.hold), ["c-gpu"]);
+        assert_eq!(names(&plan.release), ["a-new", "d-not-karpenters"]);
+        assert_eq!(plan.release[0].pool_budget.as_deref(), Some("general"));
+        assert_eq!(plan.release[1].pool_budget, None);
+        // Without budgets, every node in scope carries the annotation.
+        planner.pool_budgets = None;
+        let plan = plan_all(&planner, &nodes);
+        assert_eq!(names(&plan.hold), ["b-old", "c-gpu", "e-not-karpenters"]);
     }
 }

@@ -255,6 +255,23 @@ fn node_class() -> Value {
     })
 }
 
+/// Karpenter's CRDs (from the pinned module, built with the cluster's
+/// binaries) in `cp`, without Karpenter: for tests of what node-holder
+/// writes to NodePools.
+pub async fn install_karpenter_crds(cp: &ControlPlane) -> Result<()> {
+    let binaries = tokio::task::spawn_blocking(ensure_cluster_built)
+        .await
+        .context("cluster build task")??;
+    let admin = cp.admin_client().await?;
+    apply_objects(&admin, &karpenter_crds(&binaries.karpenter_source)?).await
+}
+
+/// A NodePool `name` as every cluster's, with `disruption`: what a test
+/// creates itself.
+pub fn node_pool_object(name: &str, disruption: &Disruption) -> Value {
+    node_pool(name, disruption, json!([]))
+}
+
 /// A NodePool: one small on-demand instance type in one zone, with the
 /// test's disruption settings and `taints` on its nodes.
 fn node_pool(name: &str, disruption: &Disruption, taints: Value) -> Value {

@@ -44,7 +44,8 @@ pub use binaries::{
 };
 pub use karpenter::{
     Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,
-    filler_job, filler_pod, filler_pod_in, node_claims, node_pools,
+    filler_job, filler_pod, filler_pod_in, install_karpenter_crds, node_claims, node_pool_object,
+    node_pools,
 };
 pub use process::ManagedChild;
 

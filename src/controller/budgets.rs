@@ -1,0 +1,232 @@
+//! `--hold-mechanism budget`: the NodePool reads and writes. The leader
+//! brings every NodePool to the plan at each pass: node-holder's budget entry
+//! on while the window of its nodes holds, off otherwise; what the list looks
+//! like is [`crate::core::budget`]'s.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, Result, bail};
+use jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::Value;
+
+use super::record::FIELD_MANAGER;
+use crate::core::budget::{NODEPOOL_LABEL, add, budgets_of, carries, remove, set_budgets};
+use crate::core::groups::UNLABELLED;
+use crate::core::plan::labels;
+use crate::core::selector::NodeScope;
+
+/// Karpenter's maximum of budgets a NodePool may have.
+pub const MAX_BUDGETS: usize = 50;
+
+/// How one NodePool write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Done,
+    /// Someone wrote the pool since it was read (409, or 422 from the
+    /// `test`): read it again and decide again.
+    Changed,
+    /// The pool is gone (404).
+    Gone,
+}
+
+/// The NodePools node-holder holds by budget: Karpenter's `karpenter.sh/v1`
+/// NodePools that match a label selector.
+#[derive(Clone)]
+pub struct Pools {
+    api: Api<DynamicObject>,
+    scope: NodeScope,
+}
+
+impl Pools {
+    pub fn new(client: kube::Client, scope: NodeScope) -> Self {
+        let resource = ApiResource {
+            group: "karpenter.sh".into(),
+            version: "v1".into(),
+            api_version: "karpenter.sh/v1".into(),
+            kind: "NodePool".into(),
+            plural: "nodepools".into(),
+        };
+        Pools {
+            api: Api::all_with(client, &resource),
+            scope,
+        }
+    }
+
+    /// Every NodePool (node-holder's entry comes off pools that left the
+    /// selector too).
+    pub async fn list(&self) -> Result<Vec<DynamicObject>> {
+        Ok(self
+            .api
+            .list(&ListParams::default())
+            .await
+            .context("listing Karpenter's NodePools (karpenter.sh/v1); --hold-mechanism budget needs Karpenter v1")?
+            .items)
+    }
+
+    /// The NodePool `name` as it is now; `None` once it is gone.
+    pub async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
+        self.api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading NodePool {name}"))
+    }
+
+    /// Whether the pool is one node-holder holds by budget.
+    pub fn in_scope(&self, pool: &DynamicObject) -> bool {
+        self.scope.matches(labels(&pool.metadata))
+    }
+
+    /// Sets the pool's budgets to `budgets`, if nobody wrote it since it was
+    /// read.
+    pub async fn write(&self, pool: &DynamicObject, budgets: Vec<Value>) -> Result<Written> {
+        let name = pool.metadata.name.as_deref().unwrap_or_default();
+        let version = pool
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        let patch: json_patch::Patch =
+            serde_json::from_value(set_budgets(&pool.data, version, budgets))
+                .context("building the budgets patch")?;
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match self
+            .api
+            .patch(name, &params, &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => Ok(Written::Done),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Written::Gone),
+            Err(kube::Error::Api(status)) if status.code == 409 || is_failed_test(&status) => {
+                Ok(Written::Changed)
+            }
+            Err(err) => Err(err).with_context(|| format!("writing NodePool {name}'s budgets")),
+        }
+    }
+}
+
+/// A 422 from the patch's `test` (the pool changed), not from validation.
+fn is_failed_test(status: &kube::core::Status) -> bool {
+    status.code == 422 && status.message.contains("test failed")
+}
+
+/// Attempts at one NodePool write while others keep writing the pool.
+const WRITE_ATTEMPTS: u32 = 5;
+
+impl super::WindowTask {
+    /// Brings every NodePool to the plan: node-holder's budget on the pools
+    /// in scope whose window holds, off every other. Returns the pools whose
+    /// budget holds their nodes now; `None` without `--hold-mechanism
+    /// budget`. A pool whose budget could not be written is left out (its
+    /// nodes are held by annotation instead) and logged.
+    pub(super) async fn hold_pools(&mut self, now: Timestamp) -> Result<Option<BTreeSet<String>>> {
+        let Some(pools) = self.pools.clone() else {
+            return Ok(None);
+        };
+        let listed = pools.list().await?;
+        let names: BTreeSet<String> = listed
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let mut covered = BTreeSet::new();
+        for pool in listed {
+            let name = pool.metadata.name.clone().unwrap_or_default();
+            let want = pools.in_scope(&pool) && self.windows.holds(self.pool_group(&name), now);
+            match self.pool_to_plan(&pools, pool, want).await {
+                Ok(true) => {
+                    covered.insert(name);
+                }
+                Ok(false) => {}
+                Err(err) => tracing::warn!(
+                    pool = %name,
+                    error = format!("{err:#}"),
+                    "NodePool budget not written; its nodes are held by annotation"
+                ),
+            }
+        }
+        // node-holder's entry went with a pool that is gone.
+        self.added.retain(|name, _| names.contains(name));
+        self.save_record().await?;
+        self.metrics
+            .pools_held
+            .set(i64::try_from(covered.len()).unwrap_or(i64::MAX));
+        Ok(Some(covered))
+    }
+
+    /// The window group whose window holds NodePool `pool`'s nodes.
+    fn pool_group<'p>(&self, pool: &'p str) -> &'p str {
+        match self.config.window.groups.key() {
+            Some(NODEPOOL_LABEL) => pool,
+            _ => UNLABELLED,
+        }
+    }
+
+    /// Puts node-holder's entry on the pool (`want`) or takes it off,
+    /// reading the pool again while someone else writes it; returns whether
+    /// the pool carries it now. What is added is recorded before the write,
+    /// so that a leader that dies after it still finds what to remove.
+    async fn pool_to_plan(
+        &mut self,
+        pools: &Pools,
+        mut pool: DynamicObject,
+        want: bool,
+    ) -> Result<bool> {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        for _ in 0..WRITE_ATTEMPTS {
+            let budgets = budgets_of(&pool.data);
+            let written = if want {
+                if self
+                    .added
+                    .get(&name)
+                    .is_some_and(|added| carries(&budgets, added))
+                {
+                    return Ok(true);
+                }
+                if budgets.len() >= MAX_BUDGETS {
+                    bail!(
+                        "NodePool {name} has {} budgets, Karpenter's maximum: node-holder cannot add its own",
+                        budgets.len()
+                    );
+                }
+                let (with, added) = add(&budgets);
+                self.added.insert(name.clone(), added);
+                self.save_record().await?;
+                pools.write(&pool, with).await?
+            } else {
+                let Some(added) = self.added.get(&name).copied() else {
+                    return Ok(false);
+                };
+                let Some(without) = remove(&budgets, &added) else {
+                    self.added.remove(&name);
+                    return Ok(false);
+                };
+                pools.write(&pool, without).await?
+            };
+            match written {
+                Written::Done => {
+                    let action = if want { "hold" } else { "release" };
+                    tracing::info!(pool = %name, action, "NodePool budget written");
+                    if !want {
+                        self.added.remove(&name);
+                    }
+                    return Ok(want);
+                }
+                Written::Changed => match pools.get(&name).await? {
+                    Some(fresh) => pool = fresh,
+                    None => break,
+                },
+                Written::Gone => break,
+            }
+        }
+        if pools.get(&name).await?.is_none() {
+            self.added.remove(&name);
+            return Ok(false);
+        }
+        bail!(
+            "NodePool {name} kept changing: its budgets were not written in {WRITE_ATTEMPTS} attempts"
+        )
+    }
+}

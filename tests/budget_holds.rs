@@ -1,0 +1,149 @@
+//! `--hold-mechanism budget` against the real API server with Karpenter's
+//! CRDs (what Karpenter then does is in `tests/karpenter.rs`): node-holder's
+//! entry goes on the NodePools in scope while a window is open and exactly it
+//! comes off, whatever the owner wrote meanwhile and whichever leader takes it
+//! off; a pool that cannot take one more budget has its nodes held by
+//! annotation instead.
+
+use testsupport as common;
+
+use std::time::Duration;
+
+use common::window::{Cluster, create, eventually_logging, fast, logged, marked, sigkill, strs};
+use common::{Served, operator, succeeded};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+use testenv::Disruption;
+
+const LABEL: &str = "karpenter.sh/nodepool";
+
+fn ours() -> Value {
+    json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]})
+}
+
+/// Creates NodePool `name` with `budgets` and `labels`, once the CRD serves.
+async fn create_pool(pools: &Api<DynamicObject>, name: &str, budgets: Value, labels: Value) {
+    let mut pool = testenv::node_pool_object(
+        name,
+        &Disruption {
+            budgets,
+            ..Disruption::default()
+        },
+    );
+    pool["metadata"]["labels"] = labels;
+    let pool: DynamicObject = serde_json::from_value(pool).unwrap();
+    common::window::eventually("the NodePool created", Duration::from_secs(30), || async {
+        match pools.create(&Default::default(), &pool).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(status)) if status.code == 409 => true,
+            Err(_) => false,
+        }
+    })
+    .await;
+}
+
+async fn budgets(pools: &Api<DynamicObject>, name: &str) -> Value {
+    pools.get(name).await.unwrap().data["spec"]["disruption"]["budgets"].clone()
+}
+
+async fn serve_budget(c: &Cluster) -> Served {
+    common::install_nodepool_rbac(&c.cp).await;
+    let flags = fast(
+        "60s",
+        &["--hold-mechanism=budget", "--nodepool-selector=hold!=no"],
+    );
+    common::serve(&c.cp, &strs(&flags)).await
+}
+
+#[tokio::test]
+async fn the_budget_goes_on_the_pools_in_scope_and_exactly_it_comes_off_after_a_new_leader() {
+    let c = Cluster::start().await;
+    testenv::install_karpenter_crds(&c.cp).await.unwrap();
+    let pools = testenv::node_pools(&c.cp.admin_client().await.unwrap());
+    let general = json!([{"nodes": "10%"}]);
+    let gpu = json!([ours(), {"nodes": "1", "reasons": ["Drifted"]}]);
+    create_pool(&pools, "general", general.clone(), json!({})).await;
+    create_pool(&pools, "gpu", gpu.clone(), json!({})).await;
+    create_pool(&pools, "left-alone", general.clone(), json!({"hold": "no"})).await;
+    let full: Vec<Value> = (1..=50).map(|n| json!({"nodes": n.to_string()})).collect();
+    create_pool(&pools, "full", json!(full), json!({})).await;
+
+    let mut first = serve_budget(&c).await;
+    for (node, pool) in [("g-1", "general"), ("gpu-1", "gpu"), ("full-1", "full")] {
+        create(&c.nodes, node, &[(LABEL, pool)], &[]).await;
+    }
+    create(&c.nodes, "plain", &[], &[]).await;
+
+    // While the window is open: the entry on every pool in scope (the gpu
+    // pool's owner has the same entry: node-holder adds its own copy), none
+    // on the excluded one; the nodes carry no annotation, but the full
+    // pool's node, whose pool cannot take a 51st budget.
+    let mut general_held = general.as_array().unwrap().clone();
+    general_held.push(ours());
+    let mut gpu_held = gpu.as_array().unwrap().clone();
+    gpu_held.push(ours());
+    eventually_logging(
+        "the pools hold",
+        Duration::from_secs(30),
+        &first,
+        || async {
+            budgets(&pools, "general").await == json!(general_held)
+                && budgets(&pools, "gpu").await == json!(gpu_held)
+                && marked(&c.nodes).await == ["full-1"]
+        },
+    )
+    .await;
+    assert_eq!(budgets(&pools, "left-alone").await, general);
+    assert_eq!(budgets(&pools, "full").await, json!(full));
+    assert!(
+        logged(
+            &first,
+            "NodePool budget not written; its nodes are held by annotation"
+        )
+        .iter()
+        .any(|l| l["pool"] == "full"
+            && l["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("50 budgets"))),
+        "{}",
+        first.log()
+    );
+    let status = succeeded(&operator(&c.cp, &["status"]));
+    assert!(
+        status.contains("Budget on:   NodePool(s) general, gpu\n"),
+        "{status}"
+    );
+
+    // The owner edits the general pool meanwhile (a new first entry).
+    let edit =
+        json!([{"op": "add", "path": "/spec/disruption/budgets/0", "value": {"nodes": "5"}}]);
+    let edit: json_patch::Patch = serde_json::from_value(edit).unwrap();
+    pools
+        .patch("general", &PatchParams::default(), &Patch::Json::<()>(edit))
+        .await
+        .unwrap();
+
+    // The leader dies; the next one takes what was added from the record
+    // and, on release, removes exactly node-holder's entries.
+    sigkill(&mut first);
+    let second = serve_budget(&c).await;
+    succeeded(&operator(&c.cp, &["release"]));
+    eventually_logging(
+        "the pools released",
+        Duration::from_secs(30),
+        &second,
+        || async { budgets(&pools, "gpu").await == gpu },
+    )
+    .await;
+    assert_eq!(
+        budgets(&pools, "general").await,
+        json!([{"nodes": "5"}, {"nodes": "10%"}])
+    );
+    assert_eq!(budgets(&pools, "left-alone").await, general);
+    assert!(marked(&c.nodes).await.is_empty());
+    let status = succeeded(&operator(&c.cp, &["status"]));
+    assert!(
+        status.contains("Budget on:   NodePool(s) none\n"),
+        "{status}"
+    );
+}
