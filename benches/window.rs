@@ -66,9 +66,17 @@ static NODES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
 });
 /// Concurrent creates of the setup.
 const CREATE_IN_FLIGHT: usize = 32;
-/// `--hold-duration`: long enough that holding 5,001 nodes at the default
-/// bounds (250 PATCH/s: at least 20 s) ends well before the window does.
-const HOLD: Duration = Duration::from_secs(40);
+/// `--hold-duration`: long enough that holding every node at the default
+/// bounds (250 PATCH/s: 20 s for 5,001) ends well before the window does:
+/// 40 s, or one and a half times that time plus 20 s for more nodes.
+static HOLD: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
+    let patching = *NODES as u64 / 250;
+    Duration::from_secs((patching * 3 / 2 + 20).max(40))
+});
+/// How long the release may take after the deadline: a minute, or one and
+/// a half times the patching time at 250 PATCH/s for more nodes.
+static RELEASE_SLACK: std::sync::LazyLock<Duration> =
+    std::sync::LazyLock::new(|| Duration::from_secs((*NODES as u64 / 250 * 3 / 2).max(60)));
 /// Unrelated node changes of the churn probe.
 const CHURN_NODES: usize = 50;
 /// After a phase, how long to wait for the follow-up pass (coalescing: 1 s
@@ -137,7 +145,7 @@ async fn run() -> Result<()> {
         *NODES,
         *NODES as f64 / create_secs
     );
-    let ready_at = last_create + HOLD + Duration::from_millis(1500);
+    let ready_at = last_create + *HOLD + Duration::from_millis(1500);
     println!(
         "waiting {:.0} s until the newest node is older than the hold duration...",
         ready_at
@@ -196,7 +204,7 @@ async fn run() -> Result<()> {
         .await?;
     let opened_at = created(&opener)?;
     let hold_target = *NODES + 1;
-    let hold_limit = HOLD + Duration::from_secs(5);
+    let hold_limit = *HOLD + Duration::from_secs(5);
     let held = observer.wait_for(hold_target, hold_limit).await;
     let hold_time = held.map(|at| at.duration_since(hold_start));
     match hold_time {
@@ -204,7 +212,7 @@ async fn run() -> Result<()> {
             "\nHOLD: all {hold_target} nodes carry {MARKER_SELECTOR} {:.2} s after the new node's create \
              (created {opened_at}, window until {})",
             d.as_secs_f64(),
-            opened_at + HOLD
+            opened_at + *HOLD
         ),
         None => println!(
             "\nHOLD: NOT all held within {hold_limit:?}: {} of {hold_target} at most",
@@ -277,7 +285,7 @@ async fn run() -> Result<()> {
     let cpu_before_release = process_cpu(pid)?;
     let release_limit = Duration::try_from(deadline.duration_since(Timestamp::now()))
         .unwrap_or_default()
-        + Duration::from_secs(60);
+        + *RELEASE_SLACK;
     let released = observer.wait_for(0, release_limit).await;
     let released_wall = Timestamp::now();
     let release_time = released.map(|_| signed_secs(released_wall.duration_since(deadline)));

@@ -748,4 +748,23 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
         stderr.contains("--window-per-label groups the window of --scope cluster"),
         "{stderr}"
     );
+    // The budget mechanism holds whole NodePools.
+    for (extra, said) in [
+        (
+            "--scope=node",
+            "--hold-mechanism budget holds whole NodePools: it needs --scope cluster",
+        ),
+        (
+            "--release-pace=1/1m",
+            "--release-pace takes holds off node by node: it needs --hold-mechanism annotation",
+        ),
+        (
+            "--window-per-label=team",
+            "--window-per-label must be karpenter.sh/nodepool, not team",
+        ),
+    ] {
+        let flags = ["--hold-mechanism=budget".to_string(), extra.to_string()];
+        let stderr = common::refused_start(&cert, &key, &flags);
+        assert!(stderr.contains(said), "{extra}: {stderr}");
+    }
 }
