@@ -144,6 +144,24 @@ fn helm_is_the_pinned_release() {
     assert!(version.starts_with(&pinned), "{version} is not {pinned}");
 }
 
+/// `webhook.enabled=false` registers no webhook (new nodes are held a pass
+/// later); everything else renders as before.
+#[test]
+fn the_webhook_registration_can_be_turned_off() {
+    let objects = template(&["--set=webhook.enabled=false"]);
+    assert!(
+        !objects
+            .iter()
+            .any(|o| kind(o) == "MutatingWebhookConfiguration")
+    );
+    let kinds = |objects: &[Value]| -> BTreeSet<String> {
+        objects.iter().map(|o| kind(o).to_string()).collect()
+    };
+    let mut with = kinds(&template(&[]));
+    with.remove("MutatingWebhookConfiguration");
+    assert_eq!(kinds(&objects), with);
+}
+
 #[test]
 fn each_tls_mode_renders_its_certificates_and_ca_bundle() {
     for (mode, values) in tls_modes() {
