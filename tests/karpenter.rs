@@ -334,18 +334,24 @@ async fn the_hold_blocks_drift_too_until_it_ends() {
         deleted[&drifting] >= held_until,
         "{deleted:?}, held until {held_until}"
     );
-    let said = a.node_events(&drifting, "DisruptionTerminating").await;
+    replaced_for_drift(&mut a, &drifting).await;
+}
+
+/// Karpenter said it disrupted `drifted` for drift, and the `busy` pod runs
+/// on its replacement, a new node; the replacement.
+async fn replaced_for_drift(a: &mut Autoscaled, drifted: &str) -> String {
+    let said = a.node_events(drifted, "DisruptionTerminating").await;
     assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
-    // The pod moved to the replacement, a new node Karpenter launched.
     a.until(
         "the pod runs on the replacement",
         KARPENTER_ROUND,
         async |a| {
             let now = a.running_nodes("busy").await;
-            now.len() == 1 && !now.contains(&drifting)
+            now.len() == 1 && !now.contains(drifted)
         },
     )
     .await;
+    a.running_nodes("busy").await.into_iter().next().unwrap()
 }
 
 /// Changes the NodePool's template (a new label): every node of the pool
@@ -804,18 +810,7 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
         async |a| a.nodes_deleted().contains_key(&drifted),
     )
     .await;
-    let said = a.node_events(&drifted, "DisruptionTerminating").await;
-    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
-    a.until(
-        "the pod runs on the replacement",
-        KARPENTER_ROUND,
-        async |a| {
-            let now = a.running_nodes("busy").await;
-            now.len() == 1 && !now.contains(&drifted)
-        },
-    )
-    .await;
-    let replacement = a.running_nodes("busy").await.into_iter().next().unwrap();
+    let replacement = replaced_for_drift(&mut a, &drifted).await;
 
     // The batch ends; the replacement, empty, waits for the window (which it
     // extended), then Karpenter consolidates it.

@@ -156,6 +156,17 @@ impl super::WindowTask {
         Ok(Some(covered))
     }
 
+    /// After node-holder's entry went on (`held`) or off pool `name`:
+    /// logged, and forgotten once off. Whether the pool carries it.
+    fn pool_written(&mut self, name: &str, held: bool) -> bool {
+        let action = if held { "hold" } else { "release" };
+        tracing::info!(pool = %name, action, "NodePool budget written");
+        if !held {
+            self.added.remove(name);
+        }
+        held
+    }
+
     /// The window group whose window holds NodePool `pool`'s nodes.
     fn pool_group<'p>(&self, pool: &'p str) -> &'p str {
         match self.config.window.groups.key() {
@@ -206,14 +217,7 @@ impl super::WindowTask {
                 pools.write(&pool, without).await?
             };
             match written {
-                Written::Done => {
-                    let action = if want { "hold" } else { "release" };
-                    tracing::info!(pool = %name, action, "NodePool budget written");
-                    if !want {
-                        self.added.remove(&name);
-                    }
-                    return Ok(want);
-                }
+                Written::Done => return Ok(self.pool_written(&name, want)),
                 Written::Changed => match pools.get(&name).await? {
                     Some(fresh) => pool = fresh,
                     None => break,
