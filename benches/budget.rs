@@ -30,7 +30,7 @@ use futures::StreamExt as _;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use testenv::{ControlPlane, Disruption};
 
 const HOLD: Duration = Duration::from_secs(30);
@@ -256,34 +256,17 @@ async fn until_carrying(
 }
 
 async fn deadline(admin: &kube::Client) -> Result<Timestamp> {
-    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
-    let record = api.get("node-holder-window").await?;
-    let window: Value = serde_json::from_str(
-        record
-            .data
-            .as_ref()
-            .and_then(|d| d.get("window.json"))
-            .context("no window.json")?,
-    )?;
-    Ok(window["open"]["deadline"]
-        .as_str()
-        .context("no open window")?
-        .parse()?)
+    let records = Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
+    common::window::record_at(&records, "/open/deadline")
+        .await
+        .context("no open window in the record")
 }
 
+/// Waits until the window task has finished a pass (over every node).
 async fn wait_first_pass(served: &common::Served) -> Result<()> {
     let give_up = Instant::now() + Duration::from_secs(300);
-    loop {
-        let text = common::window::scrape(served).await.unwrap_or_default();
-        let passes = text
-            .lines()
-            .find(|l| l.starts_with("node_holder_reconcile_duration_seconds_count"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if passes >= 1.0 {
-            return Ok(());
-        }
+    let passes = "node_holder_reconcile_duration_seconds_count";
+    while common::window::metric(served, passes).await.unwrap_or(0.0) < 1.0 {
         ensure!(
             Instant::now() < give_up,
             "no pass within 300 s\n{}",
@@ -291,6 +274,7 @@ async fn wait_first_pass(served: &common::Served) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
 }
 
 struct Writes {
