@@ -527,11 +527,8 @@ impl PolicyArgs {
     /// The NodePools held by budget (`--hold-mechanism budget`), or an
     /// error naming the flag; `None` for the annotation mechanism.
     pub fn pools(&self) -> anyhow::Result<Option<NodeScope>> {
-        if self.hold_mechanism != Mechanism::Budget {
-            return Ok(None);
-        }
-        NodeScope::parse(&self.nodepool_selector)
-            .map(Some)
+        self.hold_mechanism
+            .pools(&self.nodepool_selector)
             .map_err(|e| anyhow::anyhow!("--nodepool-selector: {e}"))
     }
 

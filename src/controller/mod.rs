@@ -511,30 +511,30 @@ fn seconds(at: Option<Timestamp>) -> f64 {
 /// Each group's held nodes once a pass's patches land, for the group
 /// metrics.
 #[derive(Default)]
-struct GroupGauges {
-    held: std::collections::BTreeMap<String, i64>,
+struct GroupGauges<'a> {
+    held: std::collections::BTreeMap<&'a str, i64>,
 }
 
-impl GroupGauges {
-    fn count(&mut self, groups: &Grouping, meta: &ObjectMeta, held: bool) {
+impl<'a> GroupGauges<'a> {
+    fn count(&mut self, groups: &Grouping, meta: &'a ObjectMeta, held: bool) {
         if groups.key().is_none() {
             return;
         }
-        let count = self
-            .held
-            .entry(groups.group_of(labels(meta)).to_string())
-            .or_default();
-        *count += i64::from(held);
+        *self.held.entry(groups.group_of(labels(meta))).or_default() += i64::from(held);
     }
 
     /// Every group's (deadline in Unix seconds, held nodes), the groups
     /// with a window and those with nodes.
-    fn finish(mut self, windows: &Windows) -> Vec<(String, f64, i64)> {
-        for (group, _) in windows.iter() {
-            self.held.entry(group.to_string()).or_default();
-        }
-        self.held
+    fn finish(self, windows: &Windows) -> Vec<(String, f64, i64)> {
+        let mut held: std::collections::BTreeMap<String, i64> = self
+            .held
             .into_iter()
+            .map(|(group, n)| (group.to_string(), n))
+            .collect();
+        for (group, _) in windows.iter() {
+            held.entry(group.to_string()).or_default();
+        }
+        held.into_iter()
             .map(|(group, held)| {
                 let deadline = seconds(windows.deadline(&group));
                 (group, deadline, held)

@@ -388,11 +388,8 @@ impl Settings {
 
     /// The NodePools held by budget, with `--hold-mechanism budget`.
     pub fn pools(&self) -> Result<Option<NodeScope>> {
-        if self.hold_mechanism != Mechanism::Budget {
-            return Ok(None);
-        }
-        NodeScope::parse(&self.nodepool_selector)
-            .map(Some)
+        self.hold_mechanism
+            .pools(&self.nodepool_selector)
             .map_err(|e| anyhow!("ConfigMap {NAME}: nodepoolSelector: {e}"))
     }
 

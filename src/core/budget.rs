@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::selector::NodeScope;
+
 /// Label every node of a Karpenter NodePool carries: the pool's name.
 pub const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 
@@ -40,6 +42,18 @@ impl std::fmt::Display for Mechanism {
             Mechanism::Annotation => "annotation",
             Mechanism::Budget => "budget",
         })
+    }
+}
+
+impl Mechanism {
+    /// The NodePools held by budget: those `selector` (kubectl syntax)
+    /// selects with the budget mechanism, `None` with annotations; the
+    /// selector's parse error otherwise.
+    pub fn pools(self, selector: &str) -> Result<Option<NodeScope>, String> {
+        match self {
+            Mechanism::Annotation => Ok(None),
+            Mechanism::Budget => NodeScope::parse(selector).map(Some),
+        }
     }
 }
 
