@@ -108,6 +108,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub patching: PatchingArgs,
 
+    /// Nodes of one pass that get an Event each when node-holder holds or
+    /// releases them; a pass that patches more sums them up in one Event on
+    /// its record ConfigMap. 0: only that one.
+    #[arg(long, env = "NODE_HOLDER_NODE_EVENTS_PER_PASS", default_value_t = 500)]
+    pub node_events_per_pass: usize,
+
     /// Budget of one webhook request, reading the body included; keep it well
     /// under the webhook configuration's timeoutSeconds.
     #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]

@@ -177,6 +177,8 @@ fn leader_config(
         lease_duration: COMMAND_LEASE,
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
+        // Run by hand, the pass publishes no Events (`EventSink::none`).
+        node_events_per_pass: 0,
         coalesce_idle: args.patching.coalesce_idle,
         coalesce_max: args.patching.coalesce_max,
     })

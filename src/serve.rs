@@ -40,6 +40,7 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
         lease_duration: args.leader.lease_duration,
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
+        node_events_per_pass: args.node_events_per_pass,
         coalesce_idle: args.patching.coalesce_idle,
         coalesce_max: args.patching.coalesce_max,
     })

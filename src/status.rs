@@ -16,7 +16,6 @@ use crate::core::budget::Mechanism;
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::{MARKED, held_keys};
 use crate::core::pace::Pacing;
-use crate::core::plan::labels;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 
 /// Everything `status` shows.
@@ -172,7 +171,7 @@ fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<
                 .collect(),
             group: grouping
                 .key()
-                .map(|_| grouping.group_of(labels(&node.metadata)).to_string()),
+                .map(|_| grouping.group_of(&node.metadata).to_string()),
             created: node.metadata.creation_timestamp.map(|t| t.0),
             name: node.metadata.name.unwrap_or_default(),
         })

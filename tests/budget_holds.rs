@@ -147,3 +147,44 @@ async fn the_budget_goes_on_the_pools_in_scope_and_exactly_it_comes_off_after_a_
         "{status}"
     );
 }
+
+#[tokio::test]
+async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_once_it_is_there() {
+    let c = Cluster::start().await;
+    common::install_nodepool_rbac(&c.cp).await;
+    let flags = fast("10m", &["--hold-mechanism=budget"]);
+    let mut served = common::serve(&c.cp, &strs(&flags)).await;
+    create(&c.nodes, "g-1", &[(LABEL, "general")], &[]).await;
+
+    // No NodePool API: every pass fails, saying what is missing, and is
+    // retried; the process keeps running and holds nothing by annotation.
+    let says_why = |served: &Served| {
+        logged(served, "hold window pass failed").iter().any(|l| {
+            l["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("--hold-mechanism budget needs Karpenter v1"))
+        })
+    };
+    eventually_logging(
+        "a pass says why it failed",
+        Duration::from_secs(30),
+        &served,
+        || std::future::ready(says_why(&served)),
+    )
+    .await;
+    assert!(served.child.try_wait().unwrap().is_none(), "serve exited");
+    assert!(marked(&c.nodes).await.is_empty());
+
+    // Karpenter is installed: a retried pass holds its pool.
+    testenv::install_karpenter_crds(&c.cp).await.unwrap();
+    let pools = testenv::node_pools(&c.cp.admin_client().await.unwrap());
+    create_pool(&pools, "general", json!([{"nodes": "10%"}]), json!({})).await;
+    eventually_logging(
+        "the pool holds",
+        Duration::from_secs(90),
+        &served,
+        || async { budgets(&pools, "general").await == json!([{"nodes": "10%"}, ours()]) },
+    )
+    .await;
+    assert!(marked(&c.nodes).await.is_empty());
+}

@@ -268,3 +268,64 @@ async fn a_coalesce_max_longer_than_the_uptime_still_holds_and_releases() {
     );
     assert!(!served.log().contains("panicked"), "{}", served.log());
 }
+
+/// `(reason, note)` of the Events in `events` regarding `name`.
+async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    listed
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pass_over_more_nodes_than_get_their_own_event_is_summed_up_on_the_record() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    let old = ["old-1", "old-2", "old-3", "old-4"];
+    old_nodes(&nodes, &old, &[], Duration::from_secs(4)).await;
+    let served = serve(&cp, &strs(&fast("4s", &["--node-events-per-pass", "2"]))).await;
+    // No webhook: the window's pass holds the new node too, five in all.
+    create(&nodes, "new-1", &[], &[]).await;
+    let five = ["old-1", "old-2", "old-3", "old-4", "new-1"];
+    eventually_logging("every node held", Duration::from_secs(20), &served, || {
+        all_held(&nodes, &five)
+    })
+    .await;
+    eventually_logging(
+        "every node released",
+        Duration::from_secs(20),
+        &served,
+        || no_node_carries_anything(&nodes),
+    )
+    .await;
+
+    let admin = cp.admin_client().await.unwrap();
+    let on_record: Api<Event> = Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
+    let summaries = || async {
+        let events = events_of(&on_record, "node-holder-window").await;
+        let summary = |reason: &str| {
+            events
+                .iter()
+                .any(|(r, note)| r == reason && note.contains(" 5 nodes in one pass"))
+        };
+        summary("NodesHeld") && summary("NodesReleased")
+    };
+    eventually_logging(
+        "the two summaries on the record",
+        Duration::from_secs(20),
+        &served,
+        summaries,
+    )
+    .await;
+    // Events are published in order: the nodes' own came before the summary.
+    let on_nodes: Api<Event> = Api::namespaced(admin, "default");
+    let mut own = std::collections::BTreeMap::<String, usize>::new();
+    for name in five {
+        for (reason, _) in events_of(&on_nodes, name).await {
+            *own.entry(reason).or_default() += 1;
+        }
+    }
+    assert_eq!(own.get("HoldApplied"), Some(&2), "{own:?}");
+    assert_eq!(own.get("HoldReleased"), Some(&2), "{own:?}");
+}

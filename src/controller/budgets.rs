@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::record::FIELD_MANAGER;
 use crate::core::budget::{NODEPOOL_LABEL, add, budgets_of, carries, remove, set_budgets};
 use crate::core::groups::UNLABELLED;
-use crate::core::plan::labels;
+use crate::core::node::labels;
 use crate::core::selector::NodeScope;
 
 /// Karpenter's maximum of budgets a NodePool may have.

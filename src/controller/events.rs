@@ -14,7 +14,8 @@ use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::plan::NodePatch;
+use crate::core::node::NodeMeta;
+use crate::core::plan::{Action, NodePatch};
 use crate::core::window::{ManualHold, ManualHoldOutcome, Observed};
 
 const QUEUE: usize = 10_000;
@@ -23,7 +24,7 @@ const PER_SECOND: u32 = 20;
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
 /// One Event on one node, or on the window record.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HoldEvent {
     regarding: Regarding,
     reason: &'static str,
@@ -32,7 +33,7 @@ pub struct HoldEvent {
 }
 
 /// What an Event is about.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 enum Regarding {
     Node {
         name: String,
@@ -45,10 +46,10 @@ enum Regarding {
 }
 
 impl Regarding {
-    fn node(name: &str, uid: Option<&String>) -> Self {
+    fn node(name: &str, uid: Option<&str>) -> Self {
         Regarding::Node {
             name: name.to_string(),
-            uid: uid.cloned(),
+            uid: uid.map(str::to_string),
         }
     }
 
@@ -96,23 +97,19 @@ fn until(deadline: Option<Timestamp>) -> String {
 
 impl HoldEvent {
     /// A new node in scope opened or extended the window.
-    pub fn counted(
-        node: &ObjectMeta,
-        created: Timestamp,
-        observed: Observed,
-        deadline: Option<Timestamp>,
-    ) -> Self {
+    pub fn counted(node: &NodeMeta, observed: Observed, deadline: Option<Timestamp>) -> Self {
         let (reason, what) = match observed {
             Observed::Opened => ("HoldWindowOpened", "opened node-holder's hold window"),
             Observed::Extended => ("HoldWindowExtended", "extended node-holder's hold window"),
             _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
         HoldEvent {
-            regarding: Regarding::node(node.name.as_deref().unwrap_or_default(), node.uid.as_ref()),
+            regarding: Regarding::node(node.name(), node.uid()),
             reason,
             action: "Hold",
             note: format!(
-                "new node (created {created}) {what}: held {}",
+                "new node (created {}) {what}: held {}",
+                node.created(),
                 until(deadline)
             ),
         }
@@ -121,7 +118,7 @@ impl HoldEvent {
     /// node-holder put its hold on the node.
     pub fn held(patch: &NodePatch) -> Self {
         HoldEvent {
-            regarding: Regarding::node(&patch.name, patch.uid.as_ref()),
+            regarding: Regarding::node(&patch.name, patch.uid.as_deref()),
             reason: "HoldApplied",
             action: "Hold",
             note: format!(
@@ -150,11 +147,68 @@ impl HoldEvent {
             ));
         }
         HoldEvent {
-            regarding: Regarding::node(&patch.name, patch.uid.as_ref()),
+            regarding: Regarding::node(&patch.name, patch.uid.as_deref()),
             reason: "HoldReleased",
             action: "Release",
             note,
         }
+    }
+}
+
+/// The node Events of one pass's patches one way: each node its own Event
+/// up to a limit (`--node-events-per-pass`), and past it one Event on the
+/// record that sums the pass up. A pass over a whole large cluster would
+/// otherwise queue an Event per node, far more than the API server should
+/// store or the publisher can send (20 a second).
+#[derive(Debug)]
+pub struct PassEvents {
+    action: Action,
+    namespace: String,
+    limit: usize,
+    applied: usize,
+}
+
+impl PassEvents {
+    pub fn new(action: Action, namespace: &str, limit: usize) -> Self {
+        PassEvents {
+            action,
+            namespace: namespace.to_string(),
+            limit,
+            applied: 0,
+        }
+    }
+
+    /// The Event of one applied patch: its own, while under the limit.
+    pub fn applied(&mut self, patch: &NodePatch) -> Option<HoldEvent> {
+        self.applied = self.applied.saturating_add(1);
+        (self.applied <= self.limit).then(|| match self.action {
+            Action::Hold => HoldEvent::held(patch),
+            Action::Release => HoldEvent::released(patch),
+        })
+    }
+
+    /// After the pass: the Event on the record that sums it up, when more
+    /// nodes were patched than got their own Event.
+    pub fn finish(self) -> Option<HoldEvent> {
+        if self.applied <= self.limit {
+            return None;
+        }
+        let (reason, action, did) = match self.action {
+            Action::Hold => ("NodesHeld", "Hold", "put its hold on"),
+            Action::Release => ("NodesReleased", "Release", "removed its hold from"),
+        };
+        Some(HoldEvent {
+            regarding: Regarding::Record {
+                namespace: self.namespace,
+            },
+            reason,
+            action,
+            note: format!(
+                "node-holder {did} {} nodes in one pass; the first {} have an Event of \
+                 their own (--node-events-per-pass)",
+                self.applied, self.limit
+            ),
+        })
     }
 }
 
@@ -290,4 +344,51 @@ fn truncate(name: &str, max: usize) -> &str {
         end -= 1;
     }
     name[..end].trim_end_matches(['.', '-'])
+}
+
+#[cfg(test)]
+mod tests {
+    use json_patch::Patch;
+
+    use super::*;
+
+    fn patch(name: &str) -> NodePatch {
+        NodePatch {
+            name: name.to_string(),
+            uid: None,
+            patch: Patch(Vec::new()),
+            keys: vec!["karpenter.sh/do-not-disrupt".to_string()],
+            left: Vec::new(),
+            until: None,
+            pool_budget: None,
+        }
+    }
+
+    #[test]
+    fn a_pass_past_the_limit_is_summed_up_on_the_record() {
+        let mut events = PassEvents::new(Action::Hold, "ops", 2);
+        let sent: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|name| events.applied(&patch(name)))
+            .collect();
+        assert_eq!(sent[0], Some(HoldEvent::held(&patch("a"))));
+        assert!(sent[1].is_some() && sent[2].is_none() && sent[3].is_none());
+        let summary = events.finish().unwrap();
+        assert_eq!(summary.regarding.name(), super::super::record::NAME);
+        assert_eq!(summary.regarding.namespace(), "ops");
+        assert_eq!(summary.reason, "NodesHeld");
+        assert!(summary.note.contains(" 4 nodes") && summary.note.contains("first 2"));
+    }
+
+    #[test]
+    fn a_pass_within_the_limit_has_only_node_events() {
+        let mut events = PassEvents::new(Action::Release, "ops", 2);
+        let sent = events.applied(&patch("a"));
+        assert_eq!(sent, Some(HoldEvent::released(&patch("a"))));
+        assert!(events.applied(&patch("b")).is_some());
+        assert_eq!(events.finish(), None);
+        let mut none = PassEvents::new(Action::Release, "ops", 0);
+        assert_eq!(none.applied(&patch("a")), None);
+        assert_eq!(none.finish().unwrap().reason, "NodesReleased");
+    }
 }

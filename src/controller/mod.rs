@@ -8,6 +8,7 @@ mod budgets;
 mod coalesce;
 mod events;
 pub mod lease;
+mod nodes;
 pub mod patcher;
 pub mod record;
 
@@ -18,29 +19,28 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
+use crate::core::node::NodeMeta;
 use crate::core::pace::Pacing;
-use crate::core::patch::keep_what_patches_read;
-use crate::core::plan::{Action, NodePatch, Planner, identity, labels, paced_keep};
+use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Mode, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
-use events::{EventSink, HoldEvent};
+use events::{EventSink, HoldEvent, PassEvents};
+use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
 use record::{RecordStore, ReleaseRequest, Settings};
 
@@ -57,6 +57,9 @@ pub struct Config {
     pub lease_duration: Duration,
     pub qps: u32,
     pub max_in_flight: usize,
+    /// How many nodes of one pass's patches one way get an Event each;
+    /// past it, one Event on the record sums the pass up.
+    pub node_events_per_pass: usize,
     pub coalesce_idle: Duration,
     pub coalesce_max: Duration,
 }
@@ -69,6 +72,11 @@ impl Config {
         let groups = self.window.groups.key().map(str::to_string);
         let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
         groups.into_iter().chain(pools).collect()
+    }
+
+    /// What the node store keeps of each node.
+    fn keep(&self) -> nodes::Keep {
+        nodes::Keep::new(&self.policy, self.labels_read())
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
@@ -236,7 +244,7 @@ pub async fn handle_once(
         }
     }
     for attempt in 1..=ONCE_ATTEMPTS {
-        let nodes = list_nodes(&task.client, &task.config).await?;
+        let nodes = list_nodes(&task.client, task.config.keep()).await?;
         task.pass(&nodes).await?;
         if task.failures == 0 {
             break;
@@ -255,43 +263,6 @@ pub async fn handle_once(
     Ok(report)
 }
 
-/// Every node's metadata from one list, trimmed as the watch trims it, in a
-/// store like the watch's.
-async fn list_nodes(
-    client: &kube::Client,
-    config: &Config,
-) -> Result<Store<PartialObjectMeta<Node>>> {
-    let policy = &config.policy;
-    let api: Api<Node> = Api::all(client.clone());
-    let listed = api
-        .list_metadata(&kube::api::ListParams::default())
-        .await
-        .context("listing nodes")?;
-    let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
-    writer.apply_watcher_event(&Event::Init);
-    for mut node in listed.items {
-        keep_what_patches_read(
-            &mut node.metadata,
-            &policy.holds,
-            &policy.scope,
-            &config.labels_read(),
-        );
-        writer.apply_watcher_event(&Event::InitApply(node));
-    }
-    writer.apply_watcher_event(&Event::InitDone);
-    Ok(store)
-}
-
-/// What the node watch has seen so far: complete lists, and changes since.
-#[derive(Debug, Default, Clone, Copy)]
-struct Feed {
-    lists: u64,
-    changes: u64,
-    /// The watch failed and has not listed again since: the store may miss
-    /// nodes (one created while the API server was down), so no pass runs.
-    broken: bool,
-}
-
 /// Retry delays of node-holder's watches: from half a second, doubling, to
 /// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
 /// would leave the window task blind for up to 30 s after an API server
@@ -303,76 +274,6 @@ fn watch_backoff() -> watcher::ExponentialBackoff {
         .with_factor(2.0)
         .without_max_times()
         .into()
-}
-
-/// Watches Node metadata into a store, in a task of its own so that the
-/// watch is read even while a long pass patches thousands of nodes (the API
-/// server closes watchers that fall behind). Objects are trimmed to what the
-/// plan reads before they are stored. The receiver reports progress; it
-/// closes when the watch task ends.
-///
-/// After any watch error (the API server gone, `410 Gone`, a failed list)
-/// the store is marked broken and the watch starts over with a fresh list:
-/// only a complete list proves no node was missed while it was down.
-fn watch_nodes(client: kube::Client, policy: &HoldPolicy, also: Vec<String>) -> NodeWatch {
-    let (holds, scope) = (policy.holds.clone(), policy.scope.clone());
-    let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
-    // Metadata only: ~1 KB a node on the wire instead of ~25 KB for a whole Node.
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
-    let listed = store.clone();
-    let task = tokio::spawn(async move {
-        let mut backoff = watch_backoff();
-        loop {
-            let (holds, scope, also) = (holds.clone(), scope.clone(), also.clone());
-            let stream =
-                watcher::watcher(api.clone(), watcher::Config::default()).modify(move |node| {
-                    keep_what_patches_read(&mut node.metadata, &holds, &scope, &also)
-                });
-            futures::pin_mut!(stream);
-            let error = loop {
-                match stream.next().await {
-                    Some(Ok(event)) => {
-                        writer.apply_watcher_event(&event);
-                        match event {
-                            Event::InitDone => {
-                                kube::runtime::utils::Backoff::reset(&mut backoff);
-                                let was_broken = feed.borrow().broken;
-                                feed.send_modify(|f| {
-                                    f.lists += 1;
-                                    f.broken = false;
-                                });
-                                tracing::info!(
-                                    nodes = listed.len(),
-                                    after_a_failure = was_broken,
-                                    "node watch listed every node"
-                                );
-                            }
-                            Event::Apply(_) | Event::Delete(_) => {
-                                feed.send_modify(|f| f.changes += 1)
-                            }
-                            Event::Init | Event::InitApply(_) => {}
-                        }
-                    }
-                    Some(Err(err)) => break err.to_string(),
-                    None => break "the watch stream ended".to_string(),
-                }
-            };
-            feed.send_modify(|f| f.broken = true);
-            let pause = backoff.next().unwrap_or(Duration::from_secs(5));
-            tracing::warn!(
-                error,
-                retry_in_ms = pause.as_millis() as u64,
-                "node watch failed; no pass runs until it has listed every node again"
-            );
-            tokio::time::sleep(pause).await;
-        }
-    });
-    NodeWatch {
-        store,
-        feed: receiver,
-        _task: AbortOnDropHandle::new(task),
-    }
 }
 
 /// The record's metadata as it changes (release requests arrive this way).
@@ -398,19 +299,9 @@ async fn sleep_until(due: Due, synced: bool) {
     }
 }
 
-/// A running node watch: its store, its progress, and the task, which
-/// dropping aborts (the watch ends with the leadership).
-struct NodeWatch {
-    store: Store<PartialObjectMeta<Node>>,
-    feed: tokio::sync::watch::Receiver<Feed>,
-    _task: AbortOnDropHandle<()>,
-}
-
 /// A node in scope, as one pass reads it.
 struct InScope<'a> {
-    meta: &'a ObjectMeta,
-    name: &'a str,
-    created: Timestamp,
+    node: &'a NodeMeta,
     /// The group whose window it counts in.
     group: &'a str,
 }
@@ -482,23 +373,16 @@ async fn record_releasing(store: &RecordStore, total: usize) -> bool {
 fn planner<'a>(
     windows: &'a Windows,
     config: &'a Config,
-    snapshot: &'a [Arc<PartialObjectMeta<Node>>],
+    snapshot: &'a [Arc<NodeMeta>],
     now: Timestamp,
 ) -> Planner<'a> {
-    let (cfg, scope) = (&config.window, &config.policy.scope);
+    let cfg = &config.window;
     Planner {
         windows,
         cfg,
-        scope,
         holds: &config.policy.holds,
         now,
-        paced: paced_keep(
-            windows,
-            cfg,
-            scope,
-            now,
-            snapshot.iter().map(|n| &n.metadata),
-        ),
+        paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
         pool_budgets: None,
     }
 }
@@ -516,11 +400,11 @@ struct GroupGauges<'a> {
 }
 
 impl<'a> GroupGauges<'a> {
-    fn count(&mut self, groups: &Grouping, meta: &'a ObjectMeta, held: bool) {
+    fn count(&mut self, groups: &Grouping, node: &'a NodeMeta, held: bool) {
         if groups.key().is_none() {
             return;
         }
-        *self.held.entry(groups.group_of(labels(meta))).or_default() += i64::from(held);
+        *self.held.entry(groups.group_of(node)).or_default() += i64::from(held);
     }
 
     /// Every group's (deadline in Unix seconds, held nodes), the groups
@@ -590,11 +474,7 @@ impl WindowTask {
             store: nodes,
             mut feed,
             _task,
-        } = watch_nodes(
-            self.client.clone(),
-            &self.config.policy,
-            self.config.labels_read(),
-        );
+        } = watch_nodes(self.client.clone(), self.config.keep(), watch_backoff());
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
 
@@ -764,7 +644,7 @@ impl WindowTask {
 
     /// One pass, timed; returns when the next must run at the latest (a
     /// backoff after a failure).
-    async fn timed_pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Option<Instant> {
+    async fn timed_pass(&mut self, nodes: &NodeStore) -> Option<Instant> {
         let started = Instant::now();
         let outcome = self.pass(nodes).await;
         self.metrics
@@ -789,13 +669,12 @@ impl WindowTask {
     /// It reads the store's objects in place (shared, not copied) and builds
     /// each node's patch only when the patcher takes it, so its memory grows
     /// with the patches in flight, not with the nodes.
-    async fn pass(&mut self, nodes: &Store<PartialObjectMeta<Node>>) -> Result<PassOutcome> {
+    async fn pass(&mut self, nodes: &NodeStore) -> Result<PassOutcome> {
         // Leadership as the Lease says now, not as the lease manager last
         // saw it: after an API server outage another replica may lead.
         lease::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
         let now = Timestamp::now();
-        let mut snapshot = nodes.state();
-        snapshot.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let snapshot = nodes.snapshot();
         self.apply_requests(now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
@@ -809,31 +688,26 @@ impl WindowTask {
     /// did: a log line for each node that opens or extends one, an Event for
     /// each new node of an open window (once per leader), a line when one
     /// closes.
-    fn observe(&mut self, snapshot: &[Arc<PartialObjectMeta<Node>>], now: Timestamp) {
+    fn observe(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
         let cfg = &self.config.window.clone();
         let in_scope: Vec<InScope> = snapshot
             .iter()
-            .map(|node| &node.metadata)
-            .filter(|meta| self.config.policy.scope.matches(labels(meta)))
-            .filter_map(|meta| {
-                let (name, created) = identity(meta)?;
-                let group = cfg.groups.group_of(labels(meta));
-                Some(InScope {
-                    meta,
-                    name,
-                    created,
-                    group,
-                })
+            .filter(|node| node.in_scope())
+            .map(|node| InScope {
+                node,
+                group: cfg.groups.group_of(&**node),
             })
             .collect();
         let open_before = self.open_groups();
-        let (observed, ended) =
-            self.windows
-                .observe_all(in_scope.iter().map(|n| (n.group, n.created)), now, cfg);
+        let (observed, ended) = self.windows.observe_all(
+            in_scope.iter().map(|n| (n.group, n.node.created())),
+            now,
+            cfg,
+        );
         for ended in ended {
             let held = in_scope
                 .iter()
-                .filter(|n| n.group == ended.group && is_marked(n.meta))
+                .filter(|n| n.group == ended.group && is_marked(n.node))
                 .count();
             self.pace_release(&ended.group, ended.since, held);
         }
@@ -854,15 +728,15 @@ impl WindowTask {
 
     /// What one node in scope did to its window: the log line of a node that
     /// opened or extended it, the Event of a node new in an open window.
-    fn observed(&mut self, node: &InScope, observed: Observed, now: Timestamp) {
+    fn observed(&mut self, in_scope: &InScope, observed: Observed, now: Timestamp) {
+        let (node, group) = (in_scope.node, in_scope.group);
         let cfg = &self.config.window;
-        let until = self.windows.held_until(node.group, node.created, now, cfg);
-        let group = self.group_field(node.group);
+        let until = self.windows.held_until(group, node.created(), now, cfg);
         if matches!(observed, Observed::Opened | Observed::Extended) {
             tracing::info!(
-                node = %node.name,
-                group,
-                created = %node.created,
+                node = %node.name(),
+                group = self.group_field(group),
+                created = %node.created(),
                 deadline = %until.map_or_else(String::new, |d| d.to_string()),
                 "hold window {}", observed.label()
             );
@@ -870,13 +744,13 @@ impl WindowTask {
         let new_in_window = match cfg.mode {
             Mode::Cluster => self
                 .windows
-                .window(node.group)
+                .window(group)
                 .and_then(Window::open)
-                .is_some_and(|open| node.created >= open.opened_at),
+                .is_some_and(|open| node.created() >= open.opened_at),
             Mode::Node => until.is_some(),
         };
         if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
-            self.announce(node.meta, node.name, node.created, observed, until);
+            self.announce(node, observed, until);
         }
     }
 
@@ -928,18 +802,10 @@ impl WindowTask {
     }
 
     /// The Event that says why a new node is held, once per node and leader.
-    fn announce(
-        &mut self,
-        meta: &ObjectMeta,
-        name: &str,
-        created: Timestamp,
-        observed: Observed,
-        until: Option<Timestamp>,
-    ) {
-        let key = meta.uid.as_deref().unwrap_or(name);
+    fn announce(&mut self, node: &NodeMeta, observed: Observed, until: Option<Timestamp>) {
+        let key = node.uid().unwrap_or(node.name());
         if self.announced.insert(key.to_string()) {
-            self.events
-                .send(HoldEvent::counted(meta, created, observed, until));
+            self.events.send(HoldEvent::counted(node, observed, until));
         }
     }
 
@@ -963,7 +829,7 @@ impl WindowTask {
     /// as a release under way while they run); returns when to wake.
     async fn converge(
         &mut self,
-        snapshot: &[Arc<PartialObjectMeta<Node>>],
+        snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
@@ -971,7 +837,7 @@ impl WindowTask {
         let mut planner = planner(&self.windows, &self.config, snapshot, now);
         planner.pool_budgets = pool_budgets;
         let planner = &planner;
-        let metas = || snapshot.iter().map(|node| &node.metadata);
+        let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
@@ -990,10 +856,10 @@ impl WindowTask {
         let patches = |indices: Vec<usize>| {
             indices
                 .into_iter()
-                .filter_map(move |i| planner.node(&snapshot[i].metadata))
+                .filter_map(move |i| planner.node(&snapshot[i]))
                 .map(|(_, patch)| patch)
         };
-        let marked = metas().filter(|meta| is_marked(meta)).count() as i64;
+        let marked = metas().filter(|node| is_marked(*node)).count() as i64;
         let wake_at = planner.wake(metas());
         let (hold_total, release_total) = (hold.len(), release.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
@@ -1091,21 +957,26 @@ impl WindowTask {
         tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
         let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
+        let mut events = PassEvents::new(
+            action,
+            &self.config.namespace,
+            self.config.node_events_per_pass,
+        );
         let results = self.patcher.apply(patches, total);
         futures::pin_mut!(results);
         while let Some((patch, result)) = results.next().await {
             tracing::debug!(node = %patch.name, action = action_label, ?result, keys = ?patch.keys, "node patch");
             match result {
-                PatchResult::Applied if action == Action::Hold => {
-                    applied += 1;
-                    self.metrics.holds_applied.inc();
-                    self.events.send(HoldEvent::held(&patch));
-                    self.note(action, &patch);
-                }
                 PatchResult::Applied => {
                     applied += 1;
-                    self.metrics.holds_released.inc();
-                    self.events.send(HoldEvent::released(&patch));
+                    let counter = match action {
+                        Action::Hold => &self.metrics.holds_applied,
+                        Action::Release => &self.metrics.holds_released,
+                    };
+                    counter.inc();
+                    if let Some(event) = events.applied(&patch) {
+                        self.events.send(event);
+                    }
                     self.note(action, &patch);
                 }
                 PatchResult::Gone => {}
@@ -1118,6 +989,9 @@ impl WindowTask {
                     self.metrics.patch_error(code);
                 }
             }
+        }
+        if let Some(summary) = events.finish() {
+            self.events.send(summary);
         }
         tracing::info!(
             action = action_label,

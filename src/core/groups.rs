@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::node::NodeFields;
 use super::pace::Pacing;
 use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
 
@@ -39,12 +40,12 @@ impl Grouping {
         self.key.as_deref()
     }
 
-    /// The group of a node with these labels.
-    pub fn group_of<'a>(&self, labels: &'a BTreeMap<String, String>) -> &'a str {
+    /// The group of a node.
+    pub fn group_of<'a>(&self, node: &'a (impl NodeFields + ?Sized)) -> &'a str {
         self.key
             .as_ref()
-            .and_then(|key| labels.get(key))
-            .map_or(UNLABELLED, String::as_str)
+            .and_then(|key| node.label(key))
+            .unwrap_or(UNLABELLED)
     }
 }
 
@@ -275,6 +276,7 @@ mod tests {
 
     use super::*;
     use crate::core::window::Mode;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn t(m: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + m * 60).unwrap()
@@ -301,11 +303,14 @@ mod tests {
 
     #[test]
     fn a_node_is_in_the_group_of_its_label_value() {
-        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
+        let labels = |pairs: &[(&str, &str)]| ObjectMeta {
+            labels: Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
         };
         let grouped = Grouping::per_label(Some("pool".into()));
         assert_eq!(grouped.group_of(&labels(&[("pool", "gpu")])), "gpu");

@@ -9,10 +9,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use clap::ValueEnum;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
+use super::node::NodeFields;
 use super::selector::NodeScope;
+use clap::ValueEnum;
 
 /// node-holder's own key prefix.
 pub const PREFIX: &str = "node-holder.dev";
@@ -26,21 +25,16 @@ pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
 pub const MARKED: &str = "node-holder.dev/held=true";
 
 /// Whether the node carries node-holder's marker label.
-pub fn is_marked(meta: &ObjectMeta) -> bool {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(MARKER_LABEL))
-        .is_some_and(|v| v == MARKER_VALUE)
+pub fn is_marked(meta: &(impl NodeFields + ?Sized)) -> bool {
+    meta.label(MARKER_LABEL) == Some(MARKER_VALUE)
 }
 
 /// The hold keys node-holder listed on the node (its `hold-keys`
 /// annotation), each once, trimmed. node-holder's own keys are skipped:
 /// removing the list twice would make a release patch fail forever.
-pub fn held_keys(meta: &ObjectMeta) -> Vec<&str> {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(HELD_KEYS_ANNOTATION))
-        .map_or_else(Vec::new, |list| listed_keys(list))
+pub fn held_keys(meta: &(impl NodeFields + ?Sized)) -> Vec<&str> {
+    meta.annotation(HELD_KEYS_ANNOTATION)
+        .map_or_else(Vec::new, listed_keys)
 }
 
 /// The keys of a `hold-keys` list (see [`held_keys`]).

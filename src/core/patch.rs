@@ -19,6 +19,7 @@ use super::holds::{
     HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
     listed_keys,
 };
+use super::node::{NodeFields, NodeMeta, labels};
 use super::selector::NodeScope;
 
 /// The patch that adds every configured hold the node lacks, marks the node as
@@ -26,11 +27,10 @@ use super::selector::NodeScope;
 /// key the node already has, with any value, is left alone and not claimed.
 /// Returns an empty patch (and no added holds) when nothing is missing, so
 /// applying it again changes nothing.
-pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
-    let annotations = meta.annotations.as_ref();
+pub fn add_holds(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>) {
     let missing: Vec<Hold> = holds
         .iter()
-        .filter(|hold| annotations.is_none_or(|a| !a.contains_key(&hold.key)))
+        .filter(|hold| meta.annotation(&hold.key).is_none())
         .cloned()
         .collect();
     if missing.is_empty() {
@@ -49,10 +49,10 @@ pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
         .collect();
     to_add.insert(HELD_KEYS_ANNOTATION.to_string(), held_keys.join(","));
 
-    let mut ops = map_entries("annotations", annotations.is_some(), to_add);
+    let mut ops = map_entries("annotations", meta.has_annotations(), to_add);
     if !is_marked(meta) {
         let marker = BTreeMap::from([(MARKER_LABEL.to_string(), MARKER_VALUE.to_string())]);
-        ops.extend(map_entries("labels", meta.labels.is_some(), marker));
+        ops.extend(map_entries("labels", meta.has_labels(), marker));
     }
     (Patch(ops), missing)
 }
@@ -61,9 +61,9 @@ pub fn add_holds(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
 /// mode), guarded by `test /metadata/resourceVersion`: its `add`s overwrite a
 /// key or a whole map that appeared since the node was read, and JSON Patch
 /// cannot test that a key is absent, so only the version proves nothing did.
-pub fn hold_existing(meta: &ObjectMeta, holds: &Holds) -> (Patch, Vec<Hold>) {
+pub fn hold_existing(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>) {
     let (Patch(mut ops), added) = add_holds(meta, holds);
-    if let (false, Some(version)) = (ops.is_empty(), &meta.resource_version) {
+    if let (false, Some(version)) = (ops.is_empty(), meta.resource_version()) {
         ops.insert(
             0,
             test(
@@ -93,9 +93,8 @@ pub struct Release {
 /// (the caller reads the node again). A hold node-holder did not list is
 /// never touched, whatever its value. Empty when the node carries nothing of
 /// node-holder's.
-pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
-    let annotations = meta.annotations.as_ref();
-    let annotation = |key: &str| annotations.and_then(|a| a.get(key));
+pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
+    let annotation = |key: &str| meta.annotation(key);
     let mut ops = Vec::new();
     let (mut removed, mut left) = (Vec::new(), Vec::new());
     if let Some(list) = annotation(HELD_KEYS_ANNOTATION) {
@@ -106,7 +105,7 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
             };
             let path = PointerBuf::from_tokens(["metadata", "annotations", key]);
             ops.push(test(path.clone(), current));
-            if value_set_by_node_holder(key, holds).as_deref() == Some(current.as_str()) {
+            if value_set_by_node_holder(key, holds).as_deref() == Some(current) {
                 ops.push(remove(path));
                 removed.push(key.to_string());
             } else {
@@ -117,7 +116,7 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
         ops.push(test(path.clone(), list));
         ops.push(remove(path));
     }
-    if let Some(marker) = meta.labels.as_ref().and_then(|l| l.get(MARKER_LABEL)) {
+    if let Some(marker) = meta.label(MARKER_LABEL) {
         let path = PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]);
         ops.push(test(path.clone(), marker));
         ops.push(remove(path));
@@ -129,38 +128,35 @@ pub fn release_holds(meta: &ObjectMeta, holds: &Holds) -> Release {
     }
 }
 
-/// Drops from `meta` what the patches and the plan never read, so that a
-/// store of thousands of nodes stays small: managed fields, owner references,
-/// finalizers, every annotation but the configured holds, node-holder's
-/// hold-keys list and the keys in it, and every label but node-holder's marker,
-/// those the node selector reads and those in `also` (the one that groups
-/// windows, the NodePool's). A map left empty stays (empty, not absent):
-/// it still exists on the node, so holds are added into it, never as a whole
-/// new map that would replace the others' keys. Every patch and every scope
-/// decision made from the trimmed metadata is the one made from the whole.
+/// What a store of thousands of nodes keeps of `meta`: what the patches and
+/// the plan read. Of the annotations, the configured holds, node-holder's
+/// hold-keys list and the keys in it; of the labels, node-holder's marker
+/// and those in `also` (the one that groups windows, the NodePool's); and
+/// whether the node selector selects the node, decided on the whole labels.
+/// A map left empty is kept (empty, not absent): it still exists on the
+/// node, so holds are added into it, never as a whole new map that would
+/// replace the others' keys. Every patch and every scope decision made from
+/// what is kept is the one made from the whole. `None` for metadata without
+/// a name or a creation time.
 pub fn keep_what_patches_read(
-    meta: &mut ObjectMeta,
+    meta: &ObjectMeta,
     holds: &Holds,
     scope: &NodeScope,
     also: &[String],
-) {
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        let listed: Vec<String> = annotations
-            .get(HELD_KEYS_ANNOTATION)
-            .map(|list| listed_keys(list).into_iter().map(str::to_string).collect())
-            .unwrap_or_default();
-        annotations.retain(|key, _| {
+) -> Option<NodeMeta> {
+    let listed: Vec<&str> = meta
+        .annotation(HELD_KEYS_ANNOTATION)
+        .map_or_else(Vec::new, listed_keys);
+    NodeMeta::read(
+        meta,
+        scope.matches(labels(meta)),
+        |key| key == MARKER_LABEL || also.iter().any(|a| a == key),
+        |key| {
             key == HELD_KEYS_ANNOTATION
-                || holds.iter().any(|h| &h.key == key)
-                || listed.contains(key)
-        });
-    }
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|key, _| key == MARKER_LABEL || scope.reads(key) || also.contains(key));
-    }
+                || holds.iter().any(|h| h.key == key)
+                || listed.contains(&key)
+        },
+    )
 }
 
 /// The value node-holder puts under `key`: the configured one, else a
@@ -539,39 +535,28 @@ mod tests {
             NodeScope::parse("pool in (batch),zone").unwrap(),
         ];
         for original in [
-            json!({"name": "n1", "annotations": {"big": "x".repeat(1000), "a/b": "1"},
+            json!({"name": "n1", "creationTimestamp": "2026-11-24T08:00:00Z", "annotations": {"big": "x".repeat(1000), "a/b": "1"},
                    "labels": {"kubernetes.io/hostname": "n1", "zone": "a"},
                    "managedFields": [{"manager": "kubelet", "operation": "Update"}]}),
-            json!({"name": "n1", "resourceVersion": "7",
+            json!({"name": "n1", "creationTimestamp": "2026-11-24T08:00:00Z", "resourceVersion": "7",
                    "annotations": {"karpenter.sh/do-not-disrupt": "true", "other": "v",
                        "karpenter.sh/do-not-consolidate": "true",
                        "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,karpenter.sh/do-not-consolidate"},
                    "labels": {"node-holder.dev/held": "true", "zone": "a", "pool": "batch"},
                    "finalizers": ["f"]}),
-            json!({"name": "n1", "resourceVersion": "8"}),
+            json!({"name": "n1", "creationTimestamp": "2026-11-24T08:00:00Z", "resourceVersion": "8"}),
         ] {
             let whole = meta(original);
             for scope in &scopes {
-                let mut trimmed = whole.clone();
-                keep_what_patches_read(&mut trimmed, &holds, scope, &["pool".to_string()]);
-                assert!(trimmed.managed_fields.is_none() && trimmed.finalizers.is_none());
-                let annotations = trimmed.annotations.as_ref();
-                assert!(!annotations.is_some_and(|a| a.contains_key("a/b")));
+                let trimmed =
+                    keep_what_patches_read(&whole, &holds, scope, &["pool".to_string()]).unwrap();
+                assert!(trimmed.annotation("a/b").is_none() && trimmed.annotation("big").is_none());
+                assert!(trimmed.label("kubernetes.io/hostname").is_none());
                 // A map that existed still exists, however little is left.
-                assert_eq!(trimmed.labels.is_some(), whole.labels.is_some());
-                assert_eq!(trimmed.annotations.is_some(), whole.annotations.is_some());
-                let trimmed_labels = trimmed.labels.clone().unwrap_or_default();
-                assert!(!trimmed_labels.contains_key("kubernetes.io/hostname"));
-                let whole_labels = whole.labels.clone().unwrap_or_default();
-                assert_eq!(
-                    scope.matches(&trimmed_labels),
-                    scope.matches(&whole_labels),
-                    "{scope}"
-                );
-                assert_eq!(
-                    groups.group_of(&trimmed_labels),
-                    groups.group_of(&whole_labels)
-                );
+                assert_eq!(trimmed.has_labels(), whole.labels.is_some());
+                assert_eq!(trimmed.has_annotations(), whole.annotations.is_some());
+                assert_eq!(trimmed.in_scope(), scope.matches(labels(&whole)), "{scope}");
+                assert_eq!(groups.group_of(&trimmed), groups.group_of(&whole));
                 assert_eq!(
                     hold_existing(&trimmed, &holds),
                     hold_existing(&whole, &holds)

@@ -3,36 +3,22 @@
 //! deterministic, so the background task can run it on every change and
 //! patch only the nodes whose state changes.
 //!
-//! Planning reads each node's metadata in place (whole, or trimmed by
-//! [`keep_what_patches_read`](super::patch::keep_what_patches_read)) and
-//! builds one node's patch at a time, so a pass over thousands of nodes can
-//! stream its patches instead of holding them all.
+//! Planning reads each node as stored ([`NodeMeta`], kept by
+//! [`keep_what_patches_read`](super::patch::keep_what_patches_read)) in place
+//! and builds one node's patch at a time, so a pass over thousands of nodes
+//! can stream its patches instead of holding them all.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use json_patch::Patch;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::budget::NODEPOOL_LABEL;
 use super::groups::Windows;
 use super::holds::{Holds, is_marked};
+use super::node::{NodeFields, NodeMeta};
 use super::patch::{hold_existing, release_holds};
-use super::selector::NodeScope;
 use super::window::{Mode, WindowConfig};
-
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
-/// A node's labels; none is an empty map (what a selector sees).
-pub fn labels(meta: &ObjectMeta) -> &BTreeMap<String, String> {
-    meta.labels.as_ref().unwrap_or(&NO_LABELS)
-}
-
-/// A node's name and creation time; `None` for metadata without them, which
-/// the API server never returns for a stored Node (planning skips it).
-pub fn identity(meta: &ObjectMeta) -> Option<(&str, Timestamp)> {
-    Some((meta.name.as_deref()?, meta.creation_timestamp.as_ref()?.0))
-}
 
 /// One node's patch and what it changes, for logs and Events.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,13 +59,12 @@ impl Action {
 /// window (or the manual hold) is open every node in scope carries every
 /// hold, and when it is closed no node carries node-holder's. `node` mode: a
 /// node in scope is held until its own creation + hold (unless a release
-/// consumed it). A node out of scope never carries node-holder's holds.
-/// Nodes already as desired get no patch.
+/// consumed it). A node out of scope (as stored: [`NodeMeta::in_scope`])
+/// never carries node-holder's holds. Nodes already as desired get no patch.
 #[derive(Debug, Clone)]
 pub struct Planner<'a> {
     pub windows: &'a Windows,
     pub cfg: &'a WindowConfig,
-    pub scope: &'a NodeScope,
     pub holds: &'a Holds,
     pub now: Timestamp,
     /// During a paced release, the held nodes that keep their hold for now,
@@ -108,9 +93,8 @@ pub struct PacedKeep<'a> {
 pub fn paced_keep<'a>(
     windows: &Windows,
     cfg: &WindowConfig,
-    scope: &NodeScope,
     now: Timestamp,
-    nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+    nodes: impl IntoIterator<Item = &'a NodeMeta>,
 ) -> BTreeMap<&'a str, PacedKeep<'a>> {
     let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
         return BTreeMap::new();
@@ -119,14 +103,11 @@ pub fn paced_keep<'a>(
         return BTreeMap::new();
     }
     let mut held: BTreeMap<&str, Vec<(Timestamp, &str)>> = BTreeMap::new();
-    for meta in nodes {
-        if !is_marked(meta) || !scope.matches(labels(meta)) {
-            continue;
-        }
-        let group = cfg.groups.group_of(labels(meta));
-        if let Some((name, created)) = identity(meta) {
-            held.entry(group).or_default().push((created, name));
-        }
+    for node in nodes.into_iter().filter(|n| n.in_scope() && is_marked(*n)) {
+        let group = cfg.groups.group_of(node);
+        held.entry(group)
+            .or_default()
+            .push((node.created(), node.name()));
     }
     held.into_iter()
         .filter_map(|(group, mut held)| {
@@ -144,61 +125,54 @@ pub fn paced_keep<'a>(
 }
 
 impl Planner<'_> {
-    /// Whether the node should carry the holds now, and until when its
-    /// window (or the manual hold) holds it.
-    fn wanted(&self, meta: &ObjectMeta, creation: Timestamp) -> (bool, Option<Timestamp>) {
-        if !self.scope.matches(labels(meta)) || self.budget_holds(meta).is_some() {
+    fn wanted(&self, node: &NodeMeta) -> (bool, Option<Timestamp>) {
+        if !node.in_scope() || self.budget_holds(node).is_some() {
             return (false, None);
         }
-        let group = self.cfg.groups.group_of(labels(meta));
-        let until = self.windows.held_until(group, creation, self.now, self.cfg);
-        let kept = self.cfg.mode == Mode::Cluster && self.keeps(meta, group, creation);
+        let group = self.cfg.groups.group_of(node);
+        let until = self
+            .windows
+            .held_until(group, node.created(), self.now, self.cfg);
+        let kept = self.cfg.mode == Mode::Cluster && self.keeps(node, group);
         (until.is_some() || kept, until)
     }
 
-    /// With budgets, why the node needs no hold annotation: `Some(pool)`
-    /// when its NodePool's budget holds it, `Some("")` when it belongs to no
-    /// NodePool; `None` when it is held by annotation.
-    fn budget_holds<'m>(&self, meta: &'m ObjectMeta) -> Option<&'m str> {
+    fn budget_holds<'m>(&self, node: &'m NodeMeta) -> Option<&'m str> {
         let covered = self.pool_budgets?;
-        match labels(meta).get(NODEPOOL_LABEL) {
+        match node.label(NODEPOOL_LABEL) {
             None => Some(""),
-            Some(pool) => covered.contains(pool).then_some(pool.as_str()),
+            Some(pool) => covered.contains(pool).then_some(pool),
         }
     }
 
-    /// Whether a paced release keeps this node's hold for now.
-    fn keeps(&self, meta: &ObjectMeta, group: &str, creation: Timestamp) -> bool {
-        self.paced.get(group).is_some_and(|keep| {
-            is_marked(meta) && (creation, meta.name.as_deref().unwrap_or_default()) >= keep.from
-        })
+    fn keeps(&self, node: &NodeMeta, group: &str) -> bool {
+        self.paced
+            .get(group)
+            .is_some_and(|keep| is_marked(node) && (node.created(), node.name()) >= keep.from)
     }
 
-    /// The patch that brings this node to its desired state; `None` when it
-    /// is already there (or the metadata names no node).
-    pub fn node(&self, meta: &ObjectMeta) -> Option<(Action, NodePatch)> {
-        let (name, creation) = identity(meta)?;
+    pub fn node(&self, node: &NodeMeta) -> Option<(Action, NodePatch)> {
         let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>, until| NodePatch {
-            name: name.to_string(),
-            uid: meta.uid.clone(),
+            name: node.name().to_string(),
+            uid: node.uid().map(str::to_string),
             patch,
             keys,
             left,
             until,
             pool_budget: None,
         };
-        let (wanted, until) = self.wanted(meta, creation);
+        let (wanted, until) = self.wanted(node);
         if wanted {
-            let (patch, added) = hold_existing(meta, self.holds);
+            let (patch, added) = hold_existing(node, self.holds);
             let keys = added.into_iter().map(|h| h.key).collect();
             (!patch.0.is_empty())
                 .then(|| (Action::Hold, node_patch(patch, keys, Vec::new(), until)))
         } else {
-            let release = release_holds(meta, self.holds);
+            let release = release_holds(node, self.holds);
             (!release.patch.0.is_empty()).then(|| {
                 let mut patch = node_patch(release.patch, release.removed, release.left, None);
                 patch.pool_budget = self
-                    .budget_holds(meta)
+                    .budget_holds(node)
                     .filter(|pool| !pool.is_empty())
                     .map(str::to_string);
                 (Action::Release, patch)
@@ -206,18 +180,11 @@ impl Planner<'_> {
         }
     }
 
-    /// When the plan changes by itself (a hold ends), absent node changes:
-    /// a window's deadline, a paced release's next step, or in `node` mode
-    /// the first node's hold end.
-    pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m ObjectMeta>) -> Option<Timestamp> {
-        // In `cluster` mode the windows' deadlines are the nodes' hold ends.
+    pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
         let own_ends = (self.cfg.mode == Mode::Node).then_some(nodes).into_iter();
         own_ends
             .flatten()
-            .filter_map(|meta| {
-                let (_, creation) = identity(meta)?;
-                self.wanted(meta, creation).1
-            })
+            .filter_map(|node| self.wanted(node).1)
             .chain(self.windows.next_wake())
             .chain(self.paced.values().filter_map(|keep| keep.next))
             .min()
@@ -233,7 +200,10 @@ mod tests {
     use super::*;
     use crate::core::groups::Grouping;
     use crate::core::holds::Preset;
+    use crate::core::node::labels;
+    use crate::core::selector::NodeScope;
     use crate::core::window::Window;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     /// The patches that bring the nodes to the desired state, by node name.
     #[derive(Debug, Clone, Default, PartialEq)]
@@ -252,12 +222,9 @@ mod tests {
 
     /// Every node's patch at once, sorted by name, as a test wants to see it
     /// (the leader streams them one by one instead).
-    fn plan_all<'m>(
-        planner: &Planner<'_>,
-        nodes: impl IntoIterator<Item = &'m ObjectMeta>,
-    ) -> Plan {
-        let mut nodes: Vec<&ObjectMeta> = nodes.into_iter().collect();
-        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    fn plan_all(planner: &Planner<'_>, nodes: &[NodeMeta]) -> Plan {
+        let mut nodes: Vec<&NodeMeta> = nodes.iter().collect();
+        nodes.sort_by(|a, b| a.name().cmp(b.name()));
         let mut plan = Plan {
             wake: planner.wake(nodes.iter().copied()),
             ..Plan::default()
@@ -346,35 +313,27 @@ mod tests {
         nodes: &[ObjectMeta],
         now: Timestamp,
     ) -> Plan {
+        let nodes = stored(nodes, scope);
         let planner = Planner {
             windows,
             cfg,
-            scope,
             holds,
             now,
-            paced: paced_keep(windows, cfg, scope, now, nodes),
+            paced: paced_keep(windows, cfg, now, &nodes),
             pool_budgets: None,
         };
-        plan_all(&planner, nodes)
+        plan_all(&planner, &nodes)
     }
 
-    #[test]
-    fn metadata_without_a_name_or_creation_is_no_node() {
-        let cfg = cfg(Mode::Cluster);
-        let nameless = ObjectMeta {
-            name: Some("n".into()),
-            ..ObjectMeta::default()
-        };
-        let nodes = [nameless, ObjectMeta::default()];
-        let plan = plan(
-            &open_window(&cfg, 0),
-            &cfg,
-            &NodeScope::default(),
-            &holds(),
-            &nodes,
-            t(1),
-        );
-        assert!(plan.is_empty());
+    /// The nodes as the leader stores them, whole.
+    fn stored(nodes: &[ObjectMeta], scope: &NodeScope) -> Vec<NodeMeta> {
+        nodes
+            .iter()
+            .map(|meta| {
+                let in_scope = scope.matches(labels(meta));
+                NodeMeta::read(meta, in_scope, |_| true, |_| true).unwrap()
+            })
+            .collect()
     }
 
     /// The store keeps a map that had only others' keys as an empty map: it
@@ -660,10 +619,10 @@ mod tests {
             node("plain", -100, json!({}), json!({})),
         ];
         let mut windows = Windows::default();
-        let groups = nodes.iter().map(|meta| {
-            let (_, created) = identity(meta).unwrap();
-            (cfg.groups.group_of(labels(meta)), created)
-        });
+        let every = stored(&nodes, &NodeScope::default());
+        let groups = every
+            .iter()
+            .map(|node| (cfg.groups.group_of(node), node.created()));
         windows.observe_all(groups, t(1), &cfg);
         let plan = plan_every_node(&windows, &cfg, &nodes, t(1));
         assert_eq!(names(&plan.hold), ["gpu-old"]);
@@ -720,10 +679,10 @@ mod tests {
             node("e-not-karpenters", -100, json!({}), json!({})),
         ];
         let covered = BTreeSet::from(["general".to_string()]);
+        let nodes = stored(&nodes, &NodeScope::default());
         let mut planner = Planner {
             windows: &windows,
             cfg: &cfg,
-            scope: &NodeScope::default(),
             holds: &holds(),
             now: t(1),
             paced: BTreeMap::new(),

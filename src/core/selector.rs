@@ -11,8 +11,6 @@ use super::holds::{is_label_value, is_qualified_name};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeScope {
     selector: Selector,
-    /// The label keys the selector reads; no other label changes a match.
-    keys: BTreeSet<String>,
     text: String,
 }
 
@@ -23,32 +21,14 @@ impl NodeScope {
             .into_iter()
             .map(parse_requirement)
             .collect::<Result<Vec<_>, _>>()?;
-        let keys = expressions
-            .iter()
-            .map(|expression| match expression {
-                Expression::In(key, _)
-                | Expression::NotIn(key, _)
-                | Expression::Equal(key, _)
-                | Expression::NotEqual(key, _)
-                | Expression::Exists(key)
-                | Expression::DoesNotExist(key) => key.clone(),
-            })
-            .collect();
         Ok(NodeScope {
             selector: expressions.into_iter().collect(),
-            keys,
             text: text.trim().to_string(),
         })
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.selector.matches(labels)
-    }
-
-    /// Whether the selector reads label `key`: a node's labels trimmed to
-    /// the keys it reads match exactly when the whole labels do.
-    pub fn reads(&self, key: &str) -> bool {
-        self.keys.contains(key)
     }
 
     pub fn selects_all(&self) -> bool {

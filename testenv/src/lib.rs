@@ -157,6 +157,10 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".into(),
             format!("--audit-policy-file={}", p("audit-policy.yaml")),
             format!("--audit-log-path={}", audit_log.display()),
+            // One file however long the run: the log rotates at 100 MB by
+            // default, and `audit_events` reads this file only (a 50,000-node
+            // bench writes more).
+            "--audit-log-maxsize=100000".into(),
             "--enable-aggregator-routing=true".into(),
             "--profiling=false".into(),
         ];

@@ -1,0 +1,334 @@
+//! The leader's view of the nodes: a watch of Node metadata into a store of
+//! node-holder's own, which keeps each node as a compact [`NodeMeta`] (what
+//! the plan and the patches read) instead of kube's reflector's whole
+//! `PartialObjectMeta`, so 50,000 nodes fit in a few tens of MiB.
+//!
+//! The store follows kube's watcher events as kube's reflector does: a
+//! (re)list fills a new set that replaces the old one only once complete,
+//! and each change after it replaces or removes one node.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::core::holds::{HoldPolicy, Holds};
+use crate::core::node::NodeMeta;
+use crate::core::patch::keep_what_patches_read;
+use crate::core::selector::NodeScope;
+
+/// Every node as last read, by name. Cloning shares it: the watch task
+/// writes, passes read snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct NodeStore(Arc<RwLock<HashSet<ByName>>>);
+
+impl NodeStore {
+    /// Every node now, sorted by name. The nodes are shared with the store,
+    /// not copied; a change after this call replaces a node in the store,
+    /// not in the snapshot.
+    pub fn snapshot(&self) -> Vec<Arc<NodeMeta>> {
+        let mut nodes: Vec<Arc<NodeMeta>> = self.read().iter().map(|n| n.0.clone()).collect();
+        nodes.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+        nodes
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashSet<ByName>> {
+        // A panic while writing cannot leave the set half-changed: each
+        // write is one insert, remove or swap.
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashSet<ByName>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A stored node, hashed and compared by its name, so that the set finds a
+/// node by name without keeping the name twice.
+#[derive(Debug, Clone)]
+struct ByName(Arc<NodeMeta>);
+
+impl Hash for ByName {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.name().hash(state)
+    }
+}
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name() == other.0.name()
+    }
+}
+
+impl Eq for ByName {}
+
+impl Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        self.0.name()
+    }
+}
+
+/// What the store keeps of each node (see [`keep_what_patches_read`]).
+#[derive(Debug, Clone)]
+pub struct Keep {
+    pub holds: Holds,
+    pub scope: NodeScope,
+    /// Labels kept beside node-holder's marker: the one that groups
+    /// windows, the NodePool's.
+    pub also: Vec<String>,
+}
+
+impl Keep {
+    pub fn new(policy: &HoldPolicy, also: Vec<String>) -> Self {
+        Keep {
+            holds: policy.holds.clone(),
+            scope: policy.scope.clone(),
+            also,
+        }
+    }
+
+    fn node(&self, node: &PartialObjectMeta<Node>) -> Option<ByName> {
+        let kept = keep_what_patches_read(&node.metadata, &self.holds, &self.scope, &self.also);
+        kept.map(|node| ByName(Arc::new(node)))
+    }
+}
+
+/// Applies watcher events to a store.
+struct Writer {
+    store: NodeStore,
+    keep: Keep,
+    /// A list under way: the nodes listed so far.
+    listing: Option<HashSet<ByName>>,
+}
+
+impl Writer {
+    fn apply(&mut self, event: &Event<PartialObjectMeta<Node>>) {
+        match event {
+            Event::Init => self.listing = Some(HashSet::new()),
+            Event::InitApply(node) => {
+                if let Some(node) = self.keep.node(node) {
+                    self.listing.get_or_insert_default().replace(node);
+                }
+            }
+            Event::InitDone => *self.store.write() = self.listing.take().unwrap_or_default(),
+            Event::Apply(node) => {
+                if let Some(node) = self.keep.node(node) {
+                    self.store.write().replace(node);
+                }
+            }
+            Event::Delete(node) => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    self.store.write().remove(name);
+                }
+            }
+        }
+    }
+}
+
+/// Every node's metadata from one list, kept as the watch keeps it.
+pub async fn list_nodes(client: &kube::Client, keep: Keep) -> Result<NodeStore> {
+    let api: Api<Node> = Api::all(client.clone());
+    let listed = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .context("listing nodes")?;
+    let mut writer = Writer {
+        store: NodeStore::default(),
+        keep,
+        listing: None,
+    };
+    writer.apply(&Event::Init);
+    for node in listed.items {
+        writer.apply(&Event::InitApply(node));
+    }
+    writer.apply(&Event::InitDone);
+    Ok(writer.store)
+}
+
+/// What the node watch has seen so far: complete lists, and changes since.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Feed {
+    pub lists: u64,
+    pub changes: u64,
+    /// The watch failed and has not listed again since: the store may miss
+    /// nodes (one created while the API server was down), so no pass runs.
+    pub broken: bool,
+}
+
+/// A running node watch: its store, its progress, and the task, which
+/// dropping aborts (the watch ends with the leadership).
+pub struct NodeWatch {
+    pub store: NodeStore,
+    pub feed: tokio::sync::watch::Receiver<Feed>,
+    pub _task: AbortOnDropHandle<()>,
+}
+
+/// Watches Node metadata into a store, in a task of its own so that the
+/// watch is read even while a long pass patches thousands of nodes (the API
+/// server closes watchers that fall behind). The receiver reports progress;
+/// it closes when the watch task ends.
+///
+/// After any watch error (the API server gone, `410 Gone`, a failed list)
+/// the store is marked broken and the watch starts over with a fresh list:
+/// only a complete list proves no node was missed while it was down.
+pub fn watch_nodes(
+    client: kube::Client,
+    keep: Keep,
+    mut backoff: watcher::ExponentialBackoff,
+) -> NodeWatch {
+    let store = NodeStore::default();
+    // Metadata only: kube asks for `PartialObjectMetadata` for this type, about
+    // 1 KB a node on the wire instead of the ~25 KB of a whole Node.
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
+    let mut writer = Writer {
+        store: store.clone(),
+        keep,
+        listing: None,
+    };
+    let task = tokio::spawn(async move {
+        loop {
+            let error = follow(&api, &mut writer, &feed, &mut backoff).await;
+            feed.send_modify(|f| f.broken = true);
+            let pause = backoff.next().unwrap_or(Duration::from_secs(5));
+            tracing::warn!(
+                error,
+                retry_in_ms = pause.as_millis() as u64,
+                "node watch failed; no pass runs until it has listed every node again"
+            );
+            tokio::time::sleep(pause).await;
+        }
+    });
+    NodeWatch {
+        store,
+        feed: receiver,
+        _task: AbortOnDropHandle::new(task),
+    }
+}
+
+/// Applies one watch's events until it fails; returns why.
+async fn follow(
+    api: &Api<PartialObjectMeta<Node>>,
+    writer: &mut Writer,
+    feed: &tokio::sync::watch::Sender<Feed>,
+    backoff: &mut watcher::ExponentialBackoff,
+) -> String {
+    let stream = watcher::watcher(api.clone(), watcher::Config::default());
+    futures::pin_mut!(stream);
+    loop {
+        let event = match stream.next().await {
+            Some(Ok(event)) => event,
+            Some(Err(err)) => return err.to_string(),
+            None => return "the watch stream ended".to_string(),
+        };
+        writer.apply(&event);
+        match event {
+            Event::InitDone => {
+                kube::runtime::utils::Backoff::reset(backoff);
+                let was_broken = feed.borrow().broken;
+                feed.send_modify(|f| {
+                    f.lists += 1;
+                    f.broken = false;
+                });
+                tracing::info!(
+                    nodes = writer.store.len(),
+                    after_a_failure = was_broken,
+                    "node watch listed every node"
+                );
+            }
+            Event::Apply(_) | Event::Delete(_) => feed.send_modify(|f| f.changes += 1),
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::core::holds::Preset;
+    use crate::core::node::NodeFields;
+
+    fn node(name: &str, labels: serde_json::Value) -> PartialObjectMeta<Node> {
+        serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "creationTimestamp": "2026-11-24T08:00:00Z",
+                "labels": labels, "annotations": {"other": "x"}},
+        }))
+        .unwrap()
+    }
+
+    fn writer() -> Writer {
+        let keep = Keep {
+            holds: Holds::new(&[Preset::KarpenterV1], &[]).unwrap(),
+            scope: NodeScope::parse("zone=a").unwrap(),
+            also: vec!["pool".to_string()],
+        };
+        Writer {
+            store: NodeStore::default(),
+            keep,
+            listing: None,
+        }
+    }
+
+    fn names(store: &NodeStore) -> Vec<String> {
+        let snapshot = store.snapshot();
+        snapshot.iter().map(|n| n.name().to_string()).collect()
+    }
+
+    #[test]
+    fn a_list_replaces_the_store_only_once_complete() {
+        let mut w = writer();
+        w.apply(&Event::Init);
+        w.apply(&Event::InitApply(node("b", json!({}))));
+        w.apply(&Event::InitApply(node("a", json!({}))));
+        assert!(
+            names(&w.store).is_empty(),
+            "nothing before the list is done"
+        );
+        w.apply(&Event::InitDone);
+        assert_eq!(names(&w.store), ["a", "b"]);
+        // A relist after a failure: the old nodes stay until it is done,
+        // then only the listed ones remain.
+        w.apply(&Event::Init);
+        w.apply(&Event::InitApply(node("c", json!({}))));
+        assert_eq!(names(&w.store), ["a", "b"]);
+        w.apply(&Event::InitDone);
+        assert_eq!(names(&w.store), ["c"]);
+    }
+
+    #[test]
+    fn changes_replace_or_remove_one_node_kept_as_the_plan_reads_it() {
+        let mut w = writer();
+        w.apply(&Event::Init);
+        w.apply(&Event::InitDone);
+        let labels = json!({"zone": "a", "pool": "gpu", "node-holder.dev/held": "true", "x": "y"});
+        w.apply(&Event::Apply(node("a", labels)));
+        w.apply(&Event::Apply(node("b", json!({"zone": "b"}))));
+        let snapshot = w.store.snapshot();
+        let a = &snapshot[0];
+        assert!(a.in_scope() && !snapshot[1].in_scope());
+        assert_eq!((a.label("pool"), a.label("x")), (Some("gpu"), None));
+        assert!(a.has_annotations() && a.annotation("other").is_none());
+        w.apply(&Event::Apply(node("a", json!({"zone": "b"}))));
+        assert!(!w.store.snapshot()[0].in_scope(), "replaced");
+        assert!(snapshot[0].in_scope(), "a snapshot keeps what it read");
+        w.apply(&Event::Delete(node("a", json!({}))));
+        assert_eq!(names(&w.store), ["b"]);
+        assert_eq!(w.store.len(), 1);
+    }
+}
