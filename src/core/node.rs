@@ -4,10 +4,10 @@
 //! The patch builders read a node through [`NodeFields`], so the webhook
 //! hands them the admitted `ObjectMeta` as it is, and the window task its
 //! stored [`NodeMeta`]. A `NodeMeta` keeps only what the plan and the
-//! patches read, in a few allocations: at 50,000 nodes the whole store is a
-//! few tens of MiB, where kube's `PartialObjectMeta` (about 400 bytes inline,
-//! plus a B-tree node of about 540 bytes for each label or annotation map)
-//! cost three to five times that.
+//! patches read, in a few allocations: about 0.4 KiB a node, 0.8 KiB once
+//! held, where kube's `PartialObjectMeta` (about 400 bytes inline, plus a
+//! B-tree node of about 540 bytes for each label or annotation map) cost 1.3
+//! and 3.1 KiB (`docs/benchmarks.md`, 50,000 nodes).
 
 use std::collections::BTreeMap;
 use std::fmt;
