@@ -84,11 +84,11 @@ impl Borrow<str> for ByName {
 /// What the store keeps of each node (see [`keep_what_patches_read`]).
 #[derive(Debug, Clone)]
 pub struct Keep {
-    pub holds: Holds,
-    pub scope: NodeScope,
+    holds: Holds,
+    scope: NodeScope,
     /// Labels kept beside node-holder's marker: the one that groups
     /// windows, the NodePool's.
-    pub also: Vec<String>,
+    also: Vec<String>,
 }
 
 impl Keep {
@@ -123,7 +123,11 @@ impl Writer {
                     self.listing.get_or_insert_default().replace(node);
                 }
             }
-            Event::InitDone => *self.store.write() = self.listing.take().unwrap_or_default(),
+            Event::InitDone => {
+                if let Some(listed) = self.listing.take() {
+                    *self.store.write() = listed;
+                }
+            }
             Event::Apply(node) => {
                 if let Some(node) = self.keep.node(node) {
                     self.store.write().replace(node);

@@ -9,9 +9,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use clap::ValueEnum;
+
 use super::node::NodeFields;
 use super::selector::NodeScope;
-use clap::ValueEnum;
 
 /// node-holder's own key prefix.
 pub const PREFIX: &str = "node-holder.dev";

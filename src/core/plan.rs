@@ -125,6 +125,8 @@ pub fn paced_keep<'a>(
 }
 
 impl Planner<'_> {
+    /// Whether the node should carry the holds now, and until when its
+    /// window (or the manual hold) holds it.
     fn wanted(&self, node: &NodeMeta) -> (bool, Option<Timestamp>) {
         if !node.in_scope() || self.budget_holds(node).is_some() {
             return (false, None);
@@ -137,6 +139,9 @@ impl Planner<'_> {
         (until.is_some() || kept, until)
     }
 
+    /// With budgets, why the node needs no hold annotation: `Some(pool)`
+    /// when its NodePool's budget holds it, `Some("")` when it belongs to no
+    /// NodePool; `None` when it is held by annotation.
     fn budget_holds<'m>(&self, node: &'m NodeMeta) -> Option<&'m str> {
         let covered = self.pool_budgets?;
         match node.label(NODEPOOL_LABEL) {
@@ -145,12 +150,15 @@ impl Planner<'_> {
         }
     }
 
+    /// Whether a paced release keeps this node's hold for now.
     fn keeps(&self, node: &NodeMeta, group: &str) -> bool {
         self.paced
             .get(group)
             .is_some_and(|keep| is_marked(node) && (node.created(), node.name()) >= keep.from)
     }
 
+    /// The patch that brings this node to its desired state; `None` when it
+    /// is already there.
     pub fn node(&self, node: &NodeMeta) -> Option<(Action, NodePatch)> {
         let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>, until| NodePatch {
             name: node.name().to_string(),
@@ -180,6 +188,9 @@ impl Planner<'_> {
         }
     }
 
+    /// When the plan changes by itself (a hold ends), absent node changes:
+    /// a window's deadline, a paced release's next step, or in `node` mode
+    /// the first node's hold end.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
         let own_ends = (self.cfg.mode == Mode::Node).then_some(nodes).into_iter();
         own_ends
