@@ -65,18 +65,12 @@ pub struct Config {
 }
 
 impl Config {
-    /// Node labels the plan reads besides the marker and the node
-    /// selector's: the one that groups windows, and with budgets the
-    /// NodePool's.
-    fn labels_read(&self) -> Vec<String> {
+    /// What the node store keeps of each node: besides the marker, the
+    /// label that groups windows, and with budgets the NodePool's.
+    fn keep(&self) -> nodes::Keep {
         let groups = self.window.groups.key().map(str::to_string);
         let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
-        groups.into_iter().chain(pools).collect()
-    }
-
-    /// What the node store keeps of each node.
-    fn keep(&self) -> nodes::Keep {
-        nodes::Keep::new(&self.policy, self.labels_read())
+        nodes::Keep::new(&self.policy, groups.into_iter().chain(pools).collect())
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
