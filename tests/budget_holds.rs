@@ -152,9 +152,17 @@ async fn the_budget_goes_on_the_pools_in_scope_and_exactly_it_comes_off_after_a_
 async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_once_it_is_there() {
     let c = Cluster::start().await;
     common::install_nodepool_rbac(&c.cp).await;
-    let flags = fast("10m", &["--hold-mechanism=budget"]);
+    let flags = fast("10m", &["--hold-mechanism=budget", "--log-level=debug"]);
     let mut served = common::serve(&c.cp, &strs(&flags)).await;
     create(&c.nodes, "g-1", &[(LABEL, "general")], &[]).await;
+    // The generations of pool `general` the NodePool watch saw.
+    let seen = |served: &Served| -> Vec<i64> {
+        logged(served, "NodePool changed")
+            .iter()
+            .filter(|l| l["pool"] == "general")
+            .filter_map(|l| l["generation"].as_i64())
+            .collect()
+    };
 
     // No NodePool API: every pass fails, saying what is missing, and is
     // retried; the process keeps running and holds nothing by annotation.
@@ -175,15 +183,61 @@ async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_o
     assert!(served.child.try_wait().unwrap().is_none(), "serve exited");
     assert!(marked(&c.nodes).await.is_empty());
 
-    // Karpenter is installed: a retried pass holds its pool.
+    // Karpenter's API is there but the node's pool is not: a retried pass
+    // succeeds and holds the node by annotation (nothing is left unheld).
     testenv::install_karpenter_crds(&c.cp).await.unwrap();
-    let pools = testenv::node_pools(&c.cp.admin_client().await.unwrap());
-    create_pool(&pools, "general", json!([{"nodes": "10%"}]), json!({})).await;
     eventually_logging(
-        "the pool holds",
+        "the node of a missing pool held by annotation",
         Duration::from_secs(90),
         &served,
-        || async { budgets(&pools, "general").await == json!([{"nodes": "10%"}, ours()]) },
+        || async { marked(&c.nodes).await == ["g-1"] },
+    )
+    .await;
+
+    // The pool appears. No node changes and the window's deadline is ten
+    // minutes away: the NodePool watch sees it (a pass that the node's
+    // own patch set off may see it first) and its pass puts the budget on
+    // and takes the node's annotation off.
+    let pools = testenv::node_pools(&c.cp.admin_client().await.unwrap());
+    create_pool(&pools, "general", json!([{"nodes": "10%"}]), json!({})).await;
+    let created = pools
+        .get("general")
+        .await
+        .unwrap()
+        .metadata
+        .generation
+        .unwrap();
+    let held = json!([{"nodes": "10%"}, ours()]);
+    eventually_logging(
+        "the new pool holds instead of the annotation",
+        Duration::from_secs(30),
+        &served,
+        || async {
+            seen(&served).contains(&created)
+                && budgets(&pools, "general").await == held
+                && marked(&c.nodes).await.is_empty()
+        },
+    )
+    .await;
+
+    // The owner writes the list back as it has it (a GitOps sync): the
+    // watch sees it and the entry is put back on, the owner's own left as
+    // written.
+    let sync =
+        json!([{"op": "replace", "path": "/spec/disruption/budgets", "value": [{"nodes": "10%"}]}]);
+    let sync: json_patch::Patch = serde_json::from_value(sync).unwrap();
+    let synced = pools
+        .patch("general", &PatchParams::default(), &Patch::Json::<()>(sync))
+        .await
+        .unwrap()
+        .metadata
+        .generation
+        .unwrap();
+    eventually_logging(
+        "the entry put back",
+        Duration::from_secs(30),
+        &served,
+        || async { seen(&served).contains(&synced) && budgets(&pools, "general").await == held },
     )
     .await;
     assert!(marked(&c.nodes).await.is_empty());

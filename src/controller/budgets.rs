@@ -6,8 +6,11 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result, bail};
+use futures::Stream;
 use jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use serde_json::Value;
 
 use super::record::FIELD_MANAGER;
@@ -35,6 +38,8 @@ pub enum Written {
 #[derive(Clone)]
 pub struct Pools {
     api: Api<DynamicObject>,
+    /// Their metadata only, for the watch.
+    meta: Api<PartialObjectMeta<DynamicObject>>,
     scope: NodeScope,
 }
 
@@ -48,9 +53,28 @@ impl Pools {
             plural: "nodepools".into(),
         };
         Pools {
-            api: Api::all_with(client, &resource),
+            api: Api::all_with(client.clone(), &resource),
+            meta: Api::all_with(client, &resource),
             scope,
         }
+    }
+
+    /// One item each time a NodePool appears or its spec or labels change:
+    /// what may change its plan (someone edits its budgets, or the selector
+    /// takes it in or out). Its status, which Karpenter writes all the time,
+    /// does not count. While Karpenter's API is missing, the watch retries
+    /// at kube's default backoff (up to 30 s) and yields each failure.
+    /// Each item is the pool's metadata.
+    pub fn changes(
+        &self,
+    ) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + use<> {
+        watcher::watcher(self.meta.clone(), watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .predicate_filter(
+                predicates::generation.combine(predicates::labels),
+                Default::default(),
+            )
     }
 
     /// Every NodePool (node-holder's entry comes off pools that left the

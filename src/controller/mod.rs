@@ -471,6 +471,10 @@ impl WindowTask {
         } = watch_nodes(self.client.clone(), self.config.keep(), watch_backoff());
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
+        let mut pool_changes = match &self.pools {
+            Some(pools) => pools.changes().boxed(),
+            None => futures::stream::pending().boxed(),
+        };
 
         let mut seen = Feed::default();
         let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
@@ -501,6 +505,17 @@ impl WindowTask {
                     }
                     Ok(None) => bail!("the record watch ended"),
                     Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
+                },
+                // A pool that appears, or that someone edits, is brought to
+                // the plan now, not at the next node change.
+                change = pool_changes.try_next() => match change {
+                    Ok(Some(pool)) => {
+                        let meta = &pool.metadata;
+                        tracing::debug!(pool = meta.name, generation = meta.generation, "NodePool changed");
+                        next.change(Instant::now());
+                    }
+                    Ok(None) => bail!("the NodePool watch ended"),
+                    Err(err) => tracing::warn!(error = %err, "NodePool watch failed; retrying"),
                 },
                 () = sleep_until(due, synced) => {
                     next.ran();
