@@ -241,4 +241,11 @@ async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_o
     )
     .await;
     assert!(marked(&c.nodes).await.is_empty());
+    // The log says so, once: a fight with the owner shows there.
+    let missing = logged(
+        &served,
+        "node-holder's budget entry is missing from the NodePool; putting it back",
+    );
+    assert_eq!(missing.len(), 1, "{}", served.log());
+    assert_eq!(missing[0]["pool"], "general");
 }

@@ -210,15 +210,18 @@ impl super::WindowTask {
         want: bool,
     ) -> Result<bool> {
         let name = pool.metadata.name.clone().unwrap_or_default();
-        for _ in 0..WRITE_ATTEMPTS {
+        for attempt in 0..WRITE_ATTEMPTS {
             let budgets = budgets_of(&pool.data);
             let written = if want {
-                if self
-                    .added
-                    .get(&name)
-                    .is_some_and(|added| carries(&budgets, added))
-                {
-                    return Ok(true);
+                match self.added.get(&name) {
+                    Some(added) if carries(&budgets, added) => return Ok(true),
+                    // Someone took it off (a GitOps sync?), or a write
+                    // did not land before a restart.
+                    Some(_) if attempt == 0 => tracing::warn!(
+                        pool = %name,
+                        "node-holder's budget entry is missing from the NodePool; putting it back"
+                    ),
+                    _ => {}
                 }
                 if budgets.len() >= MAX_BUDGETS {
                     bail!(
