@@ -59,12 +59,13 @@ impl Pools {
         }
     }
 
-    /// One item each time a NodePool appears or its spec or labels change:
-    /// what may change its plan (someone edits its budgets, or the selector
-    /// takes it in or out). Its status, which Karpenter writes all the time,
-    /// does not count. While Karpenter's API is missing, the watch retries
-    /// at kube's default backoff (up to 30 s) and yields each failure.
-    /// Each item is the pool's metadata.
+    /// The pool's metadata each time a NodePool appears or its spec or
+    /// labels change: what may change its plan (someone edits its budgets,
+    /// or the selector takes it in or out). Its status, which Karpenter
+    /// writes all the time, does not count, nor does a deletion (the next
+    /// pass forgets a gone pool). While Karpenter's API is missing, the
+    /// watch retries at kube's default backoff (up to 30 s) and yields each
+    /// failure.
     pub fn changes(
         &self,
     ) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + use<> {

@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
@@ -284,6 +284,26 @@ fn watch_record(
     .applied_objects()
 }
 
+/// With `--hold-mechanism budget`, the NodePools' changes; else nothing, ever.
+fn watch_pools(
+    pools: Option<&budgets::Pools>,
+) -> futures::stream::BoxStream<'static, Result<PartialObjectMeta<DynamicObject>, watcher::Error>> {
+    match pools {
+        Some(pools) => pools.changes().boxed(),
+        None => futures::stream::pending().boxed(),
+    }
+}
+
+/// What the node watch's progress from `seen` to `now` asks of the next
+/// pass: to run at once after a (re)list, coalesced after changes.
+fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
+    if now.lists > seen.lists {
+        next.run_now();
+    } else if now.changes > seen.changes {
+        next.change(Instant::now());
+    }
+}
+
 /// Sleeps until `due`; for ever while the node store is not `synced`.
 async fn sleep_until(due: Due, synced: bool) {
     match due {
@@ -471,10 +491,7 @@ impl WindowTask {
         } = watch_nodes(self.client.clone(), self.config.keep(), watch_backoff());
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
-        let mut pool_changes = match &self.pools {
-            Some(pools) => pools.changes().boxed(),
-            None => futures::stream::pending().boxed(),
-        };
+        let mut pool_changes = watch_pools(self.pools.as_ref());
 
         let mut seen = Feed::default();
         let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
@@ -488,18 +505,12 @@ impl WindowTask {
                 changed = feed.changed() => {
                     changed.map_err(|_| anyhow::anyhow!("the node watch ended"))?;
                     let now_seen = *feed.borrow_and_update();
-                    if now_seen.lists > seen.lists {
-                        // The first pass after (re)listing runs at once.
-                        next.run_now();
-                    } else if now_seen.changes > seen.changes {
-                        next.change(Instant::now());
-                    }
+                    nodes_seen(&mut next, seen, now_seen);
                     seen = now_seen;
                 }
                 event = record_events.try_next() => match event {
                     Ok(Some(config_map)) => {
-                        let release = self.release_requested(&config_map.metadata);
-                        if self.hold_requested(&config_map.metadata) || release {
+                        if self.requested(&config_map.metadata) {
                             next.run_now();
                         }
                     }
@@ -510,8 +521,7 @@ impl WindowTask {
                 // the plan now, not at the next node change.
                 change = pool_changes.try_next() => match change {
                     Ok(Some(pool)) => {
-                        let meta = &pool.metadata;
-                        tracing::debug!(pool = meta.name, generation = meta.generation, "NodePool changed");
+                        tracing::debug!(pool = pool.metadata.name, generation = pool.metadata.generation, "NodePool changed");
                         next.change(Instant::now());
                     }
                     Ok(None) => bail!("the NodePool watch ended"),
@@ -547,6 +557,13 @@ impl WindowTask {
         // twice changes nothing) and recorded.
         self.hold_request = record.pending_hold;
         self.hold_unconfirmed = self.hold_request.as_ref().map(|hold| hold.requested_at);
+    }
+
+    /// Whether the record, as changed, carries a release or manual hold
+    /// request this leader has not taken yet; takes them.
+    fn requested(&mut self, meta: &ObjectMeta) -> bool {
+        let release = self.release_requested(meta);
+        self.hold_requested(meta) || release
     }
 
     /// Whether the record, as changed, carries a manual hold request this
