@@ -48,9 +48,11 @@ async fn after_an_api_server_restart_mid_window_the_watch_relists_and_the_releas
         nodes,
         records,
     } = Cluster::start_with_args(&["--etcd-compaction-interval=1s"]).await;
-    let hold = secs(10);
+    // Long enough for the API server to restart (3 s down, then its
+    // start-up, slower on a busy machine) well before the first deadline.
+    let hold = secs(20);
     old_nodes(&nodes, &OLD, &[], hold).await;
-    let served = serve(&cp, &strs(&fast("10s", &[]))).await;
+    let served = serve(&cp, &strs(&fast("20s", &[]))).await;
     register_webhook(&cp, &served).await;
     let new_1 = create(&nodes, "new-1", &[], &[]).await;
     assert!(held(&new_1), "held by the webhook");
@@ -130,7 +132,7 @@ async fn after_an_api_server_restart_mid_window_the_watch_relists_and_the_releas
         &cp,
         &nodes,
         &[("old-1", 2), ("old-2", 2), ("new-1", 1), ("new-2", 1)],
-        secs(25),
+        secs(35),
         deadline,
     )
     .await;

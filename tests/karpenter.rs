@@ -725,21 +725,31 @@ async fn one_window_per_nodepool_a_gpu_scale_up_leaves_the_general_pools_empty_n
 }
 
 /// When node-holder's NodePool PATCHes that succeeded were made, by the API
-/// server's audit log.
-fn node_holder_pool_writes(a: &Autoscaled) -> Vec<Timestamp> {
-    a.cp()
-        .audit_events()
-        .unwrap()
-        .iter()
-        .filter(|e| {
-            e["verb"] == "patch"
-                && e["objectRef"]["resource"] == "nodepools"
-                && e["user"]["username"] == testenv::NODE_HOLDER_USER
-                && e["stage"] == "ResponseComplete"
-                && e["responseStatus"]["code"] == 200
-        })
-        .filter_map(|e| e["stageTimestamp"].as_str()?.parse().ok())
-        .collect()
+/// server's audit log, once it shows at least `expected` (an event is written
+/// after the response, so it can trail what the pool shows).
+async fn node_holder_pool_writes(a: &Autoscaled, expected: usize) -> Vec<Timestamp> {
+    let writes = || -> Vec<Timestamp> {
+        a.cp()
+            .audit_events()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["verb"] == "patch"
+                    && e["objectRef"]["resource"] == "nodepools"
+                    && e["user"]["username"] == testenv::NODE_HOLDER_USER
+                    && e["stage"] == "ResponseComplete"
+                    && e["responseStatus"]["code"] == 200
+            })
+            .filter_map(|e| e["stageTimestamp"].as_str()?.parse().ok())
+            .collect()
+    };
+    common::window::eventually(
+        &format!("{expected} NodePool writes in the audit log"),
+        Duration::from_secs(10),
+        || std::future::ready(writes().len() >= expected),
+    )
+    .await;
+    writes()
 }
 
 async fn pool_budgets(a: &Autoscaled) -> serde_json::Value {
@@ -786,7 +796,7 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
         },
     )
     .await;
-    assert_eq!(node_holder_pool_writes(&a).len(), 1);
+    assert_eq!(node_holder_pool_writes(&a, 1).await.len(), 1);
 
     // The idle nodes' consolidateAfter runs out; Karpenter looks twice and
     // finds none it may disrupt.
@@ -844,7 +854,7 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
     );
     // Two writes: the entry on, and off once the window closed, after the
     // drifted node was replaced.
-    let writes = node_holder_pool_writes(&a);
+    let writes = node_holder_pool_writes(&a, 2).await;
     assert_eq!(writes.len(), 2, "{writes:?}");
     assert!(a.nodes_deleted()[&drifted] < writes[1], "{writes:?}");
     drop(served);

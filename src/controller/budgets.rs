@@ -64,13 +64,13 @@ impl Pools {
     /// or the selector takes it in or out). Its status, which Karpenter
     /// writes all the time, does not count, nor does a deletion (the next
     /// pass forgets a gone pool). While Karpenter's API is missing, the
-    /// watch retries at kube's default backoff (up to 30 s) and yields each
-    /// failure.
+    /// watch retries (at most 5 s apart, so a pool is seen soon after the
+    /// API is installed) and yields each failure.
     pub fn changes(
         &self,
     ) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + use<> {
         watcher::watcher(self.meta.clone(), watcher::Config::default())
-            .default_backoff()
+            .backoff(super::watch_backoff())
             .applied_objects()
             .predicate_filter(
                 predicates::generation.combine(predicates::labels),
@@ -130,6 +130,16 @@ impl Pools {
             }
             Err(err) => Err(err).with_context(|| format!("writing NodePool {name}'s budgets")),
         }
+    }
+}
+
+/// Whether the watch failed because the API server serves no NodePools
+/// (Karpenter's CRDs are not installed): each pass says so already.
+pub fn api_missing(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
     }
 }
 

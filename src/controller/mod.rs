@@ -294,6 +294,32 @@ fn watch_pools(
     }
 }
 
+/// What the NodePool watch's `change` asks of the next pass: to run soon
+/// after a pool appears or someone edits it. A watch failure is retried;
+/// one for want of Karpenter's API is left to the pass to report.
+fn pool_changed(
+    next: &mut Coalesce,
+    change: Result<Option<PartialObjectMeta<DynamicObject>>, watcher::Error>,
+) -> Result<()> {
+    match change {
+        Ok(Some(pool)) => {
+            let meta = &pool.metadata;
+            tracing::debug!(
+                pool = meta.name,
+                generation = meta.generation,
+                "NodePool changed"
+            );
+            next.change(Instant::now());
+        }
+        Ok(None) => bail!("the NodePool watch ended"),
+        Err(err) if budgets::api_missing(&err) => {
+            tracing::debug!(error = %err, "NodePool watch failed; retrying");
+        }
+        Err(err) => tracing::warn!(error = %err, "NodePool watch failed; retrying"),
+    }
+    Ok(())
+}
+
 /// What the node watch's progress from `seen` to `now` asks of the next
 /// pass: to run at once after a (re)list, coalesced after changes.
 fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
@@ -517,16 +543,7 @@ impl WindowTask {
                     Ok(None) => bail!("the record watch ended"),
                     Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
                 },
-                // A pool that appears, or that someone edits, is brought to
-                // the plan now, not at the next node change.
-                change = pool_changes.try_next() => match change {
-                    Ok(Some(pool)) => {
-                        tracing::debug!(pool = pool.metadata.name, generation = pool.metadata.generation, "NodePool changed");
-                        next.change(Instant::now());
-                    }
-                    Ok(None) => bail!("the NodePool watch ended"),
-                    Err(err) => tracing::warn!(error = %err, "NodePool watch failed; retrying"),
-                },
+                change = pool_changes.try_next() => pool_changed(&mut next, change)?,
                 () = sleep_until(due, synced) => {
                     next.ran();
                     wake = self.timed_pass(&nodes).await;

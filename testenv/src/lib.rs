@@ -298,14 +298,18 @@ impl ControlPlane {
         &self.audit_log
     }
 
-    /// Every audit event written so far.
+    /// Every audit event written so far. A last line without its newline is
+    /// one the API server is still writing: it is left for the next read.
     pub fn audit_events(&self) -> Result<Vec<Value>> {
-        let text = match fs::read_to_string(&self.audit_log) {
-            Ok(text) => text,
+        let bytes = match fs::read(&self.audit_log) {
+            Ok(bytes) => bytes,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(err) => return Err(err).context("reading the audit log"),
         };
-        text.lines()
+        let complete = bytes.iter().rposition(|&b| b == b'\n').unwrap_or(0);
+        std::str::from_utf8(&bytes[..complete])
+            .context("the audit log is not UTF-8")?
+            .lines()
             .filter(|line| !line.trim().is_empty())
             .map(|line| serde_json::from_str(line).context("parsing an audit event"))
             .collect()

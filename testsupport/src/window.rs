@@ -274,6 +274,21 @@ pub fn patched(served: &Served, action: &str) -> u64 {
         .sum()
 }
 
+/// Checks that `served` logged exactly `expected` nodes patched for
+/// `action`. The line follows the last PATCH's response, so it can trail
+/// what the cluster shows: it is waited for (10 s), then no more may have
+/// been logged.
+pub async fn patched_exactly(served: &Served, action: &str, expected: u64) {
+    eventually_logging(
+        &format!("{expected} nodes patched for {action}"),
+        Duration::from_secs(10),
+        served,
+        || std::future::ready(patched(served, action) >= expected),
+    )
+    .await;
+    assert_eq!(patched(served, action), expected, "{}", served.log());
+}
+
 /// When the API server received node-holder's successful PATCHes of node
 /// `name`, in order.
 pub fn node_holder_patches(cp: &ControlPlane, name: &str) -> Vec<Timestamp> {
