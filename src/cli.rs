@@ -228,6 +228,39 @@ pub struct WindowArgs {
     /// Unset: one window for every node.
     #[arg(long, env = "NODE_HOLDER_WINDOW_PER_LABEL", value_parser = parse_label_key)]
     pub window_per_label: Option<String>,
+
+    /// With `--window-per-label`: a hold of its own for the nodes of some
+    /// groups, as `VALUE=DURATION` (`gpu=45m,batch=5m`); the other groups
+    /// hold for `--hold-duration`.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_GROUP_HOLD_DURATIONS",
+        value_delimiter = ',',
+        value_parser = parse_group_hold,
+        requires = "window_per_label"
+    )]
+    pub group_hold_duration: Vec<(String, Duration)>,
+}
+
+/// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
+/// (`''` for the unlabelled group) and a hold of more than nothing, at most
+/// a year.
+fn parse_group_hold(text: &str) -> Result<(String, Duration), String> {
+    let (group, hold) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected VALUE=DURATION (`gpu=45m`)"))?;
+    let group = match group {
+        "" | "''" | "\"\"" => String::new(),
+        value => parse_label_value(value)?,
+    };
+    let hold = humantime::parse_duration(hold).map_err(|e| format!("{hold:?}: {e}"))?;
+    if hold.is_zero() || hold > LONGEST_HOLD {
+        return Err(format!(
+            "{text:?}: a group's hold lasts longer than 0 and at most {}",
+            humantime::format_duration(LONGEST_HOLD)
+        ));
+    }
+    Ok((group, hold))
 }
 
 /// Which cluster a command run by hand talks to, chosen as kubectl chooses
@@ -558,6 +591,7 @@ impl WindowArgs {
             mode: self.scope,
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
+            group_holds: self.group_hold_duration.iter().cloned().collect(),
         }
     }
 }

@@ -361,6 +361,10 @@ fn settings_text(status: &Status) -> String {
                 .window_per_label
                 .as_ref()
                 .map_or_else(String::new, |key| format!(", one window per {key}"));
+            for (group, hold) in &s.group_hold_durations {
+                let hold = humantime::format_duration(*hold);
+                per.push_str(&format!(", {} holds {hold}", groups::display(group)));
+            }
             if s.hold_mechanism == Mechanism::Budget {
                 per.push_str(", held by NodePool budget");
             }
@@ -595,6 +599,7 @@ mod tests {
             window_per_label: None,
             hold_mechanism: Mechanism::Annotation,
             nodepool_selector: String::new(),
+            group_hold_durations: Default::default(),
         }
     }
 

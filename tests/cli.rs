@@ -251,6 +251,37 @@ fn release_refuses_a_group_that_is_no_label_value() {
     }
 }
 
+/// `--group-hold-duration` takes `VALUE=DURATION` pairs and needs windows per
+/// label: what is refused, and why, before any request reaches a cluster.
+#[test]
+fn serve_refuses_a_group_hold_it_could_not_honour() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--group-hold-duration=gpu=45m"], "--window-per-label"),
+        (
+            &["--window-per-label=pool", "--group-hold-duration=gpu"],
+            "VALUE=DURATION",
+        ),
+        (
+            &["--window-per-label=pool", "--group-hold-duration=gpu=0s"],
+            "longer than 0",
+        ),
+        (
+            &["--window-per-label=pool", "--group-hold-duration=gpu=soon"],
+            "\"soon\"",
+        ),
+        (
+            &["--window-per-label=pool", "--group-hold-duration=-gpu=5m"],
+            "not a label value",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = node_holder(&[&["serve"][..], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn the_configuration_reference_matches_the_cli() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");

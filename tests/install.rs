@@ -354,6 +354,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "webhook.timeoutSeconds",
         ),
         (
+            vec!["--set=config.groupHoldDurations.gpu=45m"],
+            "needs config.windowPerLabel",
+        ),
+        (
             vec![
                 "--set=config.clientCA.secretName=a",
                 "--set=config.clientCA.configMapName=b",
@@ -375,6 +379,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
         "--set=config.releasePace=10%/1m",
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
+        "--set=config.groupHoldDurations.gpu=45m",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -389,6 +394,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     );
     assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
+    assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");

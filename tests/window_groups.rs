@@ -203,3 +203,45 @@ async fn release_refuses_a_group_when_windows_are_not_grouped() {
     // Nothing was asked of the leader.
     assert!(status_json(&c.cp)["releaseRequestedAt"].is_null());
 }
+
+/// `--group-hold-duration`: a group with a hold of its own holds its nodes
+/// that long while the others' windows end after `--hold-duration`; the
+/// record keeps the setting and `status` says it.
+#[tokio::test]
+async fn a_group_with_a_hold_of_its_own_outlasts_the_default_hold() {
+    let c = Cluster::start().await;
+    create(&c.nodes, "gpu-1", &[(LABEL, "gpu")], &[]).await;
+    create(&c.nodes, "general-1", &[(LABEL, "general")], &[]).await;
+    let label = format!("--window-per-label={LABEL}");
+    let served = common::serve(
+        &c.cp,
+        &strs(&fast("3s", &[&label, "--group-hold-duration=gpu=10m"])),
+    )
+    .await;
+    eventually_logging(
+        "the general window ends and the GPU window holds on",
+        Duration::from_secs(40),
+        &served,
+        || async {
+            let status = status_json(&c.cp);
+            group(&status, "general")["open"] == false
+                && group(&status, "gpu")["open"] == true
+                && marked(&c.nodes).await == ["gpu-1"]
+        },
+    )
+    .await;
+    let status = status_json(&c.cp);
+    assert_eq!(
+        status["settings"]["groupHoldDurations"]["gpu"], "10m",
+        "{status}"
+    );
+    let deadline: jiff::Timestamp = group(&status, "gpu")["deadline"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or_else(|e| panic!("a GPU deadline: {e}: {status}"));
+    let left = deadline.duration_since(jiff::Timestamp::now());
+    assert!(left > jiff::SignedDuration::from_secs(5 * 60), "{left:?}");
+    let text = succeeded(&operator(&c.cp, &["status"]));
+    assert!(text.contains("gpu holds 10m"), "{text}");
+}

@@ -58,6 +58,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.config.scope (list "cluster" "node")) }}
 {{- fail (printf "config.scope must be cluster or node, not %q" .Values.config.scope) }}
 {{- end }}
+{{- if and .Values.config.groupHoldDurations (not .Values.config.windowPerLabel) }}
+{{- fail "config.groupHoldDurations gives groups their own hold: it needs config.windowPerLabel" }}
+{{- end }}
 {{- with .Values.config.clientCA }}
 {{- if and .secretName .configMapName }}
 {{- fail "config.clientCA: set secretName or configMapName, not both" }}

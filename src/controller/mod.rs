@@ -83,6 +83,7 @@ impl Config {
             node_selector: self.policy.scope.text().to_string(),
             release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
+            group_hold_durations: self.window.group_holds.clone(),
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
             } else {

@@ -110,6 +110,51 @@ pub struct Settings {
     /// `--nodepool-selector` (kubectl syntax); empty for every NodePool.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nodepool_selector: String,
+    /// `--group-hold-duration`, by group; absent: every group holds for
+    /// `hold_duration`.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        with = "group_holds"
+    )]
+    pub group_hold_durations: BTreeMap<String, std::time::Duration>,
+}
+
+/// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.
+mod group_holds {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        holds: &BTreeMap<String, Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let text: BTreeMap<&str, String> = holds
+            .iter()
+            .map(|(group, hold)| {
+                (
+                    group.as_str(),
+                    humantime::format_duration(*hold).to_string(),
+                )
+            })
+            .collect();
+        text.serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        BTreeMap::<String, String>::deserialize(deserializer)?
+            .into_iter()
+            .map(|(group, hold)| {
+                humantime::parse_duration(&hold)
+                    .map(|hold| (group, hold))
+                    .map_err(serde::de::Error::custom)
+            })
+            .collect()
+    }
 }
 
 fn is_annotation(mechanism: &Mechanism) -> bool {
@@ -383,6 +428,7 @@ impl Settings {
             mode: self.mode,
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
+            group_holds: self.group_hold_durations.clone(),
         }
     }
 

@@ -152,7 +152,9 @@ impl Windows {
         let mut observed = vec![Observed::Unchanged; nodes.len()];
         for (&group, indices) in &by_group {
             let creations = indices.iter().map(|&i| nodes[i].1);
-            let seen = self.window_mut(group).observe_all(creations, now, cfg);
+            let seen = self
+                .window_mut(group)
+                .observe_all(creations, now, &cfg.for_group(group));
             for (&i, what) in indices.iter().zip(seen) {
                 observed[i] = what;
             }
@@ -193,7 +195,7 @@ impl Windows {
     ) -> Option<Timestamp> {
         let own = self
             .window(group)
-            .and_then(|w| w.held_until(creation, now, cfg));
+            .and_then(|w| w.held_until(creation, now, &cfg.for_group(group)));
         own.max(self.manual_until().filter(|&until| now < until))
     }
 
@@ -289,6 +291,7 @@ mod tests {
             mode: Mode::Cluster,
             release_pace: None,
             groups: Grouping::per_label(Some("pool".into())),
+            group_holds: BTreeMap::new(),
         }
     }
 
@@ -334,6 +337,24 @@ mod tests {
             "written the same way"
         );
         assert!(!read.is_grouped());
+    }
+
+    #[test]
+    fn a_group_with_a_hold_of_its_own_holds_that_long_and_the_others_the_default() {
+        let mut cfg = cfg();
+        cfg.group_holds = BTreeMap::from([("gpu".to_string(), Duration::from_secs(3 * 60))]);
+        let mut w = Windows::default();
+        w.observe_all([("gpu", t(0)), ("general", t(0))], t(0), &cfg);
+        assert_eq!(w.deadline("gpu"), Some(t(3)));
+        assert_eq!(w.deadline("general"), Some(t(10)));
+        assert_eq!(w.held_until("gpu", t(0), t(1), &cfg), Some(t(3)));
+        // A later node extends the group by the group's own hold.
+        w.observe_all([("gpu", t(2))], t(2), &cfg);
+        assert_eq!(w.deadline("gpu"), Some(t(5)));
+        let (_, ended) = w.observe_all([("gpu", t(2)), ("general", t(0))], t(6), &cfg);
+        let ended: Vec<&str> = ended.iter().map(|e| e.group.as_str()).collect();
+        assert_eq!(ended, ["gpu"]);
+        assert_eq!(w.deadline("general"), Some(t(10)));
     }
 
     #[test]

@@ -260,6 +260,7 @@ mod tests {
             mode,
             release_pace: None,
             groups: Grouping::default(),
+            group_holds: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@
 //! current nodes over the stored state reach the same state; a derivation
 //! from the nodes alone differs only by what deleted nodes and releases did.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -58,9 +59,24 @@ pub struct WindowConfig {
     pub release_pace: Option<Pace>,
     /// Which window a node counts in (`--window-per-label`).
     pub groups: Grouping,
+    /// A hold of its own for some groups (`--group-hold-duration`), by label
+    /// value; the other groups hold for `hold`.
+    pub group_holds: BTreeMap<String, Duration>,
 }
 
 impl WindowConfig {
+    /// The arithmetic of `group`'s window: this one, with the group's own
+    /// hold if it has one.
+    pub fn for_group(&self, group: &str) -> Cow<'_, WindowConfig> {
+        match self.group_holds.get(group) {
+            Some(&hold) if hold != self.hold => Cow::Owned(WindowConfig {
+                hold,
+                ..self.clone()
+            }),
+            _ => Cow::Borrowed(self),
+        }
+    }
+
     /// One node's hold: `hold`, or `max_hold` when that is shorter.
     pub fn node_hold(&self) -> Duration {
         self.max_hold.map_or(self.hold, |max| max.min(self.hold))
@@ -440,6 +456,7 @@ mod tests {
             mode,
             release_pace: None,
             groups: Grouping::default(),
+            group_holds: BTreeMap::new(),
         }
     }
 
