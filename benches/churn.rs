@@ -1,493 +1,588 @@
-//! The churn node-holder saves, with the real Karpenter: `cargo bench --bench churn`.
+//! The churn frontier, with the real Karpenter: `cargo bench --bench churn`.
 //!
-//! A compressed day of batch work, the same for both runs (a fixed seed):
-//! waves of Jobs of different sizes and lengths, with gaps both shorter and
-//! longer than the hold duration. Two Karpenter clusters (testenv: control
-//! plane, scheduler, controller-manager, kwok, Karpenter's KWOK provider) play
-//! it side by side on the same machine, one without node-holder and one with
-//! `node-holder serve` registered as the webhook; then each waits until
-//! Karpenter has removed every node. Reported for each:
-//! - nodes launched and terminated by Karpenter (the API server's audit log
-//!   of its identity's Node creates and deletes);
-//! - node-seconds from the first wave until the last node is gone (the cost);
-//! - each pod's wait from creation to `PodScheduled` (p50, p95; the API
-//!   records both to the second);
-//! - Job pods interrupted: evicted by a disruption while they ran, so their
-//!   Job ran them again (the Jobs' `failed` counts);
-//! - Karpenter's disruption decisions (its `decisions_total` metric);
-//! - the node count over time of both runs, drawn to
-//!   `docs/churn-budget-<N>-hold-<S>s.svg`.
+//! What an operator who is tired of churn would do instead of installing
+//! node-holder is one line in the NodePool, `consolidateAfter`. This bench
+//! plays the same day of batch work against every choice side by side and
+//! prices each against the clairvoyant optimum of that day:
+//! - **arms**: Karpenter alone at `consolidateAfter` 0s (its default), 30s,
+//!   1m, 2m, 5m and 10m; node-holder (a webhook and a window per pool, the
+//!   pool at Karpenter's defaults) with fixed holds of 2m, 5m and 10m. Every
+//!   arm is a NodePool of its own in one cluster (one control plane, one
+//!   Karpenter, one clock), its pods pinned to it, so every arm sees exactly
+//!   the same work at the same instants on the same machine load; the knobs
+//!   are the same fixed grid on every day, tuned on none.
+//! - **days**: `compressed` (8 waves 30-200 s apart), `cron` (a Job every 5
+//!   minutes with a little jitter: idle gaps between the 2m and 5m knobs),
+//!   `poisson` (a busy and a quiet phase of random arrivals) and `working`
+//!   (two busy stretches of minutes-long Jobs around a quiet 15-20 minutes).
+//!   Each arm's pool also runs two steady pods (whole nodes, all day) and a
+//!   service of small pods (several to a node) that scales down and up again,
+//!   so a hold's cost on the rest of the fleet shows.
+//! - **a cloud's launch**: Karpenter's KWOK nodes register 45 s after launch
+//!   (`nodeRegistrationDelay`); launches are timed from NodeClaim creation.
+//! - **measured**: from the bench's own watches, at receipt (sub-second):
+//!   NodeClaims launched, node-seconds from each NodeClaim's creation until it
+//!   is gone, each pod's wait from its creation to its binding, the pods that
+//!   waited for a launch (bound to a node launched after they appeared), Job
+//!   pods evicted while they ran; the machine's load.
+//! - **scored**: total cost = node-seconds + launches x launch cost, for a
+//!   launch cost of 1, 5 and 15 node-minutes; each as a ratio to the day's
+//!   clairvoyant optimum (`testsupport::frontier`).
 //!
-//! The NodePool has Karpenter's default disruption settings
-//! (`WhenEmptyOrUnderutilized`, `consolidateAfter: 0s`, budget `nodes: 10%`);
-//! `NODE_HOLDER_BENCH_BUDGET=100%` sets another budget,
-//! `NODE_HOLDER_BENCH_HOLD=180s` another hold duration, and
-//! `NODE_HOLDER_BENCH_SEED` changes the day. `NODE_HOLDER_BENCH_DAY=working`
-//! plays a working day at time scales closer to a real cluster's instead
-//! (minutes-long Jobs in two busy stretches, a 10-minute hold; about 70
-//! minutes). Loopback only; the compressed day takes about 15 minutes once the
-//! tools are built.
+//! Environment: `NODE_HOLDER_BENCH_DAYS` (comma-separated; default all four),
+//! `NODE_HOLDER_BENCH_SEEDS` (default `1,2,3`), `NODE_HOLDER_BENCH_PARALLEL`
+//! (clusters at once; default 2), `NODE_HOLDER_BENCH_QUICK=1` (the quick
+//! variant: the compressed and cron days, seed 1, in about 30 minutes), and
+//! `NODE_HOLDER_BENCH_OUT` (default `target/frontier`): each run's raw trace
+//! and the report go there; the frontier pictures go to `docs/`.
 
 use testsupport as common;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use jiff::Timestamp;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
-use plotters::prelude::*;
-use testenv::{Disruption, KarpenterCluster};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
+use serde_json::json;
+use testenv::{ClusterOptions, Disruption, KarpenterCluster};
+use testsupport::frontier::{self, Costs};
 
-/// How long a run may take to lose its last node after the last Job ends,
-/// on top of the hold duration.
-const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+#[path = "churn/days.rs"]
+mod days;
+#[path = "churn/report.rs"]
+mod report;
 
-/// One wave: a Job of `pods` pods that run for `run_for`, started `gap`
-/// after the previous wave started.
-#[derive(Debug, Clone)]
-struct Wave {
-    gap: Duration,
-    pods: i32,
-    run_for: Duration,
+use testsupport::frontier::days::{self as day_plan, Day};
+
+/// How long an instance takes from launch to a registered Node.
+const BOOT: Duration = Duration::from_secs(45);
+/// Karpenter's fastest release of an empty node: the disruption loop's
+/// validation delay (`commandValidationDelay`, 15 s) before it acts.
+const RELEASE: f64 = 15.0;
+/// The launch costs the report prices, in node-seconds.
+pub const LAUNCH_COSTS: [f64; 3] = [60.0, 300.0, 900.0];
+/// How long the pools may take to lose their last node once the day's work
+/// is over, on top of the longest knob.
+const DRAIN_LIMIT: Duration = Duration::from_secs(900);
+/// The label every pod of an arm carries: its arm's name.
+const ARM_LABEL: &str = "bench-arm";
+
+/// One way of running the day.
+#[derive(Debug, Clone, Serialize)]
+pub struct Arm {
+    /// Its NodePool's name, and its label on everything it runs.
+    pub name: String,
+    /// The NodePool's `consolidateAfter`, in seconds.
+    pub consolidate_after: u64,
+    /// node-holder's `--hold-duration` in seconds, if node-holder holds it.
+    pub hold: Option<u64>,
 }
 
-/// A day to play, and the hold duration an operator would choose for it.
-#[derive(Debug)]
-struct Day {
-    name: &'static str,
-    waves: Vec<Wave>,
-    hold: Duration,
-}
-
-impl Day {
-    /// `NODE_HOLDER_BENCH_DAY`: `compressed` (the default) or `working`.
-    fn from_env(seed: u64) -> Result<Self> {
-        match std::env::var("NODE_HOLDER_BENCH_DAY").as_deref() {
-            Err(_) | Ok("compressed") => Ok(Self::compressed(seed)),
-            Ok("working") => Ok(Self::working(seed)),
-            Ok(other) => bail!("NODE_HOLDER_BENCH_DAY={other}: expected compressed or working"),
+impl Arm {
+    fn karpenter(after: u64) -> Arm {
+        Arm {
+            name: format!("ka-{}", knob(after)),
+            consolidate_after: after,
+            hold: None,
         }
     }
 
-    /// Eight waves: gaps of 30-200 s, 1-6 pods, 20-80 s each; a 120 s hold,
-    /// longer than a Job and shorter than the longer gaps.
-    fn compressed(seed: u64) -> Self {
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let waves = (0..8)
-            .map(|n| Wave {
-                gap: Duration::from_secs(if n == 0 { 0 } else { rng.u64(30..=200) }),
-                pods: rng.i32(1..=6),
-                run_for: Duration::from_secs(rng.u64(20..=80)),
-            })
-            .collect();
-        let hold = Duration::from_secs(120);
-        Self {
-            name: "compressed",
-            waves,
-            hold,
+    fn node_holder(hold: u64) -> Arm {
+        Arm {
+            name: format!("nh-{}", knob(hold)),
+            consolidate_after: 0,
+            hold: Some(hold),
         }
     }
 
-    /// Two busy stretches of six waves, 1-5 minutes apart, with a quiet
-    /// 15-20 minutes between them; 1-6 pods that run 1-3 minutes. The
-    /// 10-minute hold covers the gaps of a busy stretch, not the quiet one.
-    fn working(seed: u64) -> Self {
-        let mut rng = fastrand::Rng::with_seed(seed);
-        let waves = (0..12)
-            .map(|n| Wave {
-                gap: Duration::from_secs(match n {
-                    0 => 0,
-                    6 => rng.u64(900..=1200),
-                    _ => rng.u64(60..=300),
-                }),
-                pods: rng.i32(1..=6),
-                run_for: Duration::from_secs(rng.u64(60..=180)),
-            })
-            .collect();
-        let hold = Duration::from_secs(600);
-        Self {
-            name: "working",
-            waves,
-            hold,
-        }
+    /// The same grid on every day: nothing tuned per day or per arm.
+    fn all() -> Vec<Arm> {
+        let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
+        let holder = [120, 300, 600].map(Arm::node_holder);
+        karpenter.into_iter().chain(holder).collect()
     }
 }
 
-/// What one run measured.
-#[derive(Debug, Default)]
-struct Outcome {
-    launched: usize,
-    terminated: usize,
-    node_seconds: f64,
-    waits: Vec<f64>,
-    /// Job pods that failed, evicted while they ran, and ran again.
-    interrupted: i32,
-    decisions: BTreeMap<String, f64>,
-    /// (seconds since the first wave, nodes) at every change.
-    nodes_over_time: Vec<(f64, usize)>,
-    wall: Duration,
-}
-
-async fn run(
-    day: &[Wave],
-    budget: &str,
-    hold: Duration,
-    with_node_holder: bool,
-) -> Result<Outcome> {
-    // Karpenter's own defaults, but for the budget the run asks for.
-    let disruption = Disruption {
-        consolidation_policy: "WhenEmptyOrUnderutilized".into(),
-        consolidate_after: "0s".into(),
-        budgets: serde_json::json!([{"nodes": budget}]),
-    };
-    let mut cluster = KarpenterCluster::start(&disruption).await?;
-    let served = if with_node_holder {
-        let hold = format!("--hold-duration={}s", hold.as_secs());
-        let served = common::serve(cluster.control_plane(), &[&hold]).await;
-        common::register_webhook(cluster.control_plane(), &served).await;
-        Some(served)
+/// `30s`, `2m`: a knob as Karpenter and node-holder write it.
+fn knob(seconds: u64) -> String {
+    if seconds >= 60 && seconds.is_multiple_of(60) {
+        format!("{}m", seconds / 60)
     } else {
-        None
-    };
-    let client = cluster.control_plane().admin_client().await?;
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
-    let waits = PodWaits::follow(client.clone());
-    let started = Timestamp::now();
-    let clock = Instant::now();
-    for (n, wave) in day.iter().enumerate() {
-        // The day's own schedule: the gaps are the workload, not a wait.
-        tokio::time::sleep(wave.gap).await;
-        cluster.check_running()?;
-        let job = testenv::filler_job(&format!("wave-{n}"), wave.pods, wave.run_for);
-        jobs.create(&PostParams::default(), &job).await?;
+        format!("{seconds}s")
     }
-    let limit = hold + DRAIN_LIMIT;
-    let interrupted = wait_all_done(&jobs, day.len(), limit).await?;
-    wait_no_nodes(&mut cluster, &client, limit).await?;
-    let wall = clock.elapsed();
-    let mut outcome = measure(&cluster, started, wall).await?;
-    outcome.waits = waits.stop();
-    outcome.interrupted = interrupted;
-    drop(served);
-    Ok(outcome)
 }
 
-/// Until every Job has finished (complete, or failed for good); returns how
-/// many of their pods failed on the way: a pod evicted by a disruption
-/// counts as failed, and the Job runs it again.
-async fn wait_all_done(jobs: &Api<Job>, count: usize, limit: Duration) -> Result<i32> {
+/// One NodeClaim as the bench's watch saw it, in seconds since the day began.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Claim {
+    pub pool: String,
+    pub created: f64,
+    pub gone: Option<f64>,
+    pub node: Option<String>,
+}
+
+/// One pod as the bench's watch saw it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PodSeen {
+    pub arm: String,
+    pub seen: f64,
+    pub bound: Option<f64>,
+    pub node: Option<String>,
+}
+
+/// Everything one run of one day recorded: its raw trace.
+#[derive(Debug, Default, Serialize)]
+pub struct Trace {
+    pub day: String,
+    pub seed: u64,
+    pub claims: BTreeMap<String, Claim>,
+    pub pods: BTreeMap<String, PodSeen>,
+    /// Job pods that failed (evicted while running) per arm.
+    pub interrupted: BTreeMap<String, i32>,
+    /// (seconds, 1-minute load average), every 10 s.
+    pub load: Vec<(f64, f64)>,
+    /// When the day's work was over and the steady pods were let go.
+    pub end: f64,
+}
+
+/// What one arm cost on one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub launches: usize,
+    pub node_seconds: f64,
+    pub pods: usize,
+    pub waited_for_launch: usize,
+    pub wait_p50: f64,
+    pub wait_p95: f64,
+    pub interrupted: i32,
+}
+
+impl Outcome {
+    fn of(trace: &Trace, arm: &str) -> Outcome {
+        let claims: Vec<&Claim> = trace.claims.values().filter(|c| c.pool == arm).collect();
+        let node_seconds = claims
+            .iter()
+            .map(|c| c.gone.unwrap_or(trace.end) - c.created)
+            .sum();
+        let launched_at: BTreeMap<&str, f64> = claims
+            .iter()
+            .filter_map(|c| Some((c.node.as_deref()?, c.created)))
+            .collect();
+        let pods: Vec<&PodSeen> = trace.pods.values().filter(|p| p.arm == arm).collect();
+        let waited_for_launch = pods
+            .iter()
+            .filter(|p| {
+                let launched = p.node.as_deref().and_then(|n| launched_at.get(n));
+                launched.is_some_and(|&at| at > p.seen)
+            })
+            .count();
+        let mut waits: Vec<f64> = pods
+            .iter()
+            .filter_map(|p| Some(p.bound? - p.seen))
+            .collect();
+        waits.sort_by(f64::total_cmp);
+        Outcome {
+            launches: claims.len(),
+            node_seconds,
+            pods: pods.len(),
+            waited_for_launch,
+            wait_p50: report::percentile(&waits, 50.0),
+            wait_p95: report::percentile(&waits, 95.0),
+            interrupted: trace.interrupted.get(arm).copied().unwrap_or(0),
+        }
+    }
+
+    pub fn total(&self, launch: f64) -> f64 {
+        frontier::total(self.node_seconds, self.launches, launch)
+    }
+}
+
+/// The clairvoyant optimum at launch cost `launch`.
+pub fn optimum_at(day: &Day, launch: f64) -> frontier::Optimum {
+    frontier::optimum(
+        &day.demand(),
+        Costs {
+            launch,
+            boot: BOOT.as_secs_f64(),
+            release: RELEASE,
+        },
+    )
+}
+
+/// One day, one seed, every arm side by side in one cluster.
+async fn run(day: &Day, arms: &[Arm]) -> Result<Trace> {
+    let options = ClusterOptions {
+        registration_delay: Some(BOOT),
+        log_level: "info",
+    };
+    let cluster = KarpenterCluster::start_with(&options, &Disruption::default()).await?;
+    let cp = cluster.control_plane();
+    let admin = cp.admin_client().await?;
+    for arm in arms {
+        cluster
+            .add_node_pool(&arm.name, &pool_disruption(arm))
+            .await?;
+    }
+    let holder = start_node_holder(cp, arms).await?;
+    let recorder = Recorder::start(admin.clone());
+    let started = recorder.started;
+    play(&admin, day, arms, started).await?;
+    let end = started.elapsed().as_secs_f64();
+    let interrupted = wait_jobs_done(&admin, arms, DRAIN_LIMIT).await?;
+    wait_claims_gone(&recorder, DRAIN_LIMIT + Duration::from_secs(600)).await?;
+    drop(holder);
+    let mut trace = recorder.stop();
+    trace.day = day.name.to_string();
+    trace.seed = day.seed;
+    trace.interrupted = interrupted;
+    trace.end = end;
+    Ok(trace)
+}
+
+/// Karpenter's defaults (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`)
+/// with the arm's `consolidateAfter`.
+fn pool_disruption(arm: &Arm) -> Disruption {
+    Disruption {
+        consolidation_policy: "WhenEmptyOrUnderutilized".into(),
+        consolidate_after: format!("{}s", arm.consolidate_after),
+        budgets: json!([{"nodes": "10%"}]),
+    }
+}
+
+/// One `node-holder serve` for every node-holder arm: a window per pool
+/// (`--window-per-label karpenter.sh/nodepool`), each with the arm's hold
+/// (`--group-hold-duration`), and only those pools in scope. Two installs
+/// in one cluster would strip each other's holds, so the arms share one.
+async fn start_node_holder(
+    cp: &testenv::ControlPlane,
+    arms: &[Arm],
+) -> Result<Option<common::Served>> {
+    let held: Vec<(&str, u64)> = arms
+        .iter()
+        .filter_map(|a| Some((a.name.as_str(), a.hold?)))
+        .collect();
+    let Some(&(first, _)) = held.first() else {
+        return Ok(None);
+    };
+    let pools: Vec<&str> = held.iter().map(|h| h.0).collect();
+    let selector = format!(
+        "--node-selector=karpenter.sh/nodepool in ({})",
+        pools.join(",")
+    );
+    let holds: Vec<String> = held.iter().map(|(p, h)| format!("{p}={h}s")).collect();
+    let holds = format!("--group-hold-duration={}", holds.join(","));
+    let args = [
+        selector.as_str(),
+        "--window-per-label=karpenter.sh/nodepool",
+        &holds,
+        "--max-hold=4h",
+    ];
+    let served = common::serve(cp, &args).await;
+    let mut probe = common::node("webhook-probe");
+    probe.metadata.labels = Some([("karpenter.sh/nodepool".to_string(), first.to_string())].into());
+    common::register_webhook_probing(cp, &served, probe).await;
+    Ok(Some(served))
+}
+
+/// The day's schedule on an absolute clock: each Job and each change of the
+/// service's size happens for every arm at the same instant.
+async fn play(client: &kube::Client, day: &Day, arms: &[Arm], started: Instant) -> Result<()> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    for arm in arms {
+        let steady = deployment(&arm.name, "steady", day.steady, testenv::POD_CPU)?;
+        let service = deployment(&arm.name, "service", day.service.0, day_plan::SERVICE_CPU)?;
+        for object in [steady, service] {
+            deployments.create(&PostParams::default(), &object).await?;
+        }
+    }
+    for step in day.steps() {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(step.at())).into()).await;
+        let creates = arms
+            .iter()
+            .map(|arm| days::apply(&step, &jobs, &deployments, &arm.name));
+        futures::future::try_join_all(creates).await?;
+    }
+    tokio::time::sleep_until((started + Duration::from_secs_f64(day.end)).into()).await;
+    for arm in arms {
+        for part in ["steady", "service"] {
+            scale(&deployments, &format!("{}-{part}", arm.name), 0).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A Deployment `<arm>-<part>` of `replicas` pods of `cpu`, pinned to the
+/// arm's pool.
+pub fn deployment(arm: &str, part: &str, replicas: i32, cpu: &str) -> Result<Deployment> {
+    let mut object = serde_json::to_value(testenv::filler_deployment(
+        &format!("{arm}-{part}"),
+        replicas,
+    ))?;
+    let template = &mut object["spec"]["template"];
+    template["metadata"]["labels"][ARM_LABEL] = json!(arm);
+    template["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(cpu);
+    testenv::in_pool(&mut template["spec"], arm);
+    Ok(serde_json::from_value(object)?)
+}
+
+/// A Job `<arm>-<n>` of `pods` pods running `run_for`, pinned to the arm's
+/// pool.
+pub fn job(arm: &str, n: usize, pods: i32, run_for: Duration) -> Result<Job> {
+    let mut object =
+        serde_json::to_value(testenv::filler_job(&format!("{arm}-{n}"), pods, run_for))?;
+    let template = &mut object["spec"]["template"];
+    template["metadata"]["labels"][ARM_LABEL] = json!(arm);
+    testenv::in_pool(&mut template["spec"], arm);
+    Ok(serde_json::from_value(object)?)
+}
+
+pub async fn scale(deployments: &Api<Deployment>, name: &str, replicas: i32) -> Result<()> {
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .with_context(|| format!("scaling {name} to {replicas}"))?;
+    Ok(())
+}
+
+/// Until every arm's Jobs are done; the failed pods (evicted while they
+/// ran, run again) per arm.
+async fn wait_jobs_done(
+    client: &kube::Client,
+    arms: &[Arm],
+    limit: Duration,
+) -> Result<BTreeMap<String, i32>> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let deadline = Instant::now() + limit;
     loop {
         let listed = jobs.list(&ListParams::default()).await?.items;
-        let finished = |j: &&Job| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
-                    })
-                })
-        };
-        let done = listed.iter().filter(finished).count();
-        if done == count {
-            return Ok(listed
-                .iter()
-                .filter_map(|j| j.status.as_ref()?.failed)
-                .sum());
+        let running = listed.iter().filter(|j| !finished(j)).count();
+        if running == 0 {
+            let mut failed = BTreeMap::new();
+            for arm in arms {
+                let prefix = format!("{}-", arm.name);
+                let of_arm = listed.iter().filter(|j| {
+                    j.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&prefix))
+                });
+                let count = of_arm.filter_map(|j| j.status.as_ref()?.failed).sum();
+                failed.insert(arm.name.clone(), count);
+            }
+            return Ok(failed);
         }
         if Instant::now() > deadline {
-            bail!("{done} of {count} Jobs done {limit:?} after the last started");
+            bail!("{running} Jobs still running {limit:?} after the day's end");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-/// Until Karpenter has removed its last node.
-async fn wait_no_nodes(
-    cluster: &mut KarpenterCluster,
-    client: &kube::Client,
-    limit: Duration,
-) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
+fn finished(job: &Job) -> bool {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|cs| {
+        cs.iter()
+            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+    })
+}
+
+/// Until the watch has seen every NodeClaim go.
+async fn wait_claims_gone(recorder: &Recorder, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
     loop {
-        cluster.check_running()?;
-        let left = nodes
-            .list_metadata(&ListParams::default().labels("karpenter.sh/nodepool"))
-            .await?
-            .items
-            .len();
+        let left = recorder.claims_left();
         if left == 0 {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("{left} nodes left {limit:?} after the last Job");
+            bail!("{left} NodeClaims left {limit:?} after the day's work");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-async fn measure(
-    cluster: &KarpenterCluster,
-    started: Timestamp,
-    wall: Duration,
-) -> Result<Outcome> {
-    // Each node once, at its first request: Karpenter may ask to delete a
-    // node again while it terminates.
-    let by_karpenter = |verb: &str| -> Result<Vec<f64>> {
-        let mut first = BTreeMap::new();
-        for (node, at) in cluster.karpenter_node_requests(verb)? {
-            first.entry(node).or_insert(at);
+/// The bench's watches: NodeClaims and pods as they change, and the load.
+struct Recorder {
+    started: Instant,
+    trace: Arc<Mutex<Trace>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Recorder {
+    fn start(client: kube::Client) -> Recorder {
+        let started = Instant::now();
+        let trace = Arc::new(Mutex::new(Trace::default()));
+        let tasks = vec![
+            tokio::spawn(watch_claims(client.clone(), started, Arc::clone(&trace))),
+            tokio::spawn(watch_pods(client, started, Arc::clone(&trace))),
+            tokio::spawn(sample_load(started, Arc::clone(&trace))),
+        ];
+        Recorder {
+            started,
+            trace,
+            tasks,
         }
-        Ok(first
-            .into_values()
-            .map(|at| at.duration_since(started).as_secs_f64())
-            .collect())
-    };
-    let (creates, deletes) = (by_karpenter("create")?, by_karpenter("delete")?);
-    let nodes_over_time = step_series(&creates, &deletes);
-    Ok(Outcome {
-        launched: creates.len(),
-        terminated: deletes.len(),
-        node_seconds: node_seconds(&nodes_over_time),
-        waits: Vec::new(),
-        interrupted: 0,
-        decisions: decisions(&cluster.karpenter_metrics().await?),
-        nodes_over_time,
-        wall,
-    })
-}
-
-/// The node count after each create (+1) and delete (-1), in time order.
-fn step_series(creates: &[f64], deletes: &[f64]) -> Vec<(f64, usize)> {
-    let mut changes: Vec<(f64, i64)> = creates.iter().map(|&t| (t, 1)).collect();
-    changes.extend(deletes.iter().map(|&t| (t, -1)));
-    changes.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut count = 0i64;
-    let mut series = vec![(0.0, 0)];
-    for (at, change) in changes {
-        count = (count + change).max(0);
-        series.push((at, usize::try_from(count).unwrap_or(0)));
-    }
-    series
-}
-
-/// The area under the node count.
-fn node_seconds(series: &[(f64, usize)]) -> f64 {
-    series
-        .windows(2)
-        .map(|w| (w[1].0 - w[0].0) * w[0].1 as f64)
-        .sum()
-}
-
-/// Each Job pod's seconds from creation to `PodScheduled`, read while the
-/// day runs: the pod garbage collector deletes a finished pod once its node
-/// is gone, so the pods are not all there at the end.
-struct PodWaits {
-    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, f64>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl PodWaits {
-    fn follow(client: kube::Client) -> PodWaits {
-        let seen = std::sync::Arc::default();
-        let task = tokio::spawn(Self::poll(
-            Api::namespaced(client, "default"),
-            std::sync::Arc::clone(&seen),
-        ));
-        PodWaits { seen, task }
     }
 
-    async fn poll(pods: Api<Pod>, seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, f64>>>) {
-        loop {
-            if let Ok(list) = pods.list(&ListParams::default()).await {
-                let mut seen = seen
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                for pod in list.items {
-                    if let (Some(uid), Some(wait)) =
-                        (pod.metadata.uid.clone(), scheduled_after(&pod))
-                    {
-                        seen.entry(uid).or_insert(wait);
-                    }
-                }
+    fn claims_left(&self) -> usize {
+        let trace = self.trace.lock().unwrap_or_else(PoisonError::into_inner);
+        trace.claims.values().filter(|c| c.gone.is_none()).count()
+    }
+
+    fn stop(self) -> Trace {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let mut trace = self.trace.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::take(&mut *trace)
+    }
+}
+
+fn seconds(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64()
+}
+
+async fn watch_claims(client: kube::Client, started: Instant, trace: Arc<Mutex<Trace>>) {
+    let claims = testenv::node_claims(&client);
+    let stream = watcher(claims, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let Ok(event) = event else { continue };
+        let at = seconds(started);
+        let mut trace = trace.lock().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
+                saw_claim(&mut trace, &claim, at, false);
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            watcher::Event::Delete(claim) => saw_claim(&mut trace, &claim, at, true),
+            watcher::Event::Init | watcher::Event::InitDone => {}
         }
     }
+}
 
-    /// The waits seen, sorted.
-    fn stop(self) -> Vec<f64> {
-        self.task.abort();
-        let seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut waits: Vec<f64> = seen.values().copied().collect();
-        waits.sort_by(f64::total_cmp);
-        waits
+fn saw_claim(trace: &mut Trace, claim: &DynamicObject, at: f64, gone: bool) {
+    let Some(name) = claim.metadata.name.clone() else {
+        return;
+    };
+    let labels = claim.metadata.labels.as_ref();
+    let pool = labels
+        .and_then(|l| l.get("karpenter.sh/nodepool"))
+        .cloned()
+        .unwrap_or_default();
+    let entry = trace.claims.entry(name).or_insert_with(|| Claim {
+        pool,
+        created: at,
+        ..Claim::default()
+    });
+    if let Some(node) = claim.data["status"]["nodeName"].as_str() {
+        entry.node = Some(node.to_string());
+    }
+    if gone {
+        entry.gone.get_or_insert(at);
     }
 }
 
-/// Seconds from the pod's creation to its `PodScheduled=True`, once it has one.
-fn scheduled_after(pod: &Pod) -> Option<f64> {
-    let created = pod.metadata.creation_timestamp.as_ref()?.0;
-    let scheduled = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "True")?
-        .last_transition_time
-        .as_ref()?
-        .0;
-    Some(scheduled.duration_since(created).as_secs_f64())
-}
-
-/// Karpenter's `voluntary_disruption_decisions_total`, by decision and reason.
-fn decisions(metrics: &str) -> BTreeMap<String, f64> {
-    let mut found = BTreeMap::new();
-    for sample in testenv::metrics::named(metrics, "karpenter_voluntary_disruption_decisions_total")
-    {
-        let key = format!("{} {}", sample.label("decision"), sample.label("reason"));
-        *found.entry(key).or_insert(0.0) += sample.value;
-    }
-    found
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn plot(path: &str, day_name: &str, without: &Outcome, with: &Outcome) -> Result<()> {
-    let end = without.wall.max(with.wall).as_secs_f64();
-    let top = without
-        .nodes_over_time
-        .iter()
-        .chain(&with.nodes_over_time)
-        .map(|p| p.1)
-        .max()
-        .unwrap_or(1)
-        + 3;
-    let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("Karpenter nodes over a {day_name} batch day"),
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(40)
-        .build_cartesian_2d(0.0..end, 0usize..top)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since the first wave")
-        .y_desc("nodes")
-        .draw()?;
-    // The run with node-holder first and wider, so the other shows on top
-    // where both have the same count.
-    for (outcome, label, color, width) in [
-        (with, "with node-holder", BLUE, 4),
-        (without, "without node-holder", RED, 2),
-    ] {
-        let mut steps = Vec::new();
-        for pair in outcome.nodes_over_time.windows(2) {
-            steps.push((pair[0].0, pair[0].1));
-            steps.push((pair[1].0, pair[0].1));
+async fn watch_pods(client: kube::Client, started: Instant, trace: Arc<Mutex<Trace>>) {
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let config = watcher::Config::default().labels(ARM_LABEL);
+    let stream = watcher(pods, config).default_backoff().touched_objects();
+    futures::pin_mut!(stream);
+    while let Ok(Some(pod)) = stream.try_next().await {
+        let at = seconds(started);
+        let (Some(uid), Some(arm)) = (
+            pod.metadata.uid.clone(),
+            pod.metadata.labels.as_ref().and_then(|l| l.get(ARM_LABEL)),
+        ) else {
+            continue;
+        };
+        let mut trace = trace.lock().unwrap_or_else(PoisonError::into_inner);
+        let seen = trace.pods.entry(uid).or_insert_with(|| PodSeen {
+            arm: arm.clone(),
+            seen: at,
+            ..PodSeen::default()
+        });
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if seen.bound.is_none() && node.is_some() {
+            seen.bound = Some(at);
+            seen.node = node;
         }
-        if let Some(&(at, n)) = outcome.nodes_over_time.last() {
-            steps.push((at, n));
-            steps.push((end, n));
-        }
-        chart
-            .draw_series(LineSeries::new(steps, color.stroke_width(width)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new([(x, y), (x + 16, y)], color.stroke_width(width))
-            });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
 }
 
-fn report(day: &[Wave], without: &Outcome, with: &Outcome) {
-    println!("\nThe day ({} waves):", day.len());
-    for (n, w) in day.iter().enumerate() {
-        println!(
-            "  wave {n}: +{}s, {} pods for {}s",
-            w.gap.as_secs(),
-            w.pods,
-            w.run_for.as_secs()
-        );
+async fn sample_load(started: Instant, trace: Arc<Mutex<Trace>>) {
+    loop {
+        if let Some(load) = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        {
+            let at = seconds(started);
+            let mut trace = trace.lock().unwrap_or_else(PoisonError::into_inner);
+            trace.load.push((at, load));
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
     }
-    println!("\n| measure | without node-holder | with node-holder |");
-    println!("| --- | --- | --- |");
-    let row = |what: &str, a: String, b: String| println!("| {what} | {a} | {b} |");
-    row(
-        "nodes launched",
-        without.launched.to_string(),
-        with.launched.to_string(),
-    );
-    row(
-        "nodes terminated",
-        without.terminated.to_string(),
-        with.terminated.to_string(),
-    );
-    row(
-        "node-seconds",
-        format!("{:.0}", without.node_seconds),
-        format!("{:.0}", with.node_seconds),
-    );
-    for p in [50.0, 95.0] {
-        row(
-            &format!("pod wait p{p:.0} (s)"),
-            format!("{:.0}", percentile(&without.waits, p)),
-            format!("{:.0}", percentile(&with.waits, p)),
+}
+
+/// What the environment asks for.
+struct Plan {
+    days: Vec<String>,
+    seeds: Vec<u64>,
+    parallel: usize,
+    out: std::path::PathBuf,
+}
+
+impl Plan {
+    fn from_env() -> Result<Plan> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let quick = var("NODE_HOLDER_BENCH_QUICK").is_some_and(|v| v != "0");
+        let list = |name: &str, default: &str| -> Vec<String> {
+            var(name)
+                .unwrap_or_else(|| default.to_string())
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .collect()
+        };
+        let (days, seeds) = if quick {
+            ("compressed,cron", "1")
+        } else {
+            ("compressed,cron,poisson,working", "1,2,3")
+        };
+        let days = list("NODE_HOLDER_BENCH_DAYS", days);
+        for day in &days {
+            Day::generate(day, 0)?;
+        }
+        let seeds = list("NODE_HOLDER_BENCH_SEEDS", seeds)
+            .iter()
+            .map(|s| s.parse().with_context(|| format!("a seed: {s:?}")))
+            .collect::<Result<_>>()?;
+        let parallel = var("NODE_HOLDER_BENCH_PARALLEL")
+            .map(|p| p.parse::<usize>().context("NODE_HOLDER_BENCH_PARALLEL"))
+            .transpose()?
+            .unwrap_or(2)
+            .max(1);
+        let out = var("NODE_HOLDER_BENCH_OUT").map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/frontier"),
+            std::path::PathBuf::from,
         );
+        Ok(Plan {
+            days,
+            seeds,
+            parallel,
+            out,
+        })
     }
-    row(
-        "pods",
-        without.waits.len().to_string(),
-        with.waits.len().to_string(),
-    );
-    row(
-        "Job pods interrupted (evicted while running, run again)",
-        without.interrupted.to_string(),
-        with.interrupted.to_string(),
-    );
-    let keys: std::collections::BTreeSet<&String> = without
-        .decisions
-        .keys()
-        .chain(with.decisions.keys())
-        .collect();
-    for key in keys {
-        row(
-            &format!("Karpenter decisions: {key}"),
-            format!("{:.0}", without.decisions.get(key).unwrap_or(&0.0)),
-            format!("{:.0}", with.decisions.get(key).unwrap_or(&0.0)),
-        );
-    }
-    row(
-        "run (until the last node was gone)",
-        format!("{:.0?}", without.wall),
-        format!("{:.0?}", with.wall),
-    );
 }
 
 #[tokio::main]
@@ -495,44 +590,52 @@ async fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
     }
-    let seed = std::env::var("NODE_HOLDER_BENCH_SEED")
-        .ok()
-        .map(|s| s.parse::<u64>())
-        .transpose()
-        .context("NODE_HOLDER_BENCH_SEED")?
-        .unwrap_or(2026);
-    let budget = std::env::var("NODE_HOLDER_BENCH_BUDGET").unwrap_or_else(|_| "10%".into());
-    let day = Day::from_env(seed)?;
-    let hold = match std::env::var("NODE_HOLDER_BENCH_HOLD") {
-        Ok(text) => humantime::parse_duration(&text).context("NODE_HOLDER_BENCH_HOLD")?,
-        Err(_) => day.hold,
-    };
-    eprintln!(
-        "churn: {} day, seed {seed}, NodePool budget nodes: {budget}, hold {}s, {:?}",
-        day.name,
-        hold.as_secs(),
-        day.waves
-    );
-    let day_name = day.name;
-    let day = day.waves;
+    let plan = Plan::from_env()?;
+    std::fs::create_dir_all(&plan.out)?;
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
-    let (without, with) = tokio::try_join!(
-        run(&day, &budget, hold, false),
-        run(&day, &budget, hold, true)
-    )?;
-    // The compressed day keeps the pictures' first names.
-    let prefix = match day_name {
-        "compressed" => "churn".to_string(),
-        other => format!("churn-{other}-day"),
-    };
-    let svg = format!(
-        "{}/docs/{prefix}-budget-{}-hold-{}s.svg",
-        env!("CARGO_MANIFEST_DIR"),
-        budget.trim_end_matches('%'),
-        hold.as_secs()
+    let arms = Arm::all();
+    let mut runs = Vec::new();
+    for name in &plan.days {
+        for &seed in &plan.seeds {
+            runs.push(Day::generate(name, seed)?);
+        }
+    }
+    eprintln!(
+        "churn: {} runs ({} days x {} seeds), {} at once, {} arms each",
+        runs.len(),
+        plan.days.len(),
+        plan.seeds.len(),
+        plan.parallel,
+        arms.len()
     );
-    plot(&svg, day_name, &without, &with)?;
-    report(&day, &without, &with);
-    println!("\nnode count over time: {svg}");
-    Ok(())
+    let results: Vec<(Day, Result<Trace>)> = futures::stream::iter(runs)
+        .map(|day| {
+            let arms = &arms;
+            let out = &plan.out;
+            async move {
+                let clock = Instant::now();
+                let trace = run(&day, arms).await;
+                match &trace {
+                    Ok(trace) => {
+                        let path = out.join(format!("{}-seed{}.json", day.name, day.seed));
+                        let saved = serde_json::to_vec_pretty(trace)
+                            .map_err(anyhow::Error::from)
+                            .and_then(|bytes| Ok(std::fs::write(&path, bytes)?));
+                        eprintln!(
+                            "churn: {} seed {} done in {:.0?}; trace {} ({saved:?})",
+                            day.name,
+                            day.seed,
+                            clock.elapsed(),
+                            path.display()
+                        );
+                    }
+                    Err(err) => eprintln!("churn: {} seed {} failed: {err:#}", day.name, day.seed),
+                }
+                (day, trace)
+            }
+        })
+        .buffer_unordered(plan.parallel)
+        .collect()
+        .await;
+    report::write(&plan.out, &arms, &results)
 }

@@ -45,6 +45,27 @@ pub struct Disruption {
     pub budgets: Value,
 }
 
+/// How the cluster's parts behave, beyond the NodePool: what a benchmark
+/// that plays a realistic day changes.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// The KWOKNodeClass's `nodeRegistrationDelay`: how long after Karpenter
+    /// launches an instance its Node appears (a cloud's boot), or none.
+    pub registration_delay: Option<Duration>,
+    /// Karpenter's `LOG_LEVEL`. Tests read its decisions at `debug`; a
+    /// benchmark that runs many pools side by side lowers it to spare CPU.
+    pub log_level: &'static str,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            registration_delay: None,
+            log_level: "debug",
+        }
+    }
+}
+
 impl Default for Disruption {
     /// Empty nodes go 5 s after their last pod, all at once: short enough for
     /// a test to watch Karpenter churn.
@@ -75,6 +96,11 @@ impl KarpenterCluster {
     /// beside it, creates the KWOKNodeClass and a NodePool with `disruption`,
     /// and waits until Karpenter is ready.
     pub async fn start(disruption: &Disruption) -> Result<Self> {
+        Self::start_with(&ClusterOptions::default(), disruption).await
+    }
+
+    /// [`KarpenterCluster::start`] with `options`.
+    pub async fn start_with(options: &ClusterOptions, disruption: &Disruption) -> Result<Self> {
         let binaries = tokio::task::spawn_blocking(ensure_cluster_built)
             .await
             .context("cluster build task")??;
@@ -82,14 +108,14 @@ impl KarpenterCluster {
         let admin = cp.admin_client().await?;
         apply_objects(&admin, &karpenter_crds(&binaries.karpenter_source)?).await?;
         let pool = node_pool(NODE_POOL, disruption, json!([]));
-        apply_objects(&admin, &[node_class(), pool]).await?;
+        apply_objects(&admin, &[node_class(options.registration_delay), pool]).await?;
 
         let scheduler = start_scheduler(&cp, &binaries)?;
         let controller_manager = start_controller_manager(&cp, &binaries)?;
         let kwok = start_kwok(&cp, &binaries)?;
         let [metrics_port, health_port] = free_ports()?;
         let karpenter_log = cp.dir().join("karpenter.log");
-        let karpenter = start_karpenter(&cp, &binaries, metrics_port, health_port)?;
+        let karpenter = start_karpenter(&cp, &binaries, options, [metrics_port, health_port])?;
         let mut cluster = KarpenterCluster {
             karpenter,
             kwok,
@@ -105,7 +131,7 @@ impl KarpenterCluster {
             Err(first) if format!("{first:#}").contains("address already in use") => {
                 let [metrics_port, health_port] = free_ports()?;
                 cluster.karpenter =
-                    start_karpenter(&cluster.cp, &binaries, metrics_port, health_port)?;
+                    start_karpenter(&cluster.cp, &binaries, options, [metrics_port, health_port])?;
                 cluster.karpenter_metrics_port = metrics_port;
                 cluster.wait_ready(health_port).await?;
             }
@@ -246,12 +272,18 @@ fn karpenter_crds(source: &Path) -> Result<Vec<Value>> {
     Ok(objects)
 }
 
-fn node_class() -> Value {
+/// The KWOKNodeClass every pool launches from; its Nodes appear
+/// `registration_delay` after the launch (whole seconds).
+fn node_class(registration_delay: Option<Duration>) -> Value {
+    let spec = match registration_delay {
+        Some(delay) => json!({"nodeRegistrationDelay": format!("{}s", delay.as_secs())}),
+        None => json!({}),
+    };
     json!({
         "apiVersion": "karpenter.kwok.sh/v1alpha1",
         "kind": "KWOKNodeClass",
         "metadata": {"name": NODE_CLASS},
-        "spec": {}
+        "spec": spec
     })
 }
 
@@ -385,8 +417,8 @@ fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedCh
 fn start_karpenter(
     cp: &ControlPlane,
     binaries: &ClusterBinaries,
-    metrics_port: u16,
-    health_port: u16,
+    options: &ClusterOptions,
+    [metrics_port, health_port]: [u16; 2],
 ) -> Result<ManagedChild> {
     use std::os::unix::process::CommandExt as _;
     let mut command = std::process::Command::new(&binaries.karpenter);
@@ -400,7 +432,7 @@ fn start_karpenter(
         .env("DISABLE_LEADER_ELECTION", "true")
         .env("METRICS_PORT", metrics_port.to_string())
         .env("HEALTH_PROBE_PORT", health_port.to_string())
-        .env("LOG_LEVEL", "debug");
+        .env("LOG_LEVEL", options.log_level);
     ManagedChild::spawn_command("karpenter", command, &cp.dir().join("karpenter.log"))
 }
 
@@ -450,13 +482,20 @@ fn filler_spec() -> Value {
 /// The taint of the NodePools [`KarpenterCluster::add_node_pool`] adds.
 const POOL_TAINT: &str = "example.com/pool";
 
+/// Pins the pod spec `spec` (JSON) to the NodePool `pool` that
+/// [`KarpenterCluster::add_node_pool`] added: its node selector and the
+/// toleration of the pool's taint.
+pub fn in_pool(spec: &mut Value, pool: &str) {
+    spec["nodeSelector"] = json!({"karpenter.sh/nodepool": pool});
+    spec["tolerations"] =
+        json!([{"key": POOL_TAINT, "operator": "Equal", "value": pool, "effect": "NoSchedule"}]);
+}
+
 /// A bare pod named `name` in `default` that fills one node of the NodePool
 /// `pool` that [`KarpenterCluster::add_node_pool`] added.
 pub fn filler_pod_in(name: &str, pool: &str) -> k8s_openapi::api::core::v1::Pod {
     let mut spec = filler_spec();
-    spec["nodeSelector"] = json!({"karpenter.sh/nodepool": pool});
-    spec["tolerations"] =
-        json!([{"key": POOL_TAINT, "operator": "Equal", "value": pool, "effect": "NoSchedule"}]);
+    in_pool(&mut spec, pool);
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -43,9 +43,9 @@ pub use binaries::{
     tool_module_dir,
 };
 pub use karpenter::{
-    Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU, filler_deployment,
-    filler_job, filler_pod, filler_pod_in, install_karpenter_crds, node_claims, node_pool_object,
-    node_pools,
+    ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU,
+    filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool, install_karpenter_crds,
+    node_claims, node_pool_object, node_pools,
 };
 pub use process::ManagedChild;
 

@@ -15,6 +15,7 @@ use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod frontier;
 pub mod install;
 pub mod karpenter;
 pub mod window;

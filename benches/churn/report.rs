@@ -1,0 +1,262 @@
+//! The churn bench's report: per day, a table of every arm against the
+//! clairvoyant optimum, paired per-seed differences with 95% confidence
+//! intervals, the machine's load, and the frontier drawn as an SVG.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use plotters::prelude::*;
+use testsupport::frontier::mean_ci95;
+
+use super::{Arm, LAUNCH_COSTS, Outcome, Trace, optimum_at};
+use testsupport::frontier::days::Day;
+
+/// The launch cost the paired differences are priced at: 5 node-minutes.
+const DEFAULT_LAUNCH: f64 = 300.0;
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// One day's runs that finished: for each seed, the day and each arm's
+/// outcome.
+struct DayRuns<'a> {
+    name: &'a str,
+    runs: Vec<(&'a Day, BTreeMap<String, Outcome>)>,
+    load: Vec<f64>,
+}
+
+/// Writes `report.md` and the pictures into `out` and prints the report.
+pub fn write(out: &Path, arms: &[Arm], results: &[(Day, Result<Trace>)]) -> Result<()> {
+    let mut text = String::new();
+    for failed in results
+        .iter()
+        .filter_map(|(d, r)| r.as_ref().err().map(|e| (d, e)))
+    {
+        writeln!(
+            text,
+            "- {} seed {} FAILED: {:#}",
+            failed.0.name, failed.0.seed, failed.1
+        )?;
+    }
+    for day in by_day(arms, results) {
+        section(&mut text, arms, &day)?;
+        let svg = out.join(format!("frontier-{}.svg", day.name));
+        plot(&svg, arms, &day)?;
+        writeln!(text, "\nThe frontier: `{}`\n", svg.display())?;
+    }
+    std::fs::write(out.join("report.md"), &text)?;
+    println!("{text}");
+    Ok(())
+}
+
+fn by_day<'a>(arms: &[Arm], results: &'a [(Day, Result<Trace>)]) -> Vec<DayRuns<'a>> {
+    let mut days: Vec<DayRuns<'a>> = Vec::new();
+    for (day, trace) in results {
+        let Ok(trace) = trace else { continue };
+        let outcomes = arms
+            .iter()
+            .map(|arm| (arm.name.clone(), Outcome::of(trace, &arm.name)))
+            .collect();
+        let load = trace.load.iter().map(|l| l.1);
+        match days.iter_mut().find(|d| d.name == day.name) {
+            Some(found) => {
+                found.runs.push((day, outcomes));
+                found.load.extend(load);
+            }
+            None => days.push(DayRuns {
+                name: day.name,
+                runs: vec![(day, outcomes)],
+                load: load.collect(),
+            }),
+        }
+    }
+    days
+}
+
+/// Mean ± 95% half-width, as text.
+fn ci(samples: &[f64], digits: usize) -> String {
+    let (mean, half) = mean_ci95(samples);
+    if half.is_nan() {
+        format!("{mean:.digits$}")
+    } else {
+        format!("{mean:.digits$} ± {half:.digits$}")
+    }
+}
+
+fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
+    let seeds: Vec<String> = day.runs.iter().map(|r| r.0.seed.to_string()).collect();
+    let (load, _) = mean_ci95(&day.load);
+    let peak = day.load.iter().copied().fold(0.0, f64::max);
+    writeln!(
+        text,
+        "\n### The {} day (seeds {}; load average {load:.1}, peak {peak:.1})\n",
+        day.name,
+        seeds.join(", ")
+    )?;
+    writeln!(
+        text,
+        "| arm | launches | node-seconds | pods waited for a launch | pod wait p95 (s) | \
+         Job pods interrupted | total / optimum at 1, 5, 15 node-min |"
+    )?;
+    writeln!(text, "| --- | --- | --- | --- | --- | --- | --- |")?;
+    let opt = |day: &Day, launch| optimum_at(day, launch);
+    for arm in arms {
+        let per_seed = |f: &dyn Fn(&Day, &Outcome) -> f64| -> Vec<f64> {
+            day.runs.iter().map(|(d, o)| f(d, &o[&arm.name])).collect()
+        };
+        let ratios: Vec<String> = LAUNCH_COSTS
+            .iter()
+            .map(|&l| ci(&per_seed(&|d, o| o.total(l) / opt(d, l).total(l)), 2))
+            .collect();
+        writeln!(
+            text,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            arm.name,
+            ci(&per_seed(&|_, o| o.launches as f64), 1),
+            ci(&per_seed(&|_, o| o.node_seconds), 0),
+            ci(&per_seed(&|_, o| o.waited_for_launch as f64), 1),
+            ci(&per_seed(&|_, o| o.wait_p95), 1),
+            ci(&per_seed(&|_, o| f64::from(o.interrupted)), 1),
+            ratios.join(" / ")
+        )?;
+    }
+    let optimum: Vec<_> = day
+        .runs
+        .iter()
+        .map(|(d, _)| opt(d, DEFAULT_LAUNCH))
+        .collect();
+    writeln!(
+        text,
+        "| clairvoyant (at 5 node-min) | {} | {} | 0 | 0 | 0 | 1 |",
+        ci(
+            &optimum
+                .iter()
+                .map(|o| o.launches as f64)
+                .collect::<Vec<_>>(),
+            1
+        ),
+        ci(
+            &optimum.iter().map(|o| o.node_seconds).collect::<Vec<_>>(),
+            0
+        ),
+    )?;
+    paired(text, arms, day)
+}
+
+/// Each arm's total cost at the default launch cost against Karpenter's
+/// default and against the best `consolidateAfter` of the day, per seed.
+fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
+    let total = |arm: &str| -> Vec<f64> {
+        day.runs
+            .iter()
+            .map(|(_, o)| o[arm].total(DEFAULT_LAUNCH))
+            .collect()
+    };
+    let mean = |arm: &str| mean_ci95(&total(arm)).0;
+    let best = arms
+        .iter()
+        .filter(|a| a.hold.is_none())
+        .min_by(|a, b| mean(&a.name).total_cmp(&mean(&b.name)))
+        .map(|a| a.name.clone())
+        .unwrap_or_default();
+    writeln!(
+        text,
+        "\nTotal cost at 5 node-minutes a launch, paired per seed, in % (mean ± 95% CI): \
+         against Karpenter's default (`ka-0s`) and the day's best `consolidateAfter` (`{best}`).\n"
+    )?;
+    writeln!(text, "| arm | vs ka-0s | vs {best} |")?;
+    writeln!(text, "| --- | --- | --- |")?;
+    for arm in arms {
+        let against = |base: &str| -> Vec<f64> {
+            total(&arm.name)
+                .iter()
+                .zip(total(base))
+                .map(|(a, b)| 100.0 * (a - b) / b)
+                .collect()
+        };
+        writeln!(
+            text,
+            "| {} | {} | {} |",
+            arm.name,
+            ci(&against("ka-0s"), 1),
+            ci(&against(&best), 1)
+        )?;
+    }
+    Ok(())
+}
+
+/// Launches against node-seconds, one point per arm (its mean over the
+/// seeds), the clairvoyant optimum marked.
+fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
+    let mean = |f: &dyn Fn(&Day, &Outcome) -> f64, arm: &str| -> f64 {
+        let v: Vec<f64> = day.runs.iter().map(|(d, o)| f(d, &o[arm])).collect();
+        mean_ci95(&v).0
+    };
+    let points: Vec<(String, f64, f64, bool)> = arms
+        .iter()
+        .map(|a| {
+            let launches = mean(&|_, o| o.launches as f64, &a.name);
+            let seconds = mean(&|_, o| o.node_seconds, &a.name);
+            (a.name.clone(), launches, seconds, a.hold.is_some())
+        })
+        .collect();
+    let optimum: Vec<_> = day
+        .runs
+        .iter()
+        .map(|(d, _)| optimum_at(d, DEFAULT_LAUNCH))
+        .collect();
+    let opt_launches = mean_ci95(
+        &optimum
+            .iter()
+            .map(|o| o.launches as f64)
+            .collect::<Vec<_>>(),
+    )
+    .0;
+    let opt_seconds = mean_ci95(&optimum.iter().map(|o| o.node_seconds).collect::<Vec<_>>()).0;
+    let max_x = points.iter().map(|p| p.1).fold(opt_launches, f64::max) * 1.15 + 1.0;
+    let max_y = points.iter().map(|p| p.2).fold(opt_seconds, f64::max) * 1.15 + 1.0;
+    let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("The {} day: launches against node-seconds", day.name),
+            ("sans-serif", 20),
+        )
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
+    chart
+        .configure_mesh()
+        .x_desc("NodeClaims launched (mean over seeds)")
+        .y_desc("node-seconds")
+        .draw()?;
+    for (name, x, y, holder) in &points {
+        let color = if *holder { BLUE } else { RED };
+        chart.draw_series([Circle::new((*x, *y), 5, color.filled())])?;
+        chart.draw_series([Text::new(
+            name.clone(),
+            (*x, *y),
+            ("sans-serif", 13).into_font(),
+        )])?;
+    }
+    chart.draw_series([TriangleMarker::new(
+        (opt_launches, opt_seconds),
+        8,
+        BLACK.filled(),
+    )])?;
+    chart.draw_series([Text::new(
+        "clairvoyant (5 node-min)".to_string(),
+        (opt_launches, opt_seconds),
+        ("sans-serif", 13).into_font(),
+    )])?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! The days the churn bench plays, each from a seed, and the demand each
+//! puts on the nodes (what the clairvoyant optimum is computed from).
+//! Every arm's pool plays the same day.
+
+use anyhow::{Result, bail};
+
+/// Pods of a service: small, three to a node, one beside a Job's pod.
+pub const SERVICE_CPU: &str = "250m";
+const SERVICE_PER_NODE: i64 = 3;
+
+/// One Job: `pods` pods of a whole node each, started `at` seconds into the
+/// day, each running `run_for` seconds.
+#[derive(Debug, Clone)]
+pub struct Wave {
+    pub at: f64,
+    pub pods: i32,
+    pub run_for: f64,
+}
+
+/// Something the day does at an instant, the same for every arm: start
+/// Job `n`, or resize the service.
+pub enum Step<'a> {
+    Job(usize, &'a Wave),
+    Service(f64, i32),
+}
+
+impl Step<'_> {
+    pub fn at(&self) -> f64 {
+        match self {
+            Step::Job(_, wave) => wave.at,
+            Step::Service(at, _) => *at,
+        }
+    }
+}
+
+/// A day of work for one arm's pool.
+#[derive(Debug, Clone)]
+pub struct Day {
+    pub name: &'static str,
+    pub seed: u64,
+    pub waves: Vec<Wave>,
+    /// Pods of a whole node each, all day.
+    pub steady: i32,
+    /// The service's size: from the start, then each change `(at, replicas)`.
+    pub service: (i32, Vec<(f64, i32)>),
+    /// When the day's work is over (every Job done); its steady pods and
+    /// service go then.
+    pub end: f64,
+}
+
+impl Day {
+    /// The day called `name` played from `seed`.
+    pub fn generate(name: &str, seed: u64) -> Result<Day> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let waves = match name {
+            "compressed" => compressed(&mut rng),
+            "cron" => cron(&mut rng),
+            "poisson" => poisson(&mut rng),
+            "working" => working(&mut rng),
+            other => bail!("a day called {other:?}: expected compressed, cron, poisson or working"),
+        };
+        let name = match name {
+            "compressed" => "compressed",
+            "cron" => "cron",
+            "poisson" => "poisson",
+            _ => "working",
+        };
+        let end = waves.iter().map(|w| w.at + w.run_for).fold(0.0, f64::max) + 30.0;
+        // The service shrinks for the middle third of the day.
+        let service = (6, vec![(end / 3.0, 2), (end * 2.0 / 3.0, 6)]);
+        Ok(Day {
+            name,
+            seed,
+            waves,
+            steady: 2,
+            service,
+            end,
+        })
+    }
+
+    /// The Jobs and the service's changes, in time order.
+    pub fn steps(&self) -> Vec<Step<'_>> {
+        let mut steps: Vec<Step<'_>> = self
+            .waves
+            .iter()
+            .enumerate()
+            .map(|(n, w)| Step::Job(n, w))
+            .collect();
+        steps.extend(self.service.1.iter().map(|&(at, r)| Step::Service(at, r)));
+        steps.sort_by(|a, b| a.at().total_cmp(&b.at()));
+        steps
+    }
+
+    /// The nodes the day's work needs over time, as `(seconds, change)`
+    /// steps, if no pod ever waited: every Job pod and steady pod a node of
+    /// its own, and the service's pods one beside each of those, the rest
+    /// three to a node.
+    pub fn demand(&self) -> Vec<(f64, i64)> {
+        let mut instants: Vec<f64> = vec![0.0, self.end];
+        for wave in &self.waves {
+            instants.extend([wave.at, wave.at + wave.run_for]);
+        }
+        instants.extend(self.service.1.iter().map(|c| c.0));
+        instants.sort_by(f64::total_cmp);
+        instants.dedup();
+        let mut steps = Vec::new();
+        let mut nodes = 0i64;
+        for &at in &instants {
+            let now = self.nodes_needed(at);
+            if now != nodes {
+                steps.push((at, now - nodes));
+                nodes = now;
+            }
+        }
+        steps
+    }
+
+    /// The fewest nodes that hold the work running at `at` (half-open
+    /// intervals: a pod ending at `at` has left).
+    fn nodes_needed(&self, at: f64) -> i64 {
+        if at >= self.end {
+            return 0;
+        }
+        let batch: i64 = self
+            .waves
+            .iter()
+            .filter(|w| w.at <= at && at < w.at + w.run_for)
+            .map(|w| i64::from(w.pods))
+            .sum();
+        let whole = batch + i64::from(self.steady);
+        let service = self
+            .service
+            .1
+            .iter()
+            .rev()
+            .find(|c| c.0 <= at)
+            .map_or(self.service.0, |c| c.1);
+        let rest = (i64::from(service) - whole).max(0);
+        whole + (rest + SERVICE_PER_NODE - 1) / SERVICE_PER_NODE
+    }
+}
+
+/// Eight waves 30-200 s apart, 1-6 pods of 20-80 s.
+fn compressed(rng: &mut fastrand::Rng) -> Vec<Wave> {
+    let mut at = 30.0;
+    (0..8)
+        .map(|n| {
+            if n > 0 {
+                at += f64::from(rng.u32(30..=200));
+            }
+            Wave {
+                at,
+                pods: rng.i32(1..=6),
+                run_for: f64::from(rng.u32(20..=80)),
+            }
+        })
+        .collect()
+}
+
+/// A Job of three pods every 5 minutes (±10 s), each running 60-100 s: the
+/// idle gaps fall between the 2m and 5m knobs (karpenter-provider-aws #3059).
+fn cron(rng: &mut fastrand::Rng) -> Vec<Wave> {
+    (0..8)
+        .map(|n| Wave {
+            at: 60.0 + f64::from(n) * 300.0 + f64::from(rng.i32(-10..=10)),
+            pods: 3,
+            run_for: f64::from(rng.u32(60..=100)),
+        })
+        .collect()
+}
+
+/// Random arrivals: 20 busy minutes (one every 100 s on average), then 20
+/// quiet ones (one every 7 minutes); 1-4 pods of 30-150 s.
+fn poisson(rng: &mut fastrand::Rng) -> Vec<Wave> {
+    let mut waves = Vec::new();
+    let mut at = 30.0;
+    for (until, mean) in [(1230.0, 100.0), (2430.0, 420.0)] {
+        loop {
+            at += -mean * (1.0 - rng.f64()).ln();
+            if at >= until {
+                at = until;
+                break;
+            }
+            waves.push(Wave {
+                at: at.round(),
+                pods: rng.i32(1..=4),
+                run_for: f64::from(rng.u32(30..=150)),
+            });
+        }
+    }
+    waves
+}
+
+/// Two busy stretches of six waves 1-5 minutes apart around a quiet 15-20
+/// minutes; 1-6 pods of 1-3 minutes.
+fn working(rng: &mut fastrand::Rng) -> Vec<Wave> {
+    let mut at = 30.0;
+    (0..12)
+        .map(|n| {
+            at += match n {
+                0 => 0.0,
+                6 => f64::from(rng.u32(900..=1200)),
+                _ => f64::from(rng.u32(60..=300)),
+            };
+            Wave {
+                at,
+                pods: rng.i32(1..=6),
+                run_for: f64::from(rng.u32(60..=180)),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_day_is_the_same_for_the_same_seed_and_ends_after_its_last_job() {
+        for name in ["compressed", "cron", "poisson", "working"] {
+            let (a, b) = (
+                Day::generate(name, 3).unwrap(),
+                Day::generate(name, 3).unwrap(),
+            );
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{name}");
+            assert!(!a.waves.is_empty(), "{name}");
+            assert!(a.waves.iter().all(|w| w.at + w.run_for < a.end), "{name}");
+        }
+        assert!(Day::generate("monday", 1).is_err());
+    }
+
+    #[test]
+    fn cron_idle_gaps_fall_between_the_two_and_five_minute_knobs() {
+        let day = Day::generate("cron", 9).unwrap();
+        for pair in day.waves.windows(2) {
+            let idle = pair[1].at - (pair[0].at + pair[0].run_for);
+            assert!((120.0..300.0).contains(&idle), "{idle}");
+        }
+    }
+
+    #[test]
+    fn the_demand_counts_whole_nodes_and_packs_the_service_beside_them() {
+        let day = Day {
+            name: "test",
+            seed: 0,
+            waves: vec![Wave {
+                at: 10.0,
+                pods: 3,
+                run_for: 20.0,
+            }],
+            steady: 2,
+            service: (6, vec![(50.0, 2)]),
+            end: 100.0,
+        };
+        // Before the Job: 2 steady nodes, 2 service pods beside them, 4
+        // more in 2 nodes. During it: 5 whole nodes hold 5 service pods,
+        // the sixth needs one more. After the service shrinks: 2 nodes.
+        assert_eq!(
+            day.demand(),
+            vec![(0.0, 4), (10.0, 2), (30.0, -2), (50.0, -2), (100.0, -2)]
+        );
+    }
+}
