@@ -240,6 +240,14 @@ pub struct WindowArgs {
         requires = "window_per_label"
     )]
     pub group_hold_duration: Vec<(String, Duration)>,
+
+    /// `cluster` scope: work landing on held nodes keeps their window open,
+    /// as a new node does: each pod bound to a held node, or finished on it,
+    /// holds its group until then plus the hold (capped by `--max-hold`).
+    /// The signal is Karpenter's `lastPodEventTime` on each NodeClaim (one
+    /// watch on NodeClaims); without Karpenter windows follow new nodes only.
+    #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
+    pub window_follows_work: bool,
 }
 
 /// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value

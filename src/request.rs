@@ -175,6 +175,9 @@ fn leader_config(
         namespace: args.record.namespace.clone(),
         identity,
         lease_duration: COMMAND_LEASE,
+        // A release or a manual hold run by hand ends or sets the windows
+        // outright: there is no later deadline for work to move.
+        follow_work: false,
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).

@@ -38,6 +38,7 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
             args.leader.identity.clone()
         },
         lease_duration: args.leader.lease_duration,
+        follow_work: args.window.window_follows_work,
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         node_events_per_pass: args.node_events_per_pass,
@@ -71,6 +72,11 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if args.window.window_per_label.is_some() && args.window.scope != Mode::Cluster {
         bail!(
             "--window-per-label groups the window of --scope cluster (in node scope each node has its own hold already)"
+        );
+    }
+    if args.window.window_follows_work && args.window.scope != Mode::Cluster {
+        bail!(
+            "--window-follows-work keeps the window of --scope cluster open (in node scope each node has its own hold)"
         );
     }
     if args.leader.lease_duration < Duration::from_secs(2) {

@@ -365,6 +365,9 @@ fn settings_text(status: &Status) -> String {
                 let hold = humantime::format_duration(*hold);
                 per.push_str(&format!(", {} holds {hold}", groups::display(group)));
             }
+            if s.window_follows_work {
+                per.push_str(", follows work on held nodes");
+            }
             if s.hold_mechanism == Mechanism::Budget {
                 per.push_str(", held by NodePool budget");
             }
@@ -600,6 +603,7 @@ mod tests {
             hold_mechanism: Mechanism::Annotation,
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
+            window_follows_work: false,
         }
     }
 

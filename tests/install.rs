@@ -380,6 +380,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.releasePace=10%/1m",
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.groupHoldDurations.gpu=45m",
+        "--set=config.windowFollowsWork=true",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -395,6 +396,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
+    assert_eq!(env["NODE_HOLDER_WINDOW_FOLLOWS_WORK"], "true");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
@@ -622,27 +624,36 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
             .count();
         assert_eq!(rbac_kinds, 5, "{mode}");
     }
-    // The budget mechanism adds exactly webhook-config/rbac-nodepools.yaml.
-    let nodepools = manifest("webhook-config/rbac-nodepools.yaml");
-    let objects = template(&["--set=config.holdMechanism=budget"]);
+    // The budget mechanism adds exactly webhook-config/rbac-nodepools.yaml,
+    // following work exactly webhook-config/rbac-nodeclaims.yaml.
+    adds_exactly("--set=config.holdMechanism=budget", "nodepools");
+    adds_exactly("--set=config.windowFollowsWork=true", "nodeclaims");
+}
+
+/// With `value` set, the chart adds one ClusterRole and its binding, named
+/// `*-{what}`, exactly as `webhook-config/rbac-{what}.yaml`.
+fn adds_exactly(value: &str, what: &str) {
+    let plain = manifest(&format!("webhook-config/rbac-{what}.yaml"));
+    let objects = template(&[value]);
     let roles: Vec<&Value> = objects
         .iter()
         .filter(|o| kind(o) == "ClusterRole")
         .collect();
-    assert_eq!(roles.len(), 2);
+    assert_eq!(roles.len(), 2, "{value}");
+    let suffix = format!("-{what}");
     let added = roles
         .iter()
-        .find(|r| name(r).ends_with("-nodepools"))
-        .expect("the NodePool ClusterRole");
-    assert_eq!(rules_of(added), rules_of(one(&nodepools, "ClusterRole")));
+        .find(|r| name(r).ends_with(&suffix))
+        .expect("the added ClusterRole");
+    assert_eq!(rules_of(added), rules_of(one(&plain, "ClusterRole")));
     let bindings = objects.iter().filter(|o| kind(o) == "ClusterRoleBinding");
     let binding = bindings
         .into_iter()
-        .find(|b| name(b).ends_with("-nodepools"))
-        .expect("the NodePool ClusterRoleBinding");
+        .find(|b| name(b).ends_with(&suffix))
+        .expect("the added ClusterRoleBinding");
     assert_eq!(
         binding["subjects"],
-        one(&nodepools, "ClusterRoleBinding")["subjects"]
+        one(&plain, "ClusterRoleBinding")["subjects"]
     );
     assert_eq!(binding["roleRef"]["name"], name(added));
 }

@@ -859,3 +859,74 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
     assert!(a.nodes_deleted()[&drifted] < writes[1], "{writes:?}");
     drop(served);
 }
+
+/// `--window-follows-work`: a second wave that lands on the held nodes
+/// creates no node, yet keeps the window open past the deadline the nodes'
+/// creation set, by Karpenter's own record of the work on each node
+/// (`lastPodEventTime`); once the work stops the window ends and the holds
+/// come off.
+#[tokio::test]
+async fn work_landing_on_held_nodes_keeps_the_window_open_past_its_first_deadline() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    common::install_node_holder_rbac(a.cp()).await;
+    common::install_nodeclaim_rbac(a.cp()).await;
+    let served = install_node_holder(&a, &["--hold-duration=60s", "--window-follows-work"]).await;
+    let records = records(&a);
+    let first = a.wave("wave-1", 2).await;
+    created_held(&a, &first);
+    let opened = at(&window(&records).await, "/open/openedAt").expect("an open window");
+    let first_deadline = opened + Duration::from_secs(60);
+    a.end_wave("wave-1").await;
+    // The next wave comes well after the nodes were created (Karpenter
+    // stamps a node's work at most every 10 s) and before the window ends.
+    sleep_until(opened + Duration::from_secs(25)).await;
+    let launched = a.nodes_launched().len();
+    let second = a.wave("wave-2", 2).await;
+    assert_eq!(second, first, "the second wave ran on the held nodes");
+    assert_eq!(a.nodes_launched().len(), launched, "and launched nothing");
+    let work_at = Timestamp::now();
+
+    // The pass at the first deadline finds the second wave's work: the
+    // window stays open, until at least that work plus the hold (less
+    // Karpenter's 10 s de-duplication), and the nodes stay held.
+    a.until(
+        "the window outlasts its first deadline",
+        KARPENTER_ROUND,
+        async |_| {
+            Timestamp::now() > first_deadline + Duration::from_secs(2)
+                && at(&window(&records).await, "/open/deadline").is_some_and(|d| d > first_deadline)
+        },
+    )
+    .await;
+    let deadline = at(&window(&records).await, "/open/deadline").expect("still open");
+    assert!(
+        deadline >= work_at + Duration::from_secs(60 - 10 - 5),
+        "{deadline} against work at {work_at}"
+    );
+    for node in &first {
+        assert!(
+            carries_hold(&a, node).await,
+            "{node} held after {first_deadline}"
+        );
+    }
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+    let extended = common::window::logged(&served, "hold window extended by work on its nodes");
+    assert!(!extended.is_empty(), "{}", served.log());
+    let status = succeeded(&operator(a.cp(), &["status"]));
+    assert!(status.contains("follows work on held nodes"), "{status}");
+
+    // The work stops: the window ends and node-holder takes its holds off.
+    a.end_wave("wave-2").await;
+    a.until(
+        "the window ends and the holds come off",
+        KARPENTER_ROUND * 2,
+        async |a| {
+            let mut held = false;
+            for node in &first {
+                held |= carries_hold(a, node).await;
+            }
+            window(&records).await["open"].is_null() && !held
+        },
+    )
+    .await;
+}

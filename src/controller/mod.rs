@@ -11,6 +11,7 @@ pub mod lease;
 mod nodes;
 pub mod patcher;
 pub mod record;
+mod work;
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -43,6 +44,7 @@ use events::{EventSink, HoldEvent, PassEvents};
 use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
 use record::{RecordStore, ReleaseRequest, Settings};
+use work::{WorkWatch, watch_work};
 
 /// Everything the window task runs with.
 #[derive(Debug, Clone)]
@@ -55,6 +57,8 @@ pub struct Config {
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
+    /// `--window-follows-work`: work on held nodes keeps their window open.
+    pub follow_work: bool,
     pub qps: u32,
     pub max_in_flight: usize,
     /// How many nodes of one pass's patches one way get an Event each;
@@ -84,6 +88,7 @@ impl Config {
             release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
+            window_follows_work: self.follow_work,
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
             } else {
@@ -362,6 +367,8 @@ struct WindowTask {
     pools: Option<budgets::Pools>,
     /// What node-holder added to which NodePool's budgets.
     added: AddedBudgets,
+    /// `--window-follows-work`: the last work on each node, while leading.
+    work: Option<WorkWatch>,
     /// A release request not handled yet.
     release_request: Option<ReleaseRequest>,
     /// A release request handled but not yet recorded as done: some of its
@@ -496,6 +503,7 @@ impl WindowTask {
             windows: Windows::default(),
             pools,
             added: AddedBudgets::new(),
+            work: None,
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
@@ -519,6 +527,10 @@ impl WindowTask {
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
         let mut pool_changes = watch_pools(self.pools.as_ref());
+        self.work = self
+            .config
+            .follow_work
+            .then(|| watch_work(self.client.clone(), watch_backoff()));
 
         let mut seen = Feed::default();
         let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
@@ -720,6 +732,7 @@ impl WindowTask {
         let now = Timestamp::now();
         let snapshot = nodes.snapshot();
         self.apply_requests(now);
+        self.follow_work(&snapshot);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
@@ -759,6 +772,35 @@ impl WindowTask {
             self.observed(node, observed, now);
         }
         self.log_closed(open_before);
+    }
+
+    /// `--window-follows-work`: keeps each group's window open until its
+    /// held nodes' last work plus the hold, before the windows are ticked
+    /// (so work that came before the deadline counts even when the pass
+    /// runs after it).
+    fn follow_work(&mut self, snapshot: &[Arc<NodeMeta>]) {
+        let Some(work) = &self.work else {
+            return;
+        };
+        let cfg = &self.config.window;
+        let mut by_group: std::collections::BTreeMap<&str, Vec<Timestamp>> = Default::default();
+        for node in snapshot.iter().filter(|node| node.in_scope()) {
+            if let Some(at) = work.seen.last_on(node.name()) {
+                by_group
+                    .entry(cfg.groups.group_of(&**node))
+                    .or_default()
+                    .push(at);
+            }
+        }
+        for (group, times) in by_group {
+            if self.windows.follow_work(group, times, cfg) {
+                tracing::info!(
+                    group = self.group_field(group),
+                    deadline = %self.windows.deadline(group).map_or_else(String::new, |d| d.to_string()),
+                    "hold window extended by work on its nodes"
+                );
+            }
+        }
     }
 
     /// The groups whose window is open (ended or not).

@@ -118,6 +118,9 @@ pub struct Settings {
         with = "group_holds"
     )]
     pub group_hold_durations: BTreeMap<String, std::time::Duration>,
+    /// `--window-follows-work`; absent: windows follow new nodes only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub window_follows_work: bool,
 }
 
 /// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.

@@ -564,6 +564,15 @@ pub async fn install_nodepool_rbac(cp: &ControlPlane) {
     testenv::apply_manifests(&admin, &manifests).await.unwrap();
 }
 
+/// `webhook-config/rbac-nodeclaims.yaml`: what `--window-follows-work`
+/// needs beside `rbac.yaml`, bound to node-holder's restricted identity.
+pub async fn install_nodeclaim_rbac(cp: &ControlPlane) {
+    let path = install::repo().join("webhook-config/rbac-nodeclaims.yaml");
+    let manifests = std::fs::read_to_string(&path).unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    testenv::apply_manifests(&admin, &manifests).await.unwrap();
+}
+
 /// `node-holder serve` with certificate `cert`, key `key` and `extra` flags,
 /// which must refuse to start (exit 1) before it needs a cluster. Its stderr.
 pub fn refused_start(cert: &std::path::Path, key: &std::path::Path, extra: &[String]) -> String {
