@@ -5,12 +5,15 @@
 //! plays the same day of batch work against every choice side by side and
 //! prices each against the clairvoyant optimum of that day:
 //! - **arms**: Karpenter alone at `consolidateAfter` 0s (its default), 30s,
-//!   1m, 2m, 5m and 10m; node-holder (a webhook and a window per pool, the
-//!   pool at Karpenter's defaults) with fixed holds of 2m, 5m and 10m. Every
-//!   arm is a NodePool of its own in one cluster (one control plane, one
-//!   Karpenter, one clock), its pods pinned to it, so every arm sees exactly
-//!   the same work at the same instants on the same machine load; the knobs
-//!   are the same fixed grid on every day, tuned on none.
+//!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window per
+//!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
+//!   10m (`nh-*`), and the same holds with `--window-follows-work` (`nf-*`).
+//!   Every arm is a NodePool of its own, its pods pinned to it; the `ka` and
+//!   `nh` arms share one cluster (one control plane, one Karpenter), the `nf`
+//!   arms have a second (one node-holder install per cluster), and both play
+//!   on one clock, so every arm sees exactly the same work at the same
+//!   instants on the same machine load. The knobs are the same fixed grid on
+//!   every day, tuned on none.
 //! - **days**: `compressed` (8 waves 30-200 s apart), `cron` (a Job every 5
 //!   minutes with a little jitter: idle gaps between the 2m and 5m knobs),
 //!   `poisson` (a busy and a quiet phase of random arrivals) and `working`
@@ -83,6 +86,8 @@ pub struct Arm {
     pub consolidate_after: u64,
     /// node-holder's `--hold-duration` in seconds, if node-holder holds it.
     pub hold: Option<u64>,
+    /// node-holder with `--window-follows-work`.
+    pub follows_work: bool,
 }
 
 impl Arm {
@@ -91,6 +96,7 @@ impl Arm {
             name: format!("ka-{}", knob(after)),
             consolidate_after: after,
             hold: None,
+            follows_work: false,
         }
     }
 
@@ -99,6 +105,15 @@ impl Arm {
             name: format!("nh-{}", knob(hold)),
             consolidate_after: 0,
             hold: Some(hold),
+            follows_work: false,
+        }
+    }
+
+    fn following_work(hold: u64) -> Arm {
+        Arm {
+            name: format!("nf-{}", knob(hold)),
+            follows_work: true,
+            ..Arm::node_holder(hold)
         }
     }
 
@@ -106,7 +121,12 @@ impl Arm {
     fn all() -> Vec<Arm> {
         let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
         let holder = [120, 300, 600].map(Arm::node_holder);
-        karpenter.into_iter().chain(holder).collect()
+        let following = [120, 300, 600].map(Arm::following_work);
+        karpenter
+            .into_iter()
+            .chain(holder)
+            .chain(following)
+            .collect()
     }
 }
 
@@ -216,34 +236,83 @@ pub fn optimum_at(day: &Day, launch: f64) -> frontier::Optimum {
     )
 }
 
-/// One day, one seed, every arm side by side in one cluster.
+/// One day, one seed, every arm side by side: the arms of each node-holder
+/// configuration in a cluster of their own (two installs in one cluster
+/// would strip each other's holds), every cluster on one clock.
 async fn run(day: &Day, arms: &[Arm]) -> Result<Trace> {
-    let options = ClusterOptions {
-        registration_delay: Some(BOOT),
-        log_level: "info",
+    let parts: Vec<Vec<Arm>> = [false, true]
+        .iter()
+        .map(|&follows| {
+            arms.iter()
+                .filter(|a| a.follows_work == follows)
+                .cloned()
+                .collect()
+        })
+        .filter(|part: &Vec<Arm>| !part.is_empty())
+        .collect();
+    let clusters =
+        futures::future::try_join_all(parts.iter().map(|part| Prepared::start(part))).await?;
+    let started = Instant::now();
+    let traces = futures::future::try_join_all(
+        clusters
+            .into_iter()
+            .zip(&parts)
+            .map(|(cluster, part)| cluster.play(day, part, started)),
+    )
+    .await?;
+    let mut trace = Trace {
+        day: day.name.to_string(),
+        seed: day.seed,
+        ..Trace::default()
     };
-    let cluster = KarpenterCluster::start_with(&options, &Disruption::default()).await?;
-    let cp = cluster.control_plane();
-    let admin = cp.admin_client().await?;
-    for arm in arms {
-        cluster
-            .add_node_pool(&arm.name, &pool_disruption(arm))
-            .await?;
+    for part in traces {
+        trace.claims.extend(part.claims);
+        trace.pods.extend(part.pods);
+        trace.interrupted.extend(part.interrupted);
+        trace.load.extend(part.load);
+        trace.end = trace.end.max(part.end);
     }
-    let holder = start_node_holder(cp, arms).await?;
-    let recorder = Recorder::start(admin.clone());
-    let started = recorder.started;
-    play(&admin, day, arms, started).await?;
-    let end = started.elapsed().as_secs_f64();
-    let interrupted = wait_jobs_done(&admin, arms, DRAIN_LIMIT).await?;
-    wait_claims_gone(&recorder, DRAIN_LIMIT + Duration::from_secs(600)).await?;
-    drop(holder);
-    let mut trace = recorder.stop();
-    trace.day = day.name.to_string();
-    trace.seed = day.seed;
-    trace.interrupted = interrupted;
-    trace.end = end;
+    trace.load.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(trace)
+}
+
+/// A cluster with its arms' NodePools and node-holder, ready to play.
+struct Prepared {
+    cluster: KarpenterCluster,
+    holder: Option<common::Served>,
+}
+
+impl Prepared {
+    async fn start(arms: &[Arm]) -> Result<Prepared> {
+        let options = ClusterOptions {
+            registration_delay: Some(BOOT),
+            log_level: "info",
+        };
+        let cluster = KarpenterCluster::start_with(&options, &Disruption::default()).await?;
+        for arm in arms {
+            cluster
+                .add_node_pool(&arm.name, &pool_disruption(arm))
+                .await?;
+        }
+        let holder = start_node_holder(cluster.control_plane(), arms).await?;
+        Ok(Prepared { cluster, holder })
+    }
+
+    /// Plays the day from `started` and records it until the last node is
+    /// gone.
+    async fn play(self, day: &Day, arms: &[Arm], started: Instant) -> Result<Trace> {
+        let admin = self.cluster.control_plane().admin_client().await?;
+        let recorder = Recorder::start(admin.clone(), started);
+        play(&admin, day, arms, started).await?;
+        let end = started.elapsed().as_secs_f64();
+        let interrupted = wait_jobs_done(&admin, arms, DRAIN_LIMIT).await?;
+        wait_claims_gone(&recorder, DRAIN_LIMIT + Duration::from_secs(600)).await?;
+        drop(self.holder);
+        let mut trace = recorder.stop();
+        trace.interrupted = interrupted;
+        trace.end = end;
+        Ok(trace)
+    }
 }
 
 /// Karpenter's defaults (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`)
@@ -278,12 +347,16 @@ async fn start_node_holder(
     );
     let holds: Vec<String> = held.iter().map(|(p, h)| format!("{p}={h}s")).collect();
     let holds = format!("--group-hold-duration={}", holds.join(","));
-    let args = [
+    let mut args = vec![
         selector.as_str(),
         "--window-per-label=karpenter.sh/nodepool",
         &holds,
         "--max-hold=4h",
     ];
+    if arms.iter().any(|a| a.follows_work) {
+        common::install_nodeclaim_rbac(cp).await;
+        args.push("--window-follows-work");
+    }
     let served = common::serve(cp, &args).await;
     let mut probe = common::node("webhook-probe");
     probe.metadata.labels = Some([("karpenter.sh/nodepool".to_string(), first.to_string())].into());
@@ -415,25 +488,19 @@ async fn wait_claims_gone(recorder: &Recorder, limit: Duration) -> Result<()> {
 
 /// The bench's watches: NodeClaims and pods as they change, and the load.
 struct Recorder {
-    started: Instant,
     trace: Arc<Mutex<Trace>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Recorder {
-    fn start(client: kube::Client) -> Recorder {
-        let started = Instant::now();
+    fn start(client: kube::Client, started: Instant) -> Recorder {
         let trace = Arc::new(Mutex::new(Trace::default()));
         let tasks = vec![
             tokio::spawn(watch_claims(client.clone(), started, Arc::clone(&trace))),
             tokio::spawn(watch_pods(client, started, Arc::clone(&trace))),
             tokio::spawn(sample_load(started, Arc::clone(&trace))),
         ];
-        Recorder {
-            started,
-            trace,
-            tasks,
-        }
+        Recorder { trace, tasks }
     }
 
     fn claims_left(&self) -> usize {

@@ -199,12 +199,17 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
         let v: Vec<f64> = day.runs.iter().map(|(d, o)| f(d, &o[arm])).collect();
         mean_ci95(&v).0
     };
-    let points: Vec<(String, f64, f64, bool)> = arms
+    let points: Vec<(String, f64, f64, RGBColor)> = arms
         .iter()
         .map(|a| {
             let launches = mean(&|_, o| o.launches as f64, &a.name);
             let seconds = mean(&|_, o| o.node_seconds, &a.name);
-            (a.name.clone(), launches, seconds, a.hold.is_some())
+            let color = match (a.hold, a.follows_work) {
+                (None, _) => RED,
+                (Some(_), false) => BLUE,
+                (Some(_), true) => GREEN,
+            };
+            (a.name.clone(), launches, seconds, color)
         })
         .collect();
     let optimum: Vec<_> = day
@@ -238,8 +243,7 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
         .x_desc("NodeClaims launched (mean over seeds)")
         .y_desc("node-seconds")
         .draw()?;
-    for (name, x, y, holder) in &points {
-        let color = if *holder { BLUE } else { RED };
+    for (name, x, y, color) in &points {
         chart.draw_series([Circle::new((*x, *y), 5, color.filled())])?;
         chart.draw_series([Text::new(
             name.clone(),
