@@ -13,6 +13,7 @@ use crate::core::budget::Mechanism;
 use crate::core::groups::Grouping;
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset, is_label_value, is_qualified_name};
+use crate::core::learned::LearnedHold;
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{Mode, WindowConfig};
@@ -248,6 +249,40 @@ pub struct WindowArgs {
     /// watch on NodeClaims); without Karpenter windows follow new nodes only.
     #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
     pub window_follows_work: bool,
+
+    /// `cluster` scope: how long each group holds after its last work.
+    /// `fixed`: `--hold-duration`. `learned`: the hold, between
+    /// `--hold-floor` and `--hold-ceiling`, that costs least over the idle
+    /// gaps the group has shown (each held idle second against
+    /// `--launch-cost` for each launch when the hold runs out first);
+    /// `--hold-duration` until a group has shown 3 gaps. A group in
+    /// `--group-hold-duration` keeps the hold given there.
+    #[arg(long, env = "NODE_HOLDER_HOLD_POLICY", value_enum, default_value_t = HoldLength::Fixed)]
+    pub hold_policy: HoldLength,
+
+    /// `--hold-policy learned`: what a launch costs beyond its node-seconds
+    /// (boot, image pulls, warm-up), in node-time: `5m` counts a launch as
+    /// five minutes of one idle node.
+    #[arg(long, env = "NODE_HOLDER_LAUNCH_COST", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub launch_cost: Duration,
+
+    /// `--hold-policy learned`: the shortest hold it chooses; shorter idle
+    /// gaps are held anyway and not learned from.
+    #[arg(long, env = "NODE_HOLDER_HOLD_FLOOR", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub hold_floor: Duration,
+
+    /// `--hold-policy learned`: the longest hold it chooses.
+    #[arg(long, env = "NODE_HOLDER_HOLD_CEILING", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub hold_ceiling: Duration,
+}
+
+/// How long a group holds after its last work (`--hold-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HoldLength {
+    /// `--hold-duration`, always.
+    Fixed,
+    /// Chosen per group from its idle gaps and `--launch-cost`.
+    Learned,
 }
 
 /// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
@@ -600,6 +635,12 @@ impl WindowArgs {
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_duration.iter().cloned().collect(),
+            learned: (self.hold_policy == HoldLength::Learned).then_some(LearnedHold {
+                launch_cost: self.launch_cost,
+                floor: self.hold_floor,
+                ceiling: self.hold_ceiling,
+                fallback: self.hold_duration,
+            }),
         }
     }
 }

@@ -124,6 +124,9 @@ pub struct Metrics {
 pub struct WindowMetrics {
     /// Unix seconds of the window's deadline; 0 while closed.
     pub deadline: Gauge<f64, AtomicU64>,
+    /// The hold the window counts new nodes (and work) with, in seconds:
+    /// `--hold-duration`, or with `--hold-policy learned` the learned hold.
+    pub hold: Gauge<f64, AtomicU64>,
     /// Nodes carrying node-holder's hold, as the last pass saw them.
     pub held_nodes: Gauge<i64, AtomicI64>,
     pub holds_applied: Counter,
@@ -137,6 +140,7 @@ pub struct WindowMetrics {
     /// `--window-per-label`: each group's deadline and held nodes.
     group_deadline: Family<GroupLabel, Gauge<f64, AtomicU64>>,
     group_held_nodes: Family<GroupLabel, Gauge<i64, AtomicI64>>,
+    group_hold: Family<GroupLabel, Gauge<f64, AtomicU64>>,
     /// The groups shown now, so those gone are removed.
     shown_groups: Arc<Mutex<BTreeSet<GroupLabel>>>,
 }
@@ -146,6 +150,7 @@ impl WindowMetrics {
     fn register(registry: &mut Registry) -> Self {
         let window = WindowMetrics {
             deadline: Gauge::default(),
+            hold: Gauge::default(),
             held_nodes: Gauge::default(),
             holds_applied: Counter::default(),
             holds_released: Counter::default(),
@@ -156,6 +161,7 @@ impl WindowMetrics {
             pools_held: Gauge::default(),
             group_deadline: Family::default(),
             group_held_nodes: Family::default(),
+            group_hold: Family::default(),
             shown_groups: Arc::default(),
         };
         for code in PATCH_ERROR_CODES {
@@ -165,6 +171,11 @@ impl WindowMetrics {
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
             window.deadline.clone(),
+        );
+        registry.register(
+            "window_hold_seconds",
+            "The hold the window counts new nodes with: --hold-duration, or the learned hold",
+            window.hold.clone(),
         );
         registry.register(
             "held_nodes",
@@ -217,32 +228,41 @@ impl WindowMetrics {
             "With --window-per-label: nodes of each group carrying node-holder's hold",
             self.group_held_nodes.clone(),
         );
+        registry.register(
+            "window_group_hold_seconds",
+            "With --window-per-label: the hold each group's window counts new nodes with",
+            self.group_hold.clone(),
+        );
     }
 
-    /// Shows each group's (name, deadline in Unix seconds, held nodes): the
-    /// first [`GROUP_SERIES`] by name with series of their own, the rest
-    /// summed up (latest deadline, total held) as [`OTHER_GROUPS`]. Groups
-    /// no longer given lose their series; none given clears them all.
-    pub fn show_groups(&self, groups: Vec<(String, f64, i64)>) {
-        let mut shown: BTreeMap<GroupLabel, (f64, i64)> = BTreeMap::new();
-        for (i, (group, deadline, held)) in groups.into_iter().enumerate() {
+    /// Shows each group's (name, deadline in Unix seconds, held nodes,
+    /// hold in seconds): the first [`GROUP_SERIES`] by name with series of
+    /// their own, the rest summed up (latest deadline, total held, longest
+    /// hold) as [`OTHER_GROUPS`]. Groups no longer given lose their series;
+    /// none given clears them all.
+    pub fn show_groups(&self, groups: Vec<(String, f64, i64, f64)>) {
+        let mut shown: BTreeMap<GroupLabel, (f64, i64, f64)> = BTreeMap::new();
+        for (i, (group, deadline, held, hold)) in groups.into_iter().enumerate() {
             let group = match group.as_str() {
                 _ if i >= GROUP_SERIES => OTHER_GROUPS.to_string(),
                 "" => NO_LABEL_GROUP.to_string(),
                 _ => group,
             };
-            let entry = shown.entry(GroupLabel { group }).or_insert((0.0, 0));
+            let entry = shown.entry(GroupLabel { group }).or_insert((0.0, 0, 0.0));
             entry.0 = entry.0.max(deadline);
             entry.1 = entry.1.saturating_add(held);
+            entry.2 = entry.2.max(hold);
         }
         let mut before = self.shown_groups.lock().unwrap_or_else(|e| e.into_inner());
         for gone in before.iter().filter(|label| !shown.contains_key(label)) {
             self.group_deadline.remove(gone);
             self.group_held_nodes.remove(gone);
+            self.group_hold.remove(gone);
         }
-        for (label, (deadline, held)) in &shown {
+        for (label, (deadline, held, hold)) in &shown {
             self.group_deadline.get_or_create(label).set(*deadline);
             self.group_held_nodes.get_or_create(label).set(*held);
+            self.group_hold.get_or_create(label).set(*hold);
         }
         *before = shown.into_keys().collect();
     }
@@ -346,8 +366,8 @@ mod tests {
     #[test]
     fn group_series_are_bounded_and_gone_groups_lose_theirs() {
         let metrics = Metrics::default();
-        let groups: Vec<(String, f64, i64)> = std::iter::once((String::new(), 0.0, 1))
-            .chain((0..30).map(|i| (format!("pool-{i:02}"), f64::from(i), 2)))
+        let groups: Vec<(String, f64, i64, f64)> = std::iter::once((String::new(), 0.0, 1, 60.0))
+            .chain((0..30).map(|i| (format!("pool-{i:02}"), f64::from(i), 2, f64::from(i) * 10.0)))
             .collect();
         metrics.window.show_groups(groups);
         let lines = group_lines(&metrics);
@@ -366,10 +386,21 @@ mod tests {
             text.contains(r#"node_holder_window_group_deadline_seconds{group="_other"} 29.0"#),
             "{text}"
         );
-        metrics.window.show_groups(vec![("gpu".into(), 5.0, 3)]);
+        assert!(
+            text.contains(r#"node_holder_window_group_hold_seconds{group="_other"} 290.0"#),
+            "{text}"
+        );
+        metrics
+            .window
+            .show_groups(vec![("gpu".into(), 5.0, 3, 420.0)]);
         assert_eq!(
             group_lines(&metrics),
             [r#"node_holder_window_group_held_nodes{group="gpu"} 3"#]
+        );
+        let text = metrics.encode().unwrap();
+        assert!(
+            !text.contains(r#"node_holder_window_group_hold_seconds{group="_other"}"#),
+            "gone: {text}"
         );
         metrics.window.show_groups(Vec::new());
         assert!(group_lines(&metrics).is_empty());

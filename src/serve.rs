@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{LONGEST_HOLD, ServeArgs};
+use crate::cli::{HoldLength, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::HoldPolicy;
@@ -47,6 +47,37 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
     })
 }
 
+/// `--hold-policy learned`'s flags, refused by name when they make no sense.
+fn check_learned_flags(args: &ServeArgs) -> Result<()> {
+    let w = &args.window;
+    if w.hold_policy != HoldLength::Learned {
+        return Ok(());
+    }
+    if w.scope != Mode::Cluster {
+        bail!("--hold-policy learned chooses how long a window holds: it needs --scope cluster");
+    }
+    if w.hold_floor > w.hold_ceiling {
+        bail!(
+            "--hold-floor {} is longer than --hold-ceiling {}",
+            humantime::format_duration(w.hold_floor),
+            humantime::format_duration(w.hold_ceiling)
+        );
+    }
+    for (flag, value) in [
+        ("--hold-ceiling", w.hold_ceiling),
+        ("--launch-cost", w.launch_cost),
+    ] {
+        if value > LONGEST_HOLD {
+            bail!(
+                "{flag} {} is longer than a hold may last ({})",
+                humantime::format_duration(value),
+                humantime::format_duration(LONGEST_HOLD)
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Window flags a pass could not honour, refused by name.
 fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if args.window.hold_duration.is_zero() {
@@ -74,6 +105,7 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
             "--window-per-label groups the window of --scope cluster (in node scope each node has its own hold already)"
         );
     }
+    check_learned_flags(args)?;
     if args.window.window_follows_work && args.window.scope != Mode::Cluster {
         bail!(
             "--window-follows-work keeps the window of --scope cluster open (in node scope each node has its own hold)"

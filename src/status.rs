@@ -61,6 +61,20 @@ pub struct Status {
     /// node-holder's budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub nodepool_budgets: Vec<String>,
+    /// With `--hold-policy learned`: each group's hold and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub learned_holds: Vec<LearnedHoldStatus>,
+}
+
+/// One group's learned hold.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnedHoldStatus {
+    pub group: String,
+    pub hold_seconds: u64,
+    /// "holding 7m: 8 of the last 10 gaps were no longer; a launch counts
+    /// as 5 node-minutes".
+    pub why: String,
 }
 
 /// One labelled group's window.
@@ -134,7 +148,12 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .map(|group| group.counting(&held_nodes))
         .collect();
     let release_request = record.release_request.clone();
+    let learned_holds = cfg
+        .as_ref()
+        .map(|cfg| learned_holds(windows, cfg))
+        .unwrap_or_default();
     let mut status = Status {
+        learned_holds,
         open: unlabelled.open,
         opened_at: unlabelled.opened_at,
         deadline: unlabelled.deadline,
@@ -158,6 +177,24 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
     status.window_opening = window_opening(&status);
     status.release = release(&status);
     Ok(status)
+}
+
+/// Each group's learned hold and why, with `--hold-policy learned`.
+fn learned_holds(windows: &Windows, cfg: &WindowConfig) -> Vec<LearnedHoldStatus> {
+    let Some(learned) = &cfg.learned else {
+        return Vec::new();
+    };
+    windows
+        .iter()
+        .filter_map(|(group, _)| {
+            let choice = windows.choice(group, cfg)?;
+            Some(LearnedHoldStatus {
+                group: group.to_string(),
+                hold_seconds: choice.hold.as_secs(),
+                why: choice.explain(learned.launch_cost),
+            })
+        })
+        .collect()
 }
 
 /// The held nodes, by name, each with its group when windows are grouped.
@@ -300,6 +337,13 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         window_lines(&mut line, status, now);
     }
     manual_lines(&mut line, status, now);
+    for hold in &status.learned_holds {
+        let text = match grouped_by(status) {
+            Some(_) => format!("{}: {}", groups::display(&hold.group), hold.why),
+            None => hold.why.clone(),
+        };
+        line("Hold:", text);
+    }
     if status
         .settings
         .as_ref()
@@ -604,6 +648,7 @@ mod tests {
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
             window_follows_work: false,
+            learned_hold: None,
         }
     }
 
@@ -627,6 +672,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            learned_holds: Vec::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -685,6 +731,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            learned_holds: Vec::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -774,6 +821,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            learned_holds: Vec::new(),
         }
     }
 

@@ -282,6 +282,34 @@ fn serve_refuses_a_group_hold_it_could_not_honour() {
     }
 }
 
+/// `--hold-policy learned` with bounds it could not honour is refused by
+/// name before `serve` needs a cluster.
+#[test]
+fn serve_refuses_a_learned_hold_with_bounds_that_make_no_sense() {
+    let cert = "--tls-cert-file=/nonexistent/tls.crt";
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--hold-policy=learned",
+                "--hold-floor=10m",
+                "--hold-ceiling=5m",
+            ],
+            "--hold-floor 10m is longer than --hold-ceiling 5m",
+        ),
+        (
+            &["--hold-policy=learned", "--scope=node"],
+            "--hold-policy learned",
+        ),
+        (&["--hold-policy=sometimes"], "--hold-policy"),
+    ];
+    for (args, expected) in cases {
+        let out = node_holder(&[&["serve", cert][..], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn the_configuration_reference_matches_the_cli() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");

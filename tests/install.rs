@@ -357,6 +357,7 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=config.groupHoldDurations.gpu=45m"],
             "needs config.windowPerLabel",
         ),
+        (vec!["--set=config.holdPolicy.mode=guess"], "holdPolicy"),
         (
             vec![
                 "--set=config.clientCA.secretName=a",
@@ -381,6 +382,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.groupHoldDurations.gpu=45m",
         "--set=config.windowFollowsWork=true",
+        "--set=config.holdPolicy.mode=learned",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -397,6 +399,8 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
     assert_eq!(env["NODE_HOLDER_WINDOW_FOLLOWS_WORK"], "true");
+    assert_eq!(env["NODE_HOLDER_HOLD_POLICY"], "learned");
+    assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");

@@ -89,6 +89,11 @@ impl Config {
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
             window_follows_work: self.follow_work,
+            learned_hold: self.window.learned.map(|l| record::LearnedTerms {
+                launch_cost: l.launch_cost,
+                floor: l.floor,
+                ceiling: l.ceiling,
+            }),
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
             } else {
@@ -455,9 +460,9 @@ impl<'a> GroupGauges<'a> {
         *self.held.entry(groups.group_of(node)).or_default() += i64::from(held);
     }
 
-    /// Every group's (deadline in Unix seconds, held nodes), the groups
-    /// with a window and those with nodes.
-    fn finish(self, windows: &Windows) -> Vec<(String, f64, i64)> {
+    /// Every group's (deadline in Unix seconds, held nodes, hold in
+    /// seconds), the groups with a window and those with nodes.
+    fn finish(self, windows: &Windows, cfg: &WindowConfig) -> Vec<(String, f64, i64, f64)> {
         let mut held: std::collections::BTreeMap<String, i64> = self
             .held
             .into_iter()
@@ -469,7 +474,8 @@ impl<'a> GroupGauges<'a> {
         held.into_iter()
             .map(|(group, held)| {
                 let deadline = seconds(windows.deadline(&group));
-                (group, deadline, held)
+                let hold = windows.config_for(&group, cfg).hold.as_secs_f64();
+                (group, deadline, held, hold)
             })
             .collect()
     }
@@ -963,8 +969,12 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
-        if self.config.window.groups.key().is_some() {
-            self.metrics.show_groups(groups.finish(&self.windows));
+        let window = &self.config.window;
+        let hold = self.windows.config_for(UNLABELLED, window).hold;
+        self.metrics.hold.set(hold.as_secs_f64());
+        if window.groups.key().is_some() {
+            self.metrics
+                .show_groups(groups.finish(&self.windows, window));
         }
         Ok(PassOutcome {
             wake: self.wake(hold_failures + release_failures, wake_at, now),

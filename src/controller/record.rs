@@ -16,6 +16,7 @@ use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::groups::{Grouping, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::learned::LearnedHold;
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Mode, WindowConfig};
@@ -121,6 +122,21 @@ pub struct Settings {
     /// `--window-follows-work`; absent: windows follow new nodes only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub window_follows_work: bool,
+    /// `--hold-policy learned` and its terms; absent: the fixed hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_hold: Option<LearnedTerms>,
+}
+
+/// `--hold-policy learned`'s terms as the record keeps them (humantime text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LearnedTerms {
+    #[serde(with = "humantime_serde")]
+    pub launch_cost: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub floor: std::time::Duration,
+    #[serde(with = "humantime_serde")]
+    pub ceiling: std::time::Duration,
 }
 
 /// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.
@@ -432,6 +448,12 @@ impl Settings {
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_durations.clone(),
+            learned: self.learned_hold.map(|terms| LearnedHold {
+                launch_cost: terms.launch_cost,
+                floor: terms.floor,
+                ceiling: terms.ceiling,
+                fallback: self.hold_duration,
+            }),
         }
     }
 

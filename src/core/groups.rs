@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::learned::{Choice, History};
 use super::node::NodeFields;
 use super::pace::Pacing;
 use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
@@ -152,9 +153,13 @@ impl Windows {
         let mut observed = vec![Observed::Unchanged; nodes.len()];
         for (&group, indices) in &by_group {
             let creations = indices.iter().map(|&i| nodes[i].1);
+            if let Some(latest) = creations.clone().max() {
+                self.window_mut(group).learn(latest.min(now), cfg);
+            }
+            let group_cfg = self.config_for(group, cfg);
             let seen = self
                 .window_mut(group)
-                .observe_all(creations, now, &cfg.for_group(group));
+                .observe_all(creations, now, &group_cfg);
             for (&i, what) in indices.iter().zip(seen) {
                 observed[i] = what;
             }
@@ -185,7 +190,7 @@ impl Windows {
         work: impl IntoIterator<Item = Timestamp>,
         cfg: &WindowConfig,
     ) -> bool {
-        let cfg = cfg.for_group(group);
+        let cfg = self.config_for(group, cfg);
         let window = if group == UNLABELLED {
             Some(&mut self.unlabelled)
         } else {
@@ -198,16 +203,45 @@ impl Windows {
         work.sort();
         let mut moved = false;
         for at in work {
+            window.learn(at, &cfg);
             moved |= window.follow_work(at, &cfg);
         }
         moved
     }
 
-    /// Drops the labelled groups that have no node and hold nothing: a node
-    /// of such a group arriving later is new and opens a window.
+    /// Drops the labelled groups that have no node, hold nothing and have
+    /// learned nothing: a node of such a group arriving later is new and
+    /// opens a window. (A learned history outlives a pool scaled to zero:
+    /// that is when its next wave's hold matters.)
     fn forget_idle(&mut self, present: &BTreeSet<&str>) {
-        self.groups
-            .retain(|group, w| w.is_held() || present.contains(group.as_str()));
+        self.groups.retain(|group, w| {
+            w.is_held() || present.contains(group.as_str()) || !w.history().is_empty()
+        });
+    }
+
+    /// The arithmetic of `group`'s window: the operator's own hold for the
+    /// group (`--group-hold-duration`), else with `--hold-policy learned`
+    /// the hold its history earns, else `--hold-duration`.
+    pub fn config_for(&self, group: &str, cfg: &WindowConfig) -> WindowConfig {
+        match (&cfg.learned, cfg.group_holds.contains_key(group)) {
+            (Some(_), false) => WindowConfig {
+                hold: self.choice(group, cfg).map_or(cfg.hold, |c| c.hold),
+                ..cfg.clone()
+            },
+            _ => cfg.for_group(group).into_owned(),
+        }
+    }
+
+    /// With `--hold-policy learned`, the hold `group` earns and why; `None`
+    /// without it, or for a group whose hold the operator set.
+    pub fn choice(&self, group: &str, cfg: &WindowConfig) -> Option<Choice> {
+        let learned = cfg.learned.as_ref()?;
+        if cfg.group_holds.contains_key(group) {
+            return None;
+        }
+        let empty = History::default();
+        let history = self.window(group).map_or(&empty, Window::history);
+        Some(learned.choose(history))
     }
 
     /// Until when a node of `group` created at `creation` is held at `now`:
@@ -222,7 +256,7 @@ impl Windows {
     ) -> Option<Timestamp> {
         let own = self
             .window(group)
-            .and_then(|w| w.held_until(creation, now, &cfg.for_group(group)));
+            .and_then(|w| w.held_until(creation, now, &self.config_for(group, cfg)));
         own.max(self.manual_until().filter(|&until| now < until))
     }
 
@@ -319,6 +353,7 @@ mod tests {
             release_pace: None,
             groups: Grouping::per_label(Some("pool".into())),
             group_holds: BTreeMap::new(),
+            learned: None,
         }
     }
 
@@ -396,6 +431,46 @@ mod tests {
         assert_eq!(w.deadline("general"), Some(t(10)));
         assert!(!w.follow_work("batch", [t(1)], &cfg), "no such window");
         assert!(w.window("batch").is_none());
+    }
+
+    #[test]
+    fn a_learned_hold_follows_each_groups_gaps_and_an_operators_hold_wins() {
+        let mut cfg = cfg();
+        cfg.learned = Some(crate::core::learned::LearnedHold {
+            launch_cost: Duration::from_secs(15 * 60),
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(30 * 60),
+            fallback: Duration::from_secs(10 * 60),
+        });
+        cfg.group_holds = BTreeMap::from([("fixed".to_string(), Duration::from_secs(120))]);
+        let mut w = Windows::default();
+        let mut nodes: Vec<(&str, Timestamp)> = Vec::new();
+        // gpu: a node every 5 minutes; fixed: the same, but its hold is set.
+        for m in [0, 5, 10, 15] {
+            nodes.push(("gpu", t(m)));
+            nodes.push(("fixed", t(m)));
+            w.observe_all(nodes.clone(), t(m), &cfg);
+        }
+        assert_eq!(w.config_for("gpu", &cfg).hold, Duration::from_secs(5 * 60));
+        assert_eq!(w.config_for("fixed", &cfg).hold, Duration::from_secs(120));
+        assert!(w.choice("fixed", &cfg).is_none());
+        // A group with nothing learned yet holds for --hold-duration.
+        assert_eq!(w.config_for("new", &cfg).hold, Duration::from_secs(10 * 60));
+        // The history is in the record, and outlives the group's nodes.
+        let json = serde_json::to_value(&w).unwrap();
+        assert_eq!(
+            json["groups"]["gpu"]["history"]["gapSeconds"],
+            serde_json::json!([300, 300, 300])
+        );
+        let mut read: Windows = serde_json::from_value(json).unwrap();
+        // Hours later every node is gone and no window is open: the groups
+        // are kept for what they learned.
+        read.observe_all([], t(500), &cfg);
+        assert!(!read.is_held("gpu"));
+        assert_eq!(
+            read.config_for("gpu", &cfg).hold,
+            Duration::from_secs(5 * 60)
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod budget;
 pub mod groups;
 pub mod holds;
+pub mod learned;
 pub mod node;
 pub mod pace;
 pub mod patch;

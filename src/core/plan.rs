@@ -261,6 +261,7 @@ mod tests {
             release_pace: None,
             groups: Grouping::default(),
             group_holds: Default::default(),
+            learned: None,
         }
     }
 

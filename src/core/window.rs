@@ -23,6 +23,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::groups::Grouping;
+use super::learned::{History, LearnedHold};
 use super::pace::{Pace, Pacing};
 
 /// What an open window holds.
@@ -62,6 +63,9 @@ pub struct WindowConfig {
     /// A hold of its own for some groups (`--group-hold-duration`), by label
     /// value; the other groups hold for `hold`.
     pub group_holds: BTreeMap<String, Duration>,
+    /// `--hold-policy learned`: the other groups' holds are chosen from what
+    /// each has shown; `None`: they hold for `hold`.
+    pub learned: Option<LearnedHold>,
 }
 
 impl WindowConfig {
@@ -118,6 +122,9 @@ pub struct Window {
     /// or a release ends it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pacing: Option<Pacing>,
+    /// `--hold-policy learned`: the group's last work and idle gaps.
+    #[serde(skip_serializing_if = "History::is_empty")]
+    history: History,
 }
 
 /// A hold an operator asked for: every node in scope is held until `until`,
@@ -297,6 +304,18 @@ impl Window {
             true
         } else {
             false
+        }
+    }
+
+    /// What the group has shown, for the learned hold.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Counts work at `at` in the group's history, with the learned hold.
+    pub fn learn(&mut self, at: Timestamp, cfg: &WindowConfig) {
+        if let Some(learned) = &cfg.learned {
+            self.history.work(at, learned.floor);
         }
     }
 
@@ -486,6 +505,7 @@ mod tests {
             release_pace: None,
             groups: Grouping::default(),
             group_holds: BTreeMap::new(),
+            learned: None,
         }
     }
 
