@@ -7,10 +7,11 @@
 //! - **arms**: Karpenter alone at `consolidateAfter` 0s (its default), 30s,
 //!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window per
 //!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
-//!   10m (`nh-*`), and the same holds with `--window-follows-work` (`nf-*`).
+//!   10m (`nh-*`), the same holds with `--window-follows-work` (`nf-*`), and
+//!   the learned hold at its default terms, following the work (`nl-5m`).
 //!   Every arm is a NodePool of its own, its pods pinned to it; the `ka` and
 //!   `nh` arms share one cluster (one control plane, one Karpenter), the `nf`
-//!   arms have a second (one node-holder install per cluster), and both play
+//!   and `nl` arms a second (one node-holder install per cluster), and both play
 //!   on one clock, so every arm sees exactly the same work at the same
 //!   instants on the same machine load. The knobs are the same fixed grid on
 //!   every day, tuned on none.
@@ -88,6 +89,9 @@ pub struct Arm {
     pub hold: Option<u64>,
     /// node-holder with `--window-follows-work`.
     pub follows_work: bool,
+    /// node-holder with `--hold-policy learned` at this launch cost (in
+    /// seconds); its `hold` is the fallback until it has learned.
+    pub learned: Option<u64>,
 }
 
 impl Arm {
@@ -97,6 +101,7 @@ impl Arm {
             consolidate_after: after,
             hold: None,
             follows_work: false,
+            learned: None,
         }
     }
 
@@ -106,6 +111,7 @@ impl Arm {
             consolidate_after: 0,
             hold: Some(hold),
             follows_work: false,
+            learned: None,
         }
     }
 
@@ -114,6 +120,17 @@ impl Arm {
             name: format!("nf-{}", knob(hold)),
             follows_work: true,
             ..Arm::node_holder(hold)
+        }
+    }
+
+    /// The learned hold at node-holder's default terms (a launch counts as
+    /// 5 node-minutes; holds of 1-30 minutes; 10 minutes until it has
+    /// learned), following the work.
+    fn learning() -> Arm {
+        Arm {
+            name: "nl-5m".into(),
+            learned: Some(300),
+            ..Arm::following_work(600)
         }
     }
 
@@ -126,6 +143,7 @@ impl Arm {
             .into_iter()
             .chain(holder)
             .chain(following)
+            .chain([Arm::learning()])
             .collect()
     }
 }
@@ -345,14 +363,29 @@ async fn start_node_holder(
         "--node-selector=karpenter.sh/nodepool in ({})",
         pools.join(",")
     );
-    let holds: Vec<String> = held.iter().map(|(p, h)| format!("{p}={h}s")).collect();
-    let holds = format!("--group-hold-duration={}", holds.join(","));
+    let fixed: Vec<String> = arms
+        .iter()
+        .filter(|a| a.learned.is_none())
+        .filter_map(|a| Some(format!("{}={}s", a.name, a.hold?)))
+        .collect();
+    let holds = format!("--group-hold-duration={}", fixed.join(","));
+    let learned = arms.iter().find_map(|a| Some((a.learned?, a.hold?)));
     let mut args = vec![
         selector.as_str(),
         "--window-per-label=karpenter.sh/nodepool",
-        &holds,
         "--max-hold=4h",
     ];
+    if !fixed.is_empty() {
+        args.push(&holds);
+    }
+    let learned_args = learned.map(|(launch, fallback)| {
+        [
+            "--hold-policy=learned".to_string(),
+            format!("--launch-cost={launch}s"),
+            format!("--hold-duration={fallback}s"),
+        ]
+    });
+    args.extend(learned_args.iter().flatten().map(String::as_str));
     if arms.iter().any(|a| a.follows_work) {
         common::install_nodeclaim_rbac(cp).await;
         args.push("--window-follows-work");

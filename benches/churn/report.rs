@@ -204,10 +204,11 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
         .map(|a| {
             let launches = mean(&|_, o| o.launches as f64, &a.name);
             let seconds = mean(&|_, o| o.node_seconds, &a.name);
-            let color = match (a.hold, a.follows_work) {
-                (None, _) => RED,
-                (Some(_), false) => BLUE,
-                (Some(_), true) => GREEN,
+            let color = match (a.hold, a.follows_work, a.learned) {
+                (None, _, _) => RED,
+                (_, _, Some(_)) => MAGENTA,
+                (Some(_), false, _) => BLUE,
+                (Some(_), true, _) => GREEN,
             };
             (a.name.clone(), launches, seconds, color)
         })
