@@ -173,11 +173,6 @@ impl WindowMetrics {
             window.deadline.clone(),
         );
         registry.register(
-            "window_hold_seconds",
-            "The hold the window counts new nodes with: --hold-duration, or the learned hold",
-            window.hold.clone(),
-        );
-        registry.register(
             "held_nodes",
             "Nodes carrying node-holder's hold",
             window.held_nodes.clone(),
@@ -211,8 +206,14 @@ impl WindowMetrics {
         window
     }
 
-    /// The metrics of `--window-per-label` and `--hold-mechanism budget`.
+    /// The metrics of the hold's length, `--window-per-label` and
+    /// `--hold-mechanism budget`.
     fn register_groups(&self, registry: &mut Registry) {
+        registry.register(
+            "window_hold_seconds",
+            "The hold the window counts new nodes with: --hold-duration, or the learned hold",
+            self.hold.clone(),
+        );
         registry.register(
             "nodepools_held",
             "With --hold-mechanism budget: NodePools carrying node-holder's budget",

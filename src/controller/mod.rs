@@ -969,6 +969,14 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
+        self.show_windows(groups);
+        Ok(PassOutcome {
+            wake: self.wake(hold_failures + release_failures, wake_at, now),
+        })
+    }
+
+    /// The windows' gauges after a pass: the hold, and each group's.
+    fn show_windows(&self, groups: GroupGauges) {
         let window = &self.config.window;
         let hold = self.windows.config_for(UNLABELLED, window).hold;
         self.metrics.hold.set(hold.as_secs_f64());
@@ -976,9 +984,6 @@ impl WindowTask {
             self.metrics
                 .show_groups(groups.finish(&self.windows, window));
         }
-        Ok(PassOutcome {
-            wake: self.wake(hold_failures + release_failures, wake_at, now),
-        })
     }
 
     /// When the next pass must run: after a backoff when patches failed,
