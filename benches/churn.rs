@@ -558,16 +558,28 @@ async fn watch_claims(client: kube::Client, started: Instant, trace: Arc<Mutex<T
     let claims = testenv::node_claims(&client);
     let stream = watcher(claims, watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
+    // The claims a relist has shown: one it no longer shows went while the
+    // watch was down, and is gone as of the relist.
+    let mut listed = std::collections::BTreeSet::new();
     while let Some(event) = stream.next().await {
         let Ok(event) = event else { continue };
         let at = seconds(started);
         let mut trace = trace.lock().unwrap_or_else(PoisonError::into_inner);
         match event {
-            watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => {
+            watcher::Event::Apply(claim) => saw_claim(&mut trace, &claim, at, false),
+            watcher::Event::InitApply(claim) => {
+                listed.extend(claim.metadata.name.clone());
                 saw_claim(&mut trace, &claim, at, false);
             }
             watcher::Event::Delete(claim) => saw_claim(&mut trace, &claim, at, true),
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::Init => listed.clear(),
+            watcher::Event::InitDone => {
+                for (name, claim) in &mut trace.claims {
+                    if !listed.contains(name) {
+                        claim.gone.get_or_insert(at);
+                    }
+                }
+            }
         }
     }
 }
@@ -599,7 +611,13 @@ async fn watch_pods(client: kube::Client, started: Instant, trace: Arc<Mutex<Tra
     let config = watcher::Config::default().labels(ARM_LABEL);
     let stream = watcher(pods, config).default_backoff().touched_objects();
     futures::pin_mut!(stream);
-    while let Ok(Some(pod)) = stream.try_next().await {
+    loop {
+        let pod = match stream.try_next().await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            // The watch retries with its backoff; keep reading.
+            Err(_) => continue,
+        };
         let at = seconds(started);
         let (Some(uid), Some(arm)) = (
             pod.metadata.uid.clone(),

@@ -56,6 +56,15 @@ fn check_learned_flags(args: &ServeArgs) -> Result<()> {
     if w.scope != Mode::Cluster {
         bail!("--hold-policy learned chooses how long a window holds: it needs --scope cluster");
     }
+    if !w.window_follows_work {
+        bail!(
+            "--hold-policy learned learns from the gaps between stretches of work: it needs \
+             --window-follows-work (new nodes alone stop coming once the hold works)"
+        );
+    }
+    if w.hold_floor.is_zero() {
+        bail!("--hold-floor must be longer than 0");
+    }
     if w.hold_floor > w.hold_ceiling {
         bail!(
             "--hold-floor {} is longer than --hold-ceiling {}",
@@ -106,6 +115,14 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
         );
     }
     check_learned_flags(args)?;
+    let groups = &args.window.group_hold_duration;
+    if let Some((group, _)) = groups
+        .iter()
+        .enumerate()
+        .find_map(|(i, (g, _))| groups[..i].iter().find(|(other, _)| other == g))
+    {
+        bail!("--group-hold-duration names group {group:?} twice");
+    }
     if args.window.window_follows_work && args.window.scope != Mode::Cluster {
         bail!(
             "--window-follows-work keeps the window of --scope cluster open (in node scope each node has its own hold)"

@@ -287,20 +287,31 @@ fn serve_refuses_a_group_hold_it_could_not_honour() {
 #[test]
 fn serve_refuses_a_learned_hold_with_bounds_that_make_no_sense() {
     let cert = "--tls-cert-file=/nonexistent/tls.crt";
-    let cases: [(&[&str], &str); 3] = [
+    let learned = ["--hold-policy=learned", "--window-follows-work"];
+    let cases: [(&[&str], &str); 6] = [
         (
             &[
-                "--hold-policy=learned",
+                learned[0],
+                learned[1],
                 "--hold-floor=10m",
                 "--hold-ceiling=5m",
             ],
             "--hold-floor 10m is longer than --hold-ceiling 5m",
         ),
         (
-            &["--hold-policy=learned", "--scope=node"],
-            "--hold-policy learned",
+            &[learned[0], learned[1], "--hold-floor=0s"],
+            "--hold-floor must be longer than 0",
         ),
+        (&[learned[0], "--scope=node"], "needs --scope cluster"),
+        (&[learned[0]], "needs --window-follows-work"),
         (&["--hold-policy=sometimes"], "--hold-policy"),
+        (
+            &[
+                "--window-per-label=pool",
+                "--group-hold-duration=gpu=5m,gpu=6m",
+            ],
+            "names group \"gpu\" twice",
+        ),
     ];
     for (args, expected) in cases {
         let out = node_holder(&[&["serve", cert][..], args].concat());

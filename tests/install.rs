@@ -359,6 +359,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
         ),
         (vec!["--set=config.holdPolicy.mode=guess"], "holdPolicy"),
         (
+            vec!["--set=config.holdPolicy.mode=learned"],
+            "needs config.windowFollowsWork",
+        ),
+        (
             vec![
                 "--set=config.clientCA.secretName=a",
                 "--set=config.clientCA.configMapName=b",

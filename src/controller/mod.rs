@@ -341,6 +341,19 @@ fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
     }
 }
 
+/// Until the work seen changes; for ever without `--window-follows-work`.
+async fn work_changed(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    match changes {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                // The watch task ended (it only does with the leadership).
+                *changes = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps until `due`; for ever while the node store is not `synced`.
 async fn sleep_until(due: Due, synced: bool) {
     match due {
@@ -538,13 +551,17 @@ impl WindowTask {
             .follow_work
             .then(|| watch_work(self.client.clone(), watch_backoff()));
 
+        let mut work_changes = self.work.as_ref().map(|w| w.changes.clone());
+
         let mut seen = Feed::default();
         let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
         let mut wake: Option<Instant> = None;
         loop {
             // No pass on a store that may miss nodes: before the first list,
-            // and from a watch failure until the next complete list.
-            let synced = seen.lists > 0 && !seen.broken;
+            // and from a watch failure until the next complete list; nor,
+            // following work, before the NodeClaims are listed.
+            let work_listed = self.work.as_ref().is_none_or(|w| w.seen.listed());
+            let synced = seen.lists > 0 && !seen.broken && work_listed;
             let due = next.due().or_at(wake);
             tokio::select! {
                 changed = feed.changed() => {
@@ -563,6 +580,7 @@ impl WindowTask {
                     Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
                 },
                 change = pool_changes.try_next() => pool_changed(&mut next, change)?,
+                () = work_changed(&mut work_changes) => next.change(Instant::now()),
                 () = sleep_until(due, synced) => {
                     next.ran();
                     wake = self.timed_pass(&nodes).await;
@@ -738,7 +756,7 @@ impl WindowTask {
         let now = Timestamp::now();
         let snapshot = nodes.snapshot();
         self.apply_requests(now);
-        self.follow_work(&snapshot);
+        self.follow_work(&snapshot, now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
@@ -784,14 +802,15 @@ impl WindowTask {
     /// held nodes' last work plus the hold, before the windows are ticked
     /// (so work that came before the deadline counts even when the pass
     /// runs after it).
-    fn follow_work(&mut self, snapshot: &[Arc<NodeMeta>]) {
+    fn follow_work(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
         let Some(work) = &self.work else {
             return;
         };
         let cfg = &self.config.window;
         let mut by_group: std::collections::BTreeMap<&str, Vec<Timestamp>> = Default::default();
         for node in snapshot.iter().filter(|node| node.in_scope()) {
-            if let Some(at) = work.seen.last_on(node.name()) {
+            // Work "in the future" (clock skew) counts as now.
+            if let Some(at) = work.seen.last_on(node.name()).map(|at| at.min(now)) {
                 by_group
                     .entry(cfg.groups.group_of(&**node))
                     .or_default()

@@ -11,6 +11,7 @@
 //! only.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::TryStreamExt;
@@ -25,38 +26,61 @@ use super::budgets::api_missing;
 /// The last work on each node (by node name), as Karpenter last said.
 /// Cloning shares it: the watch task writes, passes read.
 #[derive(Debug, Clone, Default)]
-pub struct WorkSeen(Arc<RwLock<HashMap<String, Timestamp>>>);
+pub struct WorkSeen {
+    last: Arc<RwLock<HashMap<String, Timestamp>>>,
+    /// A complete list has been read (or Karpenter's API is not there, so
+    /// there is nothing to wait for).
+    listed: Arc<AtomicBool>,
+}
 
 impl WorkSeen {
+    /// Whether passes may trust the map: a window must not close for want
+    /// of work a list would have shown.
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Acquire)
+    }
+
     /// When work last landed on `node`, if Karpenter has said.
     pub fn last_on(&self, node: &str) -> Option<Timestamp> {
-        let map = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        let map = self.last.read().unwrap_or_else(PoisonError::into_inner);
         map.get(node).copied()
     }
 
-    fn apply(&self, event: Event<DynamicObject>, relist: &mut HashMap<String, Timestamp>) {
-        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
+    /// Applies one watch event; returns whether the work seen changed.
+    fn apply(&self, event: Event<DynamicObject>, relist: &mut HashMap<String, Timestamp>) -> bool {
+        let mut map = self.last.write().unwrap_or_else(PoisonError::into_inner);
         match event {
-            Event::Apply(claim) => {
-                if let Some((node, at)) = last_work(&claim) {
-                    map.insert(node, at);
-                }
-            }
+            Event::Apply(claim) => match last_work(&claim) {
+                Some((node, at)) => map.insert(node, at) != Some(at),
+                None => false,
+            },
             Event::Delete(claim) => {
-                if let Some(node) = node_name(&claim) {
-                    map.remove(&node);
-                }
+                node_name(&claim).is_some_and(|node| map.remove(&node).is_some())
             }
-            Event::Init => relist.clear(),
-            Event::InitApply(claim) => relist.extend(last_work(&claim)),
-            Event::InitDone => *map = std::mem::take(relist),
+            Event::Init => {
+                relist.clear();
+                false
+            }
+            Event::InitApply(claim) => {
+                relist.extend(last_work(&claim));
+                false
+            }
+            Event::InitDone => {
+                *map = std::mem::take(relist);
+                self.listed.store(true, Ordering::Release);
+                true
+            }
         }
     }
 }
 
-/// The watch and what it has seen; dropping it stops the watch.
+/// The watch and what it has seen; dropping it stops the watch. `changes`
+/// ticks when the work seen changes, so the leader runs a (coalesced)
+/// pass: each burst of work is counted when it comes, not only at the
+/// window's deadline.
 pub struct WorkWatch {
     pub seen: WorkSeen,
+    pub changes: tokio::sync::watch::Receiver<u64>,
     _task: AbortOnDropHandle<()>,
 }
 
@@ -72,24 +96,52 @@ pub fn watch_work(client: kube::Client, backoff: watcher::ExponentialBackoff) ->
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let seen = WorkSeen::default();
     let writer = seen.clone();
+    let (tick, changes) = tokio::sync::watch::channel(0u64);
     let task = tokio::spawn(async move {
         let events = watcher::watcher(api, watcher::Config::default()).backoff(backoff);
         futures::pin_mut!(events);
         let mut relist = HashMap::new();
         loop {
-            match events.try_next().await {
+            let changed = match events.try_next().await {
                 Ok(Some(event)) => writer.apply(event, &mut relist),
                 Ok(None) => return,
                 Err(err) if api_missing(&err) => {
                     tracing::debug!(error = %err, "no NodeClaims to follow work on; retrying");
+                    // Nothing to wait for: no Karpenter, no work to miss.
+                    !writer.listed.swap(true, Ordering::AcqRel)
                 }
-                Err(err) => tracing::warn!(error = %err, "NodeClaim watch failed; retrying"),
+                Err(err) if forbidden(&err) => {
+                    tracing::warn!(
+                        error = %err,
+                        "may not list Karpenter's NodeClaims: windows follow new nodes only \
+                         (grant webhook-config/rbac-nodeclaims.yaml); retrying"
+                    );
+                    // Waiting would stop every pass; go on without the work.
+                    !writer.listed.swap(true, Ordering::AcqRel)
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "NodeClaim watch failed; retrying");
+                    false
+                }
+            };
+            if changed {
+                tick.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
     });
     WorkWatch {
         seen,
+        changes,
         _task: AbortOnDropHandle::new(task),
+    }
+}
+
+/// Whether the watch failed for want of RBAC on NodeClaims.
+fn forbidden(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 403,
+        _ => false,
     }
 }
 
@@ -127,7 +179,12 @@ mod tests {
         let seen = WorkSeen::default();
         let mut relist = HashMap::new();
         let at = "2026-11-25T10:00:00Z";
-        seen.apply(Event::Apply(claim("a", Some(at))), &mut relist);
+        assert!(!seen.listed());
+        assert!(seen.apply(Event::Apply(claim("a", Some(at))), &mut relist));
+        assert!(
+            !seen.apply(Event::Apply(claim("a", Some(at))), &mut relist),
+            "no news"
+        );
         seen.apply(Event::Apply(claim("b", None)), &mut relist);
         assert_eq!(seen.last_on("a"), Some(at.parse().unwrap()));
         assert_eq!(seen.last_on("b"), None, "no work yet");

@@ -9,6 +9,7 @@
 //! window, where a record written before groups existed keeps everything, so
 //! such a record reads as it is.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
@@ -48,6 +49,12 @@ impl Grouping {
             .and_then(|key| node.label(key))
             .unwrap_or(UNLABELLED)
     }
+}
+
+/// Whether `group` learns its hold: with `--hold-policy learned`, unless the
+/// operator gave it a hold of its own.
+fn learns(group: &str, cfg: &WindowConfig) -> bool {
+    cfg.learned.is_some() && !cfg.group_holds.contains_key(group)
 }
 
 /// A group's name as people read it: the label value, or `(no label)`.
@@ -153,7 +160,10 @@ impl Windows {
         let mut observed = vec![Observed::Unchanged; nodes.len()];
         for (&group, indices) in &by_group {
             let creations = indices.iter().map(|&i| nodes[i].1);
-            if let Some(latest) = creations.clone().max() {
+            if let Some(latest) = creations.clone().max()
+                && learns(group, cfg)
+            {
+                // A creation in the future (clock skew) counts as now.
                 self.window_mut(group).learn(latest.min(now), cfg);
             }
             let group_cfg = self.config_for(group, cfg);
@@ -169,7 +179,7 @@ impl Windows {
         self.groups.values_mut().for_each(|w| {
             w.tick(now);
         });
-        self.forget_idle(&by_group.into_keys().collect());
+        self.forget_idle(&by_group.into_keys().collect(), cfg, now);
         let ended = before
             .into_iter()
             .filter(|(group, _)| !self.is_held(group))
@@ -201,9 +211,12 @@ impl Windows {
         };
         let mut work: Vec<Timestamp> = work.into_iter().collect();
         work.sort();
+        let learning = learns(group, &cfg);
         let mut moved = false;
         for at in work {
-            window.learn(at, &cfg);
+            if learning {
+                window.learn(at, &cfg);
+            }
             moved |= window.follow_work(at, &cfg);
         }
         moved
@@ -213,7 +226,12 @@ impl Windows {
     /// learned nothing: a node of such a group arriving later is new and
     /// opens a window. (A learned history outlives a pool scaled to zero:
     /// that is when its next wave's hold matters.)
-    fn forget_idle(&mut self, present: &BTreeSet<&str>) {
+    fn forget_idle(&mut self, present: &BTreeSet<&str>, cfg: &WindowConfig, now: Timestamp) {
+        self.unlabelled
+            .forget_history_unless(learns(UNLABELLED, cfg), now);
+        for (group, w) in &mut self.groups {
+            w.forget_history_unless(learns(group, cfg), now);
+        }
         self.groups.retain(|group, w| {
             w.is_held() || present.contains(group.as_str()) || !w.history().is_empty()
         });
@@ -222,13 +240,14 @@ impl Windows {
     /// The arithmetic of `group`'s window: the operator's own hold for the
     /// group (`--group-hold-duration`), else with `--hold-policy learned`
     /// the hold its history earns, else `--hold-duration`.
-    pub fn config_for(&self, group: &str, cfg: &WindowConfig) -> WindowConfig {
-        match (&cfg.learned, cfg.group_holds.contains_key(group)) {
-            (Some(_), false) => WindowConfig {
-                hold: self.choice(group, cfg).map_or(cfg.hold, |c| c.hold),
+    pub fn config_for<'c>(&self, group: &str, cfg: &'c WindowConfig) -> Cow<'c, WindowConfig> {
+        match self.choice(group, cfg) {
+            Some(choice) if choice.hold != cfg.hold => Cow::Owned(WindowConfig {
+                hold: choice.hold,
                 ..cfg.clone()
-            },
-            _ => cfg.for_group(group).into_owned(),
+            }),
+            Some(_) => Cow::Borrowed(cfg),
+            None => cfg.for_group(group),
         }
     }
 
@@ -256,7 +275,9 @@ impl Windows {
     ) -> Option<Timestamp> {
         let own = self
             .window(group)
-            .and_then(|w| w.held_until(creation, now, &self.config_for(group, cfg)));
+            // Only `node` mode reads the hold here, and it has no group
+            // holds: no need to work out the group's (once per node).
+            .and_then(|w| w.held_until(creation, now, cfg));
         own.max(self.manual_until().filter(|&until| now < until))
     }
 
@@ -467,6 +488,18 @@ mod tests {
         // are kept for what they learned.
         read.observe_all([], t(500), &cfg);
         assert!(!read.is_held("gpu"));
+        // ...until a week passes without work, or the policy is turned off.
+        let mut stale = read.clone();
+        stale.observe_all([], t(15 + 7 * 24 * 60 + 1), &cfg);
+        assert!(stale.window("gpu").is_none(), "forgotten after a week");
+        let mut off = read.clone();
+        let fixed = WindowConfig {
+            learned: None,
+            ..cfg.clone()
+        };
+        off.observe_all([], t(501), &fixed);
+        assert!(off.window("gpu").is_none(), "forgotten with the fixed hold");
+        assert!(off.window("fixed").is_none());
         assert_eq!(
             read.config_for("gpu", &cfg).hold,
             Duration::from_secs(5 * 60)

@@ -49,11 +49,15 @@ impl History {
         if gap.is_zero() || gap < floor {
             return None;
         }
-        if self.gap_seconds.len() == KEPT_GAPS {
-            self.gap_seconds.remove(0);
-        }
         self.gap_seconds.push(gap.as_secs());
+        let over = self.gap_seconds.len().saturating_sub(KEPT_GAPS);
+        self.gap_seconds.drain(..over);
         Some(gap)
+    }
+
+    /// When work last landed, if ever.
+    pub fn last_work(&self) -> Option<Timestamp> {
+        self.last_work
     }
 
     /// The remembered gaps, oldest first.
@@ -219,9 +223,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_gaps_are_kept() {
+    fn only_the_last_gaps_are_kept_even_from_an_oversized_record() {
         let h = history(&[2; KEPT_GAPS + 5]);
         assert_eq!(h.gaps().count(), KEPT_GAPS);
+        let mut big: History =
+            serde_json::from_value(serde_json::json!({"gapSeconds": vec![120; 30]})).unwrap();
+        big.work(t(0), mins(1));
+        big.work(t(600), mins(1));
+        assert_eq!(big.gaps().count(), KEPT_GAPS);
+        assert_eq!(big.gaps().last(), Some(mins(10)));
     }
 
     #[test]

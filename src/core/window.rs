@@ -47,6 +47,9 @@ impl std::fmt::Display for Mode {
     }
 }
 
+/// How long a group's learned history outlives its last work.
+pub const STALE_HISTORY: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// How long holds last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowConfig {
@@ -316,6 +319,19 @@ impl Window {
     pub fn learn(&mut self, at: Timestamp, cfg: &WindowConfig) {
         if let Some(learned) = &cfg.learned {
             self.history.work(at, learned.floor);
+        }
+    }
+
+    /// Drops the history when the group no longer learns, or has shown no
+    /// work for [`STALE_HISTORY`]: a label value that is gone for good does
+    /// not stay in the record for ever.
+    pub fn forget_history_unless(&mut self, learning: bool, now: Timestamp) {
+        let stale = self
+            .history
+            .last_work()
+            .is_some_and(|last| plus(last, STALE_HISTORY) < now);
+        if !learning || stale {
+            self.history = History::default();
         }
     }
 
