@@ -53,7 +53,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use testenv::{ClusterOptions, Disruption, KarpenterCluster};
 use testsupport::frontier::{self, Costs};
@@ -158,7 +158,7 @@ fn knob(seconds: u64) -> String {
 }
 
 /// One NodeClaim as the bench's watch saw it, in seconds since the day began.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Claim {
     pub pool: String,
     pub created: f64,
@@ -167,7 +167,7 @@ pub struct Claim {
 }
 
 /// One pod as the bench's watch saw it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PodSeen {
     pub arm: String,
     pub seen: f64,
@@ -176,7 +176,7 @@ pub struct PodSeen {
 }
 
 /// Everything one run of one day recorded: its raw trace.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Trace {
     pub day: String,
     pub seed: u64,
@@ -653,6 +653,25 @@ async fn sample_load(started: Instant, trace: Arc<Mutex<Trace>>) {
     }
 }
 
+/// `NODE_HOLDER_BENCH_TRACES=DIR`: the report of the raw traces a run left
+/// in `DIR` (`<day>-seed<N>.json`), without playing anything.
+fn report_traces(dir: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    let mut results = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let trace: Trace =
+            serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        let day = Day::generate(&trace.day, trace.seed)?;
+        results.push((day, Ok(trace)));
+    }
+    results.sort_by(|a, b| (a.0.name, a.0.seed).cmp(&(b.0.name, b.0.seed)));
+    report::write(out, &Arm::all(), &results)
+}
+
 /// What the environment asks for.
 struct Plan {
     days: Vec<String>,
@@ -710,6 +729,9 @@ async fn main() -> Result<()> {
     }
     let plan = Plan::from_env()?;
     std::fs::create_dir_all(&plan.out)?;
+    if let Ok(dir) = std::env::var("NODE_HOLDER_BENCH_TRACES") {
+        return report_traces(std::path::Path::new(&dir), &plan.out);
+    }
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
     let arms = Arm::all();
     let mut runs = Vec::new();
