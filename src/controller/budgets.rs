@@ -45,13 +45,7 @@ pub struct Pools {
 
 impl Pools {
     pub fn new(client: kube::Client, scope: NodeScope) -> Self {
-        let resource = ApiResource {
-            group: "karpenter.sh".into(),
-            version: "v1".into(),
-            api_version: "karpenter.sh/v1".into(),
-            kind: "NodePool".into(),
-            plural: "nodepools".into(),
-        };
+        let resource = karpenter_resource("NodePool", "nodepools");
         Pools {
             api: Api::all_with(client.clone(), &resource),
             meta: Api::all_with(client, &resource),
@@ -136,10 +130,26 @@ impl Pools {
 /// Whether the watch failed because the API server serves no NodePools
 /// (Karpenter's CRDs are not installed): each pass says so already.
 pub fn api_missing(err: &watcher::Error) -> bool {
+    watch_refused(err) == Some(404)
+}
+
+/// The HTTP status the API server refused a watch's list or start with.
+pub fn watch_refused(err: &watcher::Error) -> Option<u16> {
     match err {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
-        _ => false,
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Karpenter's `karpenter.sh/v1` resource `kind` (`plural`).
+pub fn karpenter_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "karpenter.sh".into(),
+        version: "v1".into(),
+        api_version: "karpenter.sh/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
     }
 }
 

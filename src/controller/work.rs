@@ -16,12 +16,12 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::TryStreamExt;
 use jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::task::AbortOnDropHandle;
 
-use super::budgets::api_missing;
+use super::budgets::{api_missing, karpenter_resource, watch_refused};
 
 /// The last work on each node (by node name), as Karpenter last said.
 /// Cloning shares it: the watch task writes, passes read.
@@ -86,13 +86,7 @@ pub struct WorkWatch {
 
 /// Watches Karpenter's NodeClaims for the last work on each node.
 pub fn watch_work(client: kube::Client, backoff: watcher::ExponentialBackoff) -> WorkWatch {
-    let resource = ApiResource {
-        group: "karpenter.sh".into(),
-        version: "v1".into(),
-        api_version: "karpenter.sh/v1".into(),
-        kind: "NodeClaim".into(),
-        plural: "nodeclaims".into(),
-    };
+    let resource = karpenter_resource("NodeClaim", "nodeclaims");
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
     let seen = WorkSeen::default();
     let writer = seen.clone();
@@ -110,7 +104,7 @@ pub fn watch_work(client: kube::Client, backoff: watcher::ExponentialBackoff) ->
                     // Nothing to wait for: no Karpenter, no work to miss.
                     !writer.listed.swap(true, Ordering::AcqRel)
                 }
-                Err(err) if forbidden(&err) => {
+                Err(err) if watch_refused(&err) == Some(403) => {
                     tracing::warn!(
                         error = %err,
                         "may not list Karpenter's NodeClaims: windows follow new nodes only \
@@ -133,15 +127,6 @@ pub fn watch_work(client: kube::Client, backoff: watcher::ExponentialBackoff) ->
         seen,
         changes,
         _task: AbortOnDropHandle::new(task),
-    }
-}
-
-/// Whether the watch failed for want of RBAC on NodeClaims.
-fn forbidden(err: &watcher::Error) -> bool {
-    match err {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 403,
-        _ => false,
     }
 }
 
