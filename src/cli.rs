@@ -37,6 +37,15 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Who holds a new Node at its CREATE (`--admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Admission {
+    /// node-holder's admission webhook.
+    Webhook,
+    /// The API server's MutatingAdmissionPolicy.
+    Policy,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the admission webhook and run the hold window.
@@ -54,6 +63,15 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// How new Nodes are held at their CREATE: `webhook` (node-holder serves
+    /// the admission webhook on --webhook-addr) or `policy` (a
+    /// MutatingAdmissionPolicy holds them inside the API server, Kubernetes
+    /// 1.36 and later: the chart's `admission.mode: policy` or
+    /// webhook-config/admission-policy.yaml; node-holder then opens no
+    /// webhook port and needs no certificate).
+    #[arg(long, env = "NODE_HOLDER_ADMISSION", value_enum, default_value_t = Admission::Webhook)]
+    pub admission: Admission,
+
     /// Address of the HTTPS admission webhook.
     #[arg(long, env = "NODE_HOLDER_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
     pub webhook_addr: SocketAddr,

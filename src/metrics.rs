@@ -45,6 +45,14 @@ struct CodeLabel {
     code: String,
 }
 
+/// Whether a new node already carried node-holder's hold when the window task
+/// first saw it: `held` (the webhook or the admission policy held it at its
+/// CREATE) or `unheld`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AtCreateLabel {
+    at_create: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct GroupLabel {
     group: String,
@@ -131,6 +139,8 @@ pub struct WindowMetrics {
     pub held_nodes: Gauge<i64, AtomicI64>,
     pub holds_applied: Counter,
     pub holds_released: Counter,
+    /// New nodes in scope the leader saw, by whether they came held.
+    new_nodes: Family<AtCreateLabel, Counter>,
     patch_errors: Family<CodeLabel, Counter>,
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
@@ -154,6 +164,7 @@ impl WindowMetrics {
             held_nodes: Gauge::default(),
             holds_applied: Counter::default(),
             holds_released: Counter::default(),
+            new_nodes: Family::default(),
             patch_errors: Family::default(),
             leader: Gauge::default(),
             // 1 ms .. ~65 s
@@ -167,6 +178,14 @@ impl WindowMetrics {
         for code in PATCH_ERROR_CODES {
             show_at_zero(&window.patch_errors, code_label(code));
         }
+        for at_create in ["held", "unheld"] {
+            show_at_zero(&window.new_nodes, AtCreateLabel { at_create });
+        }
+        registry.register(
+            "new_nodes",
+            "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
+            window.new_nodes.clone(),
+        );
         registry.register(
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
@@ -266,6 +285,14 @@ impl WindowMetrics {
             self.group_hold.get_or_create(label).set(*hold);
         }
         *before = shown.into_keys().collect();
+    }
+
+    /// Counts a new node in scope, held at its CREATE or not.
+    pub fn new_node(&self, held_at_create: bool) {
+        let at_create = if held_at_create { "held" } else { "unheld" };
+        self.new_nodes
+            .get_or_create(&AtCreateLabel { at_create })
+            .inc();
     }
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).

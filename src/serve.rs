@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{HoldLength, LONGEST_HOLD, ServeArgs};
+use crate::cli::{Admission, HoldLength, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::HoldPolicy;
@@ -165,20 +165,17 @@ fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
 pub async fn run(args: ServeArgs) -> Result<()> {
     let policy = args.policy.policy()?;
     let controller_config = controller_config(&args, policy.clone())?;
-    let tls = Tls::load(&args)?;
+    let webhook = match args.admission {
+        Admission::Webhook => Some(Webhook::bind(&args).await?),
+        Admission::Policy => None,
+    };
     let client = crate::cluster::client().await?;
-    let (webhook_listener, admin_listener) = bind(&args).await?;
+    let admin_listener = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
-    let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
-    tracing::info!(
-        webhook = %webhook_listener.local_addr()?,
-        admin = %admin_listener.local_addr()?,
-        holds = %holds.join(","),
-        scope = %policy.scope,
-        client_certificates = if tls.client_ca.is_some() { "required" } else { "off" },
-        "node-holder serving"
-    );
+    log_start(&args, &policy, webhook.as_ref(), &admin_listener)?;
     let state = Arc::new(WebhookState {
         policy,
         metrics: Metrics::default(),
@@ -191,7 +188,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             stop,
         )
     });
-    let webhook = tls.serve(&args, webhook_listener, Arc::clone(&state));
+    let webhook = webhook.map(|webhook| webhook.serve(&args, Arc::clone(&state)));
     let admin = Task::spawn(|stop| {
         serve_admin(
             admin_listener,
@@ -210,12 +207,61 @@ pub async fn run(args: ServeArgs) -> Result<()> {
             "hold window task ended with an error"
         );
     }
-    tracing::info!(grace = ?args.shutdown_grace, "shutting down: not ready, still serving during the grace period");
-    tokio::time::sleep(args.shutdown_grace).await;
-    webhook.stop("webhook task").await?;
+    if let Some(webhook) = webhook {
+        tracing::info!(grace = ?args.shutdown_grace, "shutting down: not ready, still serving during the grace period");
+        tokio::time::sleep(args.shutdown_grace).await;
+        webhook.stop("webhook task").await?;
+    }
     admin.stop("admin task").await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The line that says what this process serves and holds with.
+fn log_start(
+    args: &ServeArgs,
+    policy: &HoldPolicy,
+    webhook: Option<&Webhook>,
+    admin: &TcpListener,
+) -> Result<()> {
+    let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
+    let webhook_addr = webhook
+        .map(|w| w.listener.local_addr())
+        .transpose()?
+        .map_or_else(|| "none (admission policy)".to_string(), |a| a.to_string());
+    let client_certificates = match webhook {
+        Some(w) if w.tls.client_ca.is_some() => "required",
+        _ => "off",
+    };
+    tracing::info!(
+        admission = ?args.admission,
+        webhook = %webhook_addr,
+        admin = %admin.local_addr()?,
+        holds = %holds.join(","),
+        scope = %policy.scope,
+        client_certificates,
+        "node-holder serving"
+    );
+    Ok(())
+}
+
+/// `--admission webhook`: the webhook's certificates and its bound port.
+struct Webhook {
+    tls: Tls,
+    listener: TcpListener,
+}
+
+impl Webhook {
+    async fn bind(args: &ServeArgs) -> Result<Self> {
+        let tls = Tls::load(args)?;
+        let listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
+            .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
+        Ok(Webhook { tls, listener })
+    }
+
+    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>) -> Task {
+        self.tls.serve(args, self.listener, state)
+    }
 }
 
 /// The webhook port's certificates: the serving pair, and the client CA
@@ -274,16 +320,6 @@ impl Tls {
             )
         })
     }
-}
-
-/// The webhook and admin ports, bound.
-async fn bind(args: &ServeArgs) -> Result<(TcpListener, TcpListener)> {
-    let webhook = listen(args.webhook_addr, WEBHOOK_BACKLOG)
-        .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
-    let admin = TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
-    Ok((webhook, admin))
 }
 
 /// A task of the process and the token that stops it.

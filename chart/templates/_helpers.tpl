@@ -49,11 +49,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "node-holder.validate" -}}
+{{- if not (has .Values.admission.mode (list "webhook" "policy")) }}
+{{- fail (printf "admission.mode must be webhook or policy, not %q" .Values.admission.mode) }}
+{{- end }}
+{{- if not (include "node-holder.policyMode" .) }}
 {{- if not (has .Values.tls.mode (list "certManager" "provided")) }}
 {{- fail (printf "tls.mode must be certManager or provided, not %q" .Values.tls.mode) }}
 {{- end }}
 {{- if eq .Values.tls.mode "provided" }}
 {{- $_ := required "tls.provided.caBundle (base64 PEM CA) is required when tls.mode=provided" .Values.tls.provided.caBundle }}
+{{- end }}
 {{- end }}
 {{- if not (has .Values.config.scope (list "cluster" "node")) }}
 {{- fail (printf "config.scope must be cluster or node, not %q" .Values.config.scope) }}
@@ -140,4 +145,74 @@ Whole seconds (rounded up) of a duration in node-holder's syntax: `90s`,
 {{- printf "/etc/node-holder/client-ca/%s" .key }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* Whether new Nodes are held by the MutatingAdmissionPolicy (no webhook). */}}
+{{- define "node-holder.policyMode" -}}
+{{- if eq .Values.admission.mode "policy" }}true{{- end }}
+{{- end }}
+
+{{/*
+The configured holds as a JSON list of [key, value], as `serve` reads
+--hold-preset and --hold-annotation: presets first, then the annotations by
+key; Karpenter v1's when both are empty; each key once.
+*/}}
+{{- define "node-holder.holdsJson" -}}
+{{- $presets := dict "karpenter-v1" "karpenter.sh/do-not-disrupt" "karpenter-v0" "karpenter.sh/do-not-consolidate" "cluster-autoscaler" "cluster-autoscaler.kubernetes.io/scale-down-disabled" }}
+{{- $holds := list }}
+{{- $keys := list }}
+{{- range .Values.config.holdPresets }}
+{{- $key := required (printf "config.holdPresets: unknown preset %q" .) (get $presets .) }}
+{{- if not (has $key $keys) }}
+{{- $holds = append $holds (list $key "true") }}
+{{- $keys = append $keys $key }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := .Values.config.holdAnnotations }}
+{{- if not (has $key $keys) }}
+{{- $holds = append $holds (list $key (toString $value)) }}
+{{- $keys = append $keys $key }}
+{{- end }}
+{{- end }}
+{{- if not $holds }}
+{{- $holds = list (list "karpenter.sh/do-not-disrupt" "true") }}
+{{- end }}
+{{- toJson $holds }}
+{{- end }}
+
+{{/*
+config.nodeSelector (kubectl's syntax: `a=b,c!=d,e,!f,g in (h,i),j notin (k)`)
+as a LabelSelector's matchExpressions, for the policy's binding; with
+webhook.objectSelector's own, every one must match.
+*/}}
+{{- define "node-holder.selectorExpressions" -}}
+{{- $expressions := list }}
+{{- range regexFindAll "[^,(]+(\\([^)]*\\))?" (toString .Values.config.nodeSelector) -1 }}
+{{- $r := trim . }}
+{{- if not $r }}
+{{- else if regexMatch "^\\S+\\s+(in|notin)\\s*\\(.*\\)$" $r }}
+{{- $key := regexFind "^\\S+" $r }}
+{{- $op := ternary "In" "NotIn" (regexMatch "^\\S+\\s+in\\s*\\(" $r) }}
+{{- $inner := regexReplaceAll "^[^(]*\\((.*)\\)$" $r "${1}" }}
+{{- $values := list }}
+{{- range splitList "," $inner }}
+{{- $values = append $values (trim .) }}
+{{- end }}
+{{- $expressions = append $expressions (dict "key" $key "operator" $op "values" $values) }}
+{{- else if contains "!=" $r }}
+{{- $parts := splitList "!=" $r }}
+{{- $expressions = append $expressions (dict "key" (trim (first $parts)) "operator" "NotIn" "values" (list (trim (last $parts)))) }}
+{{- else if contains "=" $r }}
+{{- $parts := splitList "=" (replace "==" "=" $r) }}
+{{- $expressions = append $expressions (dict "key" (trim (first $parts)) "operator" "In" "values" (list (trim (last $parts)))) }}
+{{- else if hasPrefix "!" $r }}
+{{- $expressions = append $expressions (dict "key" (trim (trimPrefix "!" $r)) "operator" "DoesNotExist") }}
+{{- else }}
+{{- $expressions = append $expressions (dict "key" $r "operator" "Exists") }}
+{{- end }}
+{{- end }}
+{{- with .Values.webhook.objectSelector.matchExpressions }}
+{{- $expressions = concat . $expressions }}
+{{- end }}
+{{- toJson $expressions }}
 {{- end }}

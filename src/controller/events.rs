@@ -14,6 +14,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::core::holds::is_marked;
 use crate::core::node::NodeMeta;
 use crate::core::plan::{Action, NodePatch};
 use crate::core::window::{ManualHold, ManualHoldOutcome, Observed};
@@ -108,9 +109,14 @@ impl HoldEvent {
             reason,
             action: "Hold",
             note: format!(
-                "new node (created {}) {what}: held {}",
+                "new node (created {}) {what}: held {}{}",
                 node.created(),
-                until(deadline)
+                until(deadline),
+                if is_marked(node) {
+                    " (carried the hold from its CREATE)"
+                } else {
+                    ""
+                }
             ),
         }
     }

@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub mod frontier;
 pub mod install;
 pub mod karpenter;
+pub mod policy;
 pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
 
