@@ -175,17 +175,7 @@ impl WindowMetrics {
             group_hold: Family::default(),
             shown_groups: Arc::default(),
         };
-        for code in PATCH_ERROR_CODES {
-            show_at_zero(&window.patch_errors, code_label(code));
-        }
-        for at_create in ["held", "unheld"] {
-            show_at_zero(&window.new_nodes, AtCreateLabel { at_create });
-        }
-        registry.register(
-            "new_nodes",
-            "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
-            window.new_nodes.clone(),
-        );
+
         registry.register(
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
@@ -222,7 +212,24 @@ impl WindowMetrics {
             window.reconcile.clone(),
         );
         window.register_groups(registry);
+        window.register_labelled(registry);
         window
+    }
+
+    /// `new_nodes`, and the label values of the counters by label shown
+    /// from the start.
+    fn register_labelled(&self, registry: &mut Registry) {
+        for code in PATCH_ERROR_CODES {
+            show_at_zero(&self.patch_errors, code_label(code));
+        }
+        for at_create in ["held", "unheld"] {
+            show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
+        }
+        registry.register(
+            "new_nodes",
+            "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
+            self.new_nodes.clone(),
+        );
     }
 
     /// The metrics of the hold's length, `--window-per-label` and
