@@ -18,7 +18,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::Disruption;
 
-use common::window::{HOLD, annotate, at, sleep_until, window};
+use common::policy;
+use common::window::{HOLD, annotate, at, held, sleep_until, window};
 use common::{Served, operator, register_webhook, serve, succeeded};
 use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND, condition_true};
 
@@ -929,4 +930,51 @@ async fn work_landing_on_held_nodes_keeps_the_window_open_past_its_first_deadlin
         },
     )
     .await;
+}
+
+/// Policy mode (`admission.mode: policy`): with no node-holder process at
+/// all, every node Karpenter launches is held at its CREATE by the API server
+/// itself, and Karpenter keeps the empty nodes past `consolidateAfter`; once
+/// node-holder runs (`--admission policy`), its window task finds the
+/// window long over, releases them, and Karpenter consolidates them.
+#[tokio::test]
+async fn in_policy_mode_karpenters_nodes_are_held_at_create_with_node_holder_down() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let objects = policy::objects(&[]);
+    policy::apply(a.cp(), &objects, &common::node("probe"), HOLD).await;
+
+    let wave = a.wave("wave", 2).await;
+    assert_eq!(wave.len(), 2, "one node a pod: {wave:?}");
+    for name in &wave {
+        // Nothing else runs that could have put it there.
+        let node = a.nodes.get(name).await.unwrap();
+        assert!(held(&node), "{name}: {:?}", node.metadata);
+    }
+    a.end_wave("wave").await;
+    a.until(
+        "the wave's nodes consolidatable",
+        KARPENTER_ROUND,
+        async |a| a.consolidatable_or_gone(&wave).await,
+    )
+    .await;
+    a.karpenter_passes(2.0).await;
+    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
+    assert_eq!(a.eligible_empty_nodes().await, 0.0);
+
+    let served = policy::serve(
+        a.cp(),
+        &[
+            "--hold-duration=10s",
+            "--coalesce-idle=200ms",
+            "--coalesce-max=1s",
+        ],
+    )
+    .await;
+    a.until(
+        "the nodes consolidated once node-holder released them",
+        KARPENTER_ROUND * 3,
+        async |a| wave.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    drop(served);
 }
