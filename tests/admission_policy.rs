@@ -400,3 +400,60 @@ fn the_plain_policy_manifest_is_the_charts() {
         assert_eq!(plain["spec"], chart["spec"], "{}", plain["kind"]);
     }
 }
+
+/// Nodes keep coming while `helm upgrade` switches the release to policy mode
+/// and back; with node-holder's window task running (as the test's process,
+/// not the release's pod, which no kubelet runs here), every one of them ends
+/// up held: at its CREATE while the policy is in force, by the window task
+/// otherwise.
+#[tokio::test]
+async fn switching_modes_with_helm_leaves_no_node_unheld() {
+    let c = Cluster::start().await;
+    let args = fast("10m", &[]);
+    let served = policy::serve(&c.cp, &strs(&args)).await;
+    let cp = std::sync::Arc::new(c.cp);
+    let upgrade = |mode: &'static str| {
+        let cp = std::sync::Arc::clone(&cp);
+        tokio::task::spawn_blocking(move || helm_upgrade(&cp, mode))
+    };
+    upgrade("webhook").await.unwrap();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let creator = tokio::spawn({
+        let (nodes, stop) = (c.nodes.clone(), std::sync::Arc::clone(&stop));
+        async move {
+            let mut created = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("during-{}", created.len());
+                let node = create(&nodes, &name, &[], &[]).await;
+                created.push((name, held(&node)));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            created
+        }
+    });
+    upgrade("policy").await.unwrap();
+    policy::wait_until_probe(&c.nodes, &node("probe"), HOLD, true).await;
+    upgrade("webhook").await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let created = creator.await.unwrap();
+
+    assert!(
+        created.iter().any(|(_, at_create)| *at_create),
+        "some came held by the policy: {created:?}"
+    );
+    eventually_logging(
+        "every node held",
+        Duration::from_secs(60),
+        &served,
+        async || {
+            for (name, _) in &created {
+                if !held(&c.nodes.get(name).await.unwrap()) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+}
