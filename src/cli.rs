@@ -402,6 +402,12 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
     pub output: Output,
+
+    /// Say that node-holder's holds are orphaned (an `Orphaned:` line, and
+    /// `orphaned` in JSON) when nodes or NodePools carry them and no leader
+    /// has been live for this long: nothing will release them.
+    #[arg(long, env = "NODE_HOLDER_ORPHANED_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub orphaned_after: Duration,
 }
 
 /// What `release` and `hold` need: the cluster, the record, and what to run

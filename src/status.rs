@@ -64,6 +64,41 @@ pub struct Status {
     /// With `--hold-policy learned`: each group's hold and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub learned_holds: Vec<LearnedHoldStatus>,
+    /// node-holder's holds with no live leader for longer than
+    /// `--orphaned-after` (set by [`Status::orphaned_after`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orphaned: Option<Orphaned>,
+}
+
+/// Holds nothing will release: no leader has been live for a while.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Orphaned {
+    /// When the last leader's Lease ran out; `None`: no leader ever held it.
+    pub since: Option<Timestamp>,
+    pub held_nodes: usize,
+    pub nodepool_budgets: usize,
+}
+
+impl Status {
+    /// Marks the holds orphaned when nodes or NodePools carry node-holder's
+    /// and no leader has been live for `after` (at once when no leader ever
+    /// held the Lease).
+    pub fn orphaned_after(mut self, after: std::time::Duration, now: Timestamp) -> Self {
+        let (held_nodes, nodepool_budgets) = (self.held_nodes.len(), self.nodepool_budgets.len());
+        let live = self.leader.as_ref().is_some_and(|l| !l.expired);
+        let since = self.leader.as_ref().and_then(|l| l.live_until);
+        let long_enough = since.is_none_or(|since| {
+            SignedDuration::try_from(after).is_ok_and(|after| now.duration_since(since) >= after)
+        });
+        self.orphaned =
+            (held_nodes + nodepool_budgets > 0 && !live && long_enough).then_some(Orphaned {
+                since,
+                held_nodes,
+                nodepool_budgets,
+            });
+        self
+    }
 }
 
 /// One group's learned hold.
@@ -154,6 +189,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .unwrap_or_default();
     let mut status = Status {
         learned_holds,
+        orphaned: None,
         open: unlabelled.open,
         opened_at: unlabelled.opened_at,
         deadline: unlabelled.deadline,
@@ -381,6 +417,9 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         None => {}
     }
     line("Leader:", leader_text(status, now));
+    if let Some(orphaned) = &status.orphaned {
+        line("Orphaned:", orphaned_text(orphaned, now));
+    }
     line("Held nodes:", status.held_nodes.len().to_string());
     out.push_str(&held_table(status, now));
     out
@@ -581,6 +620,25 @@ fn leader_text(status: &Status, now: Timestamp) -> String {
     }
 }
 
+/// What is orphaned, since when, and what to do.
+fn orphaned_text(orphaned: &Orphaned, now: Timestamp) -> String {
+    let mut what = Vec::new();
+    if orphaned.held_nodes > 0 {
+        what.push(format!("{} node(s)", thousands(orphaned.held_nodes as u64)));
+    }
+    if orphaned.nodepool_budgets > 0 {
+        what.push(format!("{} NodePool budget(s)", orphaned.nodepool_budgets));
+    }
+    let since = orphaned.since.map_or_else(
+        || "no leader has ever run".to_string(),
+        |since| format!("no live leader since {since} ({})", relative(since, now)),
+    );
+    format!(
+        "{} of node-holder's, {since}: nothing will release them; check node-holder's pods, or run `node-holder release`",
+        what.join(" and ")
+    )
+}
+
 /// The held nodes as a table (nothing when there are none).
 fn held_table(status: &Status, now: Timestamp) -> String {
     let mut out = String::new();
@@ -614,7 +672,9 @@ fn held_table(status: &Status, now: Timestamp) -> String {
 pub async fn run(args: &StatusArgs) -> Result<()> {
     let client = crate::cluster::command_client("status", &args.client).await?;
     let now = Timestamp::now();
-    let status = read(&client, &args.record.namespace, now).await?;
+    let status = read(&client, &args.record.namespace, now)
+        .await?
+        .orphaned_after(args.orphaned_after, now);
     match args.output {
         Output::Text => print!("{}", render_text(&status, now)),
         Output::Json => println!(
@@ -678,7 +738,9 @@ mod tests {
                 identity: "node-holder-abc".into(),
                 renewed_at: Some(at("2026-11-22T12:09:57Z")),
                 expired: false,
+                live_until: Some(at("2026-11-22T12:10:12Z")),
             }),
+            orphaned: None,
             held_nodes: vec![
                 HeldNode {
                     group: None,
@@ -737,8 +799,10 @@ mod tests {
                 identity: "gone".into(),
                 renewed_at: Some(at("2026-11-22T11:00:00Z")),
                 expired: true,
+                live_until: Some(at("2026-11-22T11:00:15Z")),
             }),
             held_nodes: vec![],
+            orphaned: None,
         };
         let text = render_text(&status, now);
         assert!(
@@ -822,6 +886,7 @@ mod tests {
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             learned_holds: Vec::new(),
+            orphaned: None,
         }
     }
 
@@ -980,5 +1045,71 @@ mod tests {
         assert_eq!(json["groups"][1]["group"], "gpu");
         assert_eq!(json["groups"][1]["heldNodes"], 1);
         assert_eq!(json["heldNodes"][0]["group"], "gpu");
+    }
+
+    /// A status whose leader's Lease ran out at `lease_ended` (`None`: no
+    /// Lease ever), with `nodes` held nodes and `pools` NodePool budgets.
+    fn leaderless(lease_ended: Option<&str>, nodes: usize, pools: usize) -> Status {
+        let mut status = closed("2026-11-22T10:00:00Z");
+        status.leader = lease_ended.map(|ended| Holder {
+            identity: "gone".into(),
+            renewed_at: Some(at(ended) - SignedDuration::from_secs(15)),
+            expired: true,
+            live_until: Some(at(ended)),
+        });
+        status.held_nodes = (0..nodes)
+            .map(|i| held(&format!("n{i}"), "2026-11-22T09:00:00Z"))
+            .collect();
+        status.nodepool_budgets = (0..pools).map(|i| format!("pool-{i}")).collect();
+        status
+    }
+
+    #[test]
+    fn holds_with_no_live_leader_for_longer_than_orphaned_after_are_called_orphaned() {
+        let now = at("2026-11-22T12:10:00Z");
+        let five = Duration::from_secs(300);
+        let status = leaderless(Some("2026-11-22T11:45:00Z"), 3, 1).orphaned_after(five, now);
+        assert_eq!(
+            status.orphaned,
+            Some(Orphaned {
+                since: Some(at("2026-11-22T11:45:00Z")),
+                held_nodes: 3,
+                nodepool_budgets: 1
+            })
+        );
+        let text = render_text(&status, now);
+        assert!(
+            text.contains(
+                "Orphaned:    3 node(s) and 1 NodePool budget(s) of node-holder's, no live leader since 2026-11-22T11:45:00Z (25m ago): nothing will release them"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["orphaned"]["heldNodes"], 3, "{json}");
+
+        // No Lease at all: orphaned at once.
+        let never = leaderless(None, 1, 0).orphaned_after(five, now);
+        assert!(render_text(&never, now).contains("no leader has ever run"));
+        assert_eq!(never.orphaned.map(|o| o.since), Some(None));
+    }
+
+    #[test]
+    fn a_short_gap_a_live_leader_or_nothing_held_is_not_orphaned() {
+        let now = at("2026-11-22T12:10:00Z");
+        let five = Duration::from_secs(300);
+        let recent = leaderless(Some("2026-11-22T12:06:00Z"), 3, 0).orphaned_after(five, now);
+        assert_eq!(recent.orphaned, None, "lease ran out 4m ago");
+        let nothing = leaderless(Some("2026-11-22T11:00:00Z"), 0, 0).orphaned_after(five, now);
+        assert_eq!(nothing.orphaned, None, "nothing held");
+        let mut live = leaderless(Some("2026-11-22T11:00:00Z"), 3, 0);
+        if let Some(leader) = live.leader.as_mut() {
+            leader.expired = false;
+        }
+        assert_eq!(
+            live.orphaned_after(five, now).orphaned,
+            None,
+            "a live leader"
+        );
+        assert!(!render_text(&leaderless(None, 0, 0), now).contains("Orphaned"));
     }
 }

@@ -20,6 +20,10 @@ pub struct Holder {
     pub renewed_at: Option<Timestamp>,
     /// The lease ran out without renewal: nobody may act on its behalf.
     pub expired: bool,
+    /// When the hold ends (ended) without renewal: its renewal plus the
+    /// lease duration; `None` when it was never renewed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_until: Option<Timestamp>,
 }
 
 /// The holder of `lease` at `now`, if it names one. A hold is live from its
@@ -36,6 +40,7 @@ pub fn holder(lease: &Lease, now: Timestamp) -> Option<Holder> {
         identity,
         renewed_at,
         expired,
+        live_until,
     })
 }
 
