@@ -211,7 +211,8 @@ fn any_json() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(5_000))]
+    // NODE_HOLDER_FUZZ_CASES for the documented million-case run.
+    #![proptest_config(ProptestConfig::with_cases(testsupport::fuzz_cases(5_000)))]
 
     #[test]
     fn any_bytes_get_an_answer_without_a_panic(body in vec(any::<u8>(), 0..512)) {

@@ -592,3 +592,12 @@ pub fn refused_start(cert: &std::path::Path, key: &std::path::Path, extra: &[Str
     assert_eq!(out.status.code(), Some(1));
     String::from_utf8(out.stderr).unwrap()
 }
+
+/// Cases of a fuzzing property test: `NODE_HOLDER_FUZZ_CASES` when set (the
+/// documented million-case run), else `default` (the suite's).
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("NODE_HOLDER_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
