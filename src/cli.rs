@@ -57,6 +57,10 @@ pub enum Command {
     /// Hold every node in scope now, for a while, whatever the window does
     /// (a rollout, an incident); `release` ends it early.
     Hold(HoldArgs),
+    /// Remove everything node-holder left in the cluster, as its chart's
+    /// pre-delete hook does: stop new holds, stop its replicas, strip every
+    /// hold and budget entry, delete the record and the Lease.
+    Uninstall(UninstallArgs),
     /// Write a development CA and webhook serving certificate.
     Certs(CertsArgs),
 }
@@ -445,6 +449,32 @@ pub struct ReleaseArgs {
 
     /// How long to wait for a running leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+
+    /// node-holder's Deployment in --namespace: scaled to 0 first, so that no
+    /// replica holds a node again once the holds are off.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_DEPLOYMENT")]
+    pub deployment: Option<String>,
+
+    /// node-holder's MutatingWebhookConfiguration: deleted first, so that no
+    /// new node is held at its CREATE.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_WEBHOOK_CONFIGURATION")]
+    pub webhook_configuration: Option<String>,
+
+    /// node-holder's MutatingAdmissionPolicy and its binding (policy mode,
+    /// both of this name): deleted first, as the webhook configuration.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_ADMISSION_POLICY")]
+    pub admission_policy: Option<String>,
+
+    /// How long to wait for the replicas to give up the Lease, and for the
+    /// release.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_TIMEOUT", default_value = "3m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
 

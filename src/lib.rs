@@ -22,6 +22,7 @@ pub mod serve;
 pub mod server;
 pub mod status;
 pub mod telemetry;
+pub mod uninstall;
 
 use crate::cli::{Cli, Command};
 
@@ -46,5 +47,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(&args).await,
         Command::Release(args) => release::run(&args).await,
         Command::Hold(args) => hold::run(&args).await,
+        Command::Uninstall(args) => uninstall::run(&args).await,
     }
 }

@@ -12,6 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::server::HandshakeFailure;
@@ -342,6 +343,11 @@ impl Default for Metrics {
 
         let window = WindowMetrics::register(&mut registry);
         let tls = TlsMetrics::register(&mut registry);
+        registry.register(
+            "build",
+            "node-holder's version (the value is always 1)",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         Metrics {
             registry,
             requests,
@@ -396,6 +402,20 @@ mod tests {
             .filter(|l| l.starts_with("node_holder_window_group_held_nodes{"))
             .map(str::to_string)
             .collect()
+    }
+
+    #[test]
+    fn the_build_info_names_the_version_and_new_nodes_start_at_zero() {
+        let text = Metrics::default().encode().unwrap();
+        let version = format!(
+            "node_holder_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&version), "{text}");
+        for at_create in ["held", "unheld"] {
+            let line = format!("node_holder_new_nodes_total{{at_create=\"{at_create}\"}} 0");
+            assert!(text.contains(&line), "{text}");
+        }
     }
 
     #[test]

@@ -90,7 +90,7 @@ async fn wait_for_leader(
 /// Returns once the Lease has no live holder (the leader died, or handed
 /// over to nobody); says who it waits for meanwhile. Polled: a leader's
 /// death shows only as renewals that stop.
-async fn no_live_leader(client: &kube::Client, namespace: &str, to: &str) -> Result<()> {
+pub async fn no_live_leader(client: &kube::Client, namespace: &str, to: &str) -> Result<()> {
     let mut announced = None;
     loop {
         match lease::read_holder(client, namespace).await? {

@@ -398,23 +398,8 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
     if let Some(text) = pacing_text(status.settings.as_ref(), pacing, now) {
         line("Pacing:", text);
     }
-    match &status.release {
-        Some(Release::Requested { requested_at }) => line(
-            "Release:",
-            format!(
-                "requested {requested_at} ({}), waiting for the leader",
-                relative(*requested_at, now)
-            ),
-        ),
-        Some(Release::Releasing { left, of }) => line(
-            "Release:",
-            format!(
-                "releasing {} of {} node(s) still held",
-                thousands(*left as u64),
-                thousands(*of)
-            ),
-        ),
-        None => {}
+    if let Some(text) = release_text(status.release.as_ref(), now) {
+        line("Release:", text);
     }
     line("Leader:", leader_text(status, now));
     if let Some(orphaned) = &status.orphaned {
@@ -602,6 +587,21 @@ fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
             ),
         );
     }
+}
+
+/// A release that is not finished, in words.
+fn release_text(release: Option<&Release>, now: Timestamp) -> Option<String> {
+    Some(match release? {
+        Release::Requested { requested_at } => format!(
+            "requested {requested_at} ({}), waiting for the leader",
+            relative(*requested_at, now)
+        ),
+        Release::Releasing { left, of } => format!(
+            "releasing {} of {} node(s) still held",
+            thousands(*left as u64),
+            thousands(*of)
+        ),
+    })
 }
 
 /// Who leads, and how fresh its Lease is.

@@ -10,7 +10,7 @@ use testsupport as common;
 use std::time::Duration;
 
 use common::window::{Cluster, create, eventually_logging, fast, logged, marked, sigkill, strs};
-use common::{Served, operator, succeeded};
+use common::{Served, is_node_holders_budget, operator, split_budgets, succeeded};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use testenv::Disruption;
@@ -75,24 +75,24 @@ async fn the_budget_goes_on_the_pools_in_scope_and_exactly_it_comes_off_after_a_
     create(&c.nodes, "plain", &[], &[]).await;
 
     // While the window is open: the entry on every pool in scope (the gpu
-    // pool's owner has the same entry: node-holder adds its own copy), none
+    // pool's owner has one like it, without an end: node-holder adds its own
+    // and leaves the owner's), none
     // on the excluded one; the nodes carry no annotation, but the full
     // pool's node, whose pool cannot take a 51st budget.
-    let mut general_held = general.as_array().unwrap().clone();
-    general_held.push(ours());
-    let mut gpu_held = gpu.as_array().unwrap().clone();
-    gpu_held.push(ours());
     eventually_logging(
         "the pools hold",
         Duration::from_secs(30),
         &first,
         || async {
-            budgets(&pools, "general").await == json!(general_held)
-                && budgets(&pools, "gpu").await == json!(gpu_held)
+            split_budgets(&budgets(&pools, "general").await) == (general.clone(), 1)
+                && split_budgets(&budgets(&pools, "gpu").await) == (gpu.clone(), 1)
                 && marked(&c.nodes).await == ["full-1"]
         },
     )
     .await;
+    // node-holder's own entry is last, after the owner's.
+    let general_now = budgets(&pools, "general").await;
+    assert!(is_node_holders_budget(&general_now[1]), "{general_now}");
     assert_eq!(budgets(&pools, "left-alone").await, general);
     assert_eq!(budgets(&pools, "full").await, json!(full));
     assert!(
@@ -208,14 +208,15 @@ async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_o
         .metadata
         .generation
         .unwrap();
-    let held = json!([{"nodes": "10%"}, ours()]);
+    let owners = json!([{"nodes": "10%"}]);
+    let held = || async { split_budgets(&budgets(&pools, "general").await) == (owners.clone(), 1) };
     eventually_logging(
         "the new pool holds instead of the annotation",
         Duration::from_secs(30),
         &served,
         || async {
             seen(&served).iter().any(|&g| g >= created)
-                && budgets(&pools, "general").await == held
+                && held().await
                 && marked(&c.nodes).await.is_empty()
         },
     )
@@ -238,9 +239,7 @@ async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_o
         "the entry put back",
         Duration::from_secs(30),
         &served,
-        || async {
-            seen(&served).iter().any(|&g| g >= synced) && budgets(&pools, "general").await == held
-        },
+        || async { seen(&served).iter().any(|&g| g >= synced) && held().await },
     )
     .await;
     assert!(marked(&c.nodes).await.is_empty());
@@ -251,4 +250,57 @@ async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_o
     );
     assert_eq!(missing.len(), 1, "{}", served.log());
     assert_eq!(missing[0]["pool"], "general");
+}
+
+/// node-holder's entry ends by itself a little after the deadline it was
+/// written for, and is renewed, in one write, when the hold grows past it
+/// (here a manual hold of 30 minutes over a one-minute window).
+#[tokio::test]
+async fn the_entry_ends_by_itself_after_its_deadline_and_is_renewed_when_the_hold_grows() {
+    let c = Cluster::start().await;
+    testenv::install_karpenter_crds(&c.cp).await.unwrap();
+    let pools = testenv::node_pools(&c.cp.admin_client().await.unwrap());
+    let owners = json!([{"nodes": "10%"}]);
+    create_pool(&pools, "general", owners.clone(), json!({})).await;
+    let served = serve_budget(&c).await;
+    create(&c.nodes, "g-1", &[(LABEL, "general")], &[]).await;
+    let ours = || async {
+        let budgets = budgets(&pools, "general").await;
+        let (others, count) = split_budgets(&budgets);
+        assert_eq!(others, owners, "{budgets}");
+        (count == 1).then(|| budgets[1].clone())
+    };
+    eventually_logging("the entry on", Duration::from_secs(30), &served, || async {
+        ours().await.is_some()
+    })
+    .await;
+    // A 60 s hold: the entry runs a minute past the deadline, in whole
+    // minutes, from the minute before it was written.
+    let first = ours().await.unwrap();
+    let minutes = |entry: &Value| -> u64 {
+        entry["duration"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches('m')
+            .parse()
+            .unwrap()
+    };
+    assert!((2..=4).contains(&minutes(&first)), "{first}");
+
+    succeeded(&operator(&c.cp, &["hold", "--for=30m", "--reason=test"]));
+    eventually_logging(
+        "the entry renewed",
+        Duration::from_secs(30),
+        &served,
+        || async { ours().await.is_some_and(|entry| minutes(&entry) >= 31) },
+    )
+    .await;
+    succeeded(&operator(&c.cp, &["release"]));
+    eventually_logging(
+        "the entry off",
+        Duration::from_secs(30),
+        &served,
+        || async { budgets(&pools, "general").await == owners },
+    )
+    .await;
 }

@@ -17,7 +17,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use node_holder::controller::record::{LearnedTerms, Record, Settings};
-use node_holder::core::budget::{Added, AddedBudgets, Mechanism};
+use node_holder::core::budget::{AddedBudgets, Mechanism, add, self_ending_entry};
 use node_holder::core::groups::{Grouping, Windows};
 use node_holder::core::learned::LearnedHold;
 use node_holder::core::pace::Pacing;
@@ -94,8 +94,14 @@ fn written() -> (Value, Value, Value) {
             ceiling: l.ceiling,
         }),
     };
-    let budgets: AddedBudgets =
-        BTreeMap::from([("default".to_string(), Added { owner_copies: 1 })]);
+    let budgets: AddedBudgets = BTreeMap::from([(
+        "default".to_string(),
+        add(
+            &[],
+            self_ending_entry(t("2026-11-22T12:02:00Z"), t("2026-11-22T12:30:00Z")),
+        )
+        .1,
+    )]);
     (
         serde_json::to_value(&windows).unwrap(),
         serde_json::to_value(&budgets).unwrap(),
@@ -248,7 +254,7 @@ proptest! {
         now in prop_oneof![
             Just(Timestamp::UNIX_EPOCH),
             Just(Timestamp::MAX),
-            (0i64..253_402_300_799).prop_map(|s| Timestamp::from_second(s).unwrap()),
+            (0i64..=253_402_207_200).prop_map(|s| Timestamp::from_second(s).unwrap()),
         ],
     ) {
         match Record::from_config_map(&config_map([window, budgets, settings], annotations)) {

@@ -786,13 +786,11 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
     let idle = a.wave("idle", 2).await;
     created_held(&a, &busy);
     created_held(&a, &idle);
-    let mut held = owner.as_array().unwrap().clone();
-    held.push(json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]}));
     a.until(
         "the pool's budget instead of the nodes' annotations",
         KARPENTER_ROUND,
         async |a| {
-            pool_budgets(a).await == json!(held)
+            common::split_budgets(&pool_budgets(a).await) == (owner.clone(), 1)
                 && common::window::marked(&a.nodes).await.is_empty()
         },
     )
@@ -853,11 +851,13 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
         serde_json::to_string(&pool_budgets(&a).await).unwrap(),
         serde_json::to_string(&owner).unwrap()
     );
-    // Two writes: the entry on, and off once the window closed, after the
-    // drifted node was replaced.
+    // The entry on; renewed once if the replacement moved the deadline past
+    // the entry's own end; off once the window closed, after the drifted
+    // node was replaced.
     let writes = node_holder_pool_writes(&a, 2).await;
-    assert_eq!(writes.len(), 2, "{writes:?}");
-    assert!(a.nodes_deleted()[&drifted] < writes[1], "{writes:?}");
+    assert!((2..=3).contains(&writes.len()), "{writes:?}");
+    let last = *writes.last().unwrap();
+    assert!(a.nodes_deleted()[&drifted] < last, "{writes:?}");
     drop(served);
 }
 
@@ -977,4 +977,55 @@ async fn in_policy_mode_karpenters_nodes_are_held_at_create_with_node_holder_dow
     )
     .await;
     drop(served);
+}
+
+/// The budget mechanism's entry ends by itself (Karpenter's own `schedule`
+/// and `duration`): with node-holder killed mid-window and nothing left to
+/// take the entry off, Karpenter keeps the empty nodes until the window's
+/// deadline and consolidates them once the entry's time is up.
+#[tokio::test]
+async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let owner = pool_budgets(&a).await;
+    common::install_nodepool_rbac(a.cp()).await;
+    // The budget alone (no webhook): no node carries an annotation that
+    // would outlive node-holder.
+    let mut served = serve(
+        a.cp(),
+        &[
+            "--hold-duration=60s",
+            "--hold-mechanism=budget",
+            "--coalesce-idle=200ms",
+            "--coalesce-max=1s",
+            "--lease-duration=3s",
+        ],
+    )
+    .await;
+    let wave = a.wave("wave", 2).await;
+    a.until(
+        "node-holder's entry on the pool",
+        KARPENTER_ROUND,
+        async |a| common::split_budgets(&pool_budgets(a).await) == (owner.clone(), 1),
+    )
+    .await;
+    let deadline = at(&window(&records(&a)).await, "/open/deadline").expect("an open window");
+    common::window::sigkill(&mut served);
+
+    a.end_wave("wave").await;
+    a.until(
+        "the wave's nodes consolidated without node-holder",
+        KARPENTER_ROUND * 4,
+        async |a| wave.iter().all(|n| a.nodes_deleted().contains_key(n)),
+    )
+    .await;
+    let deleted = a.nodes_deleted();
+    for node in &wave {
+        assert!(
+            deleted[node] >= deadline,
+            "{node} deleted at {} < {deadline}",
+            deleted[node]
+        );
+    }
+    // Nobody took the entry off: it ended by itself.
+    assert_eq!(common::split_budgets(&pool_budgets(&a).await), (owner, 1));
 }

@@ -43,7 +43,7 @@ fn promtool(args: &[&str]) -> String {
 #[test]
 fn the_alert_rules_load_and_pass_their_unit_tests() {
     let checked = promtool(&["check", "rules", "chart/files/node-holder-rules.yaml"]);
-    assert!(checked.contains("SUCCESS: 13 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 14 rules found"), "{checked}");
     let tested = promtool(&[
         "test",
         "rules",
@@ -76,6 +76,19 @@ async fn the_chart_ships_exactly_the_tested_rules_and_scrapes_the_admin_port() {
         "the PrometheusRule's spec is the rules file"
     );
     assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus");
+    // The orphan alert's wait is the chart's to set.
+    let longer = template(&[
+        "--set=metrics.prometheusRule.enabled=true",
+        "--set=metrics.prometheusRule.orphanedHoldsFor=45m",
+    ]);
+    let rules = &one(&longer, "PrometheusRule")["spec"]["groups"][0]["rules"];
+    let orphaned = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == "NodeHolderOrphanedHolds")
+        .unwrap();
+    assert_eq!(orphaned["for"], "45m");
 
     // The ServiceMonitor scrapes the Service's port that leads to /metrics.
     let monitor = one(&objects, "ServiceMonitor");
@@ -224,4 +237,46 @@ async fn every_metric_the_alerts_and_the_dashboard_name_is_on_a_running_node_hol
         missing.is_empty(),
         "the alerts or the dashboard name metrics node-holder does not expose: {missing:?}\n{text}"
     );
+}
+
+/// GitHub's anchor of a Markdown heading: lower case, spaces as `-`, other
+/// punctuation but `-` and `_` dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_url_to_a_section_of_the_operations_guide() {
+    let guide = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let anchors: BTreeSet<String> = guide
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    let file = std::fs::read_to_string(rules_file()).unwrap();
+    let rules = testenv::parse_manifests(&file).unwrap().remove(0);
+    let rules = rules["groups"][0]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 14);
+    for rule in rules {
+        let url = rule["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_default();
+        let section = url
+            .strip_prefix("https://node-holder.dev/docs/operations#")
+            .unwrap_or_else(|| panic!("{}: runbook_url {url:?}", rule["alert"]));
+        assert!(
+            anchors.contains(section),
+            "{}: no section #{section}",
+            rule["alert"]
+        );
+    }
 }

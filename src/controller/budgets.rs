@@ -14,7 +14,10 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use serde_json::Value;
 
 use super::record::FIELD_MANAGER;
-use crate::core::budget::{NODEPOOL_LABEL, add, budgets_of, carries, remove, set_budgets};
+use crate::core::budget::{
+    NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, remove, renew, self_ending_entry,
+    set_budgets,
+};
 use crate::core::groups::UNLABELLED;
 use crate::core::node::labels;
 use crate::core::selector::NodeScope;
@@ -179,8 +182,11 @@ impl super::WindowTask {
         let mut covered = BTreeSet::new();
         for pool in listed {
             let name = pool.metadata.name.clone().unwrap_or_default();
-            let want = pools.in_scope(&pool) && self.windows.holds(self.pool_group(&name), now);
-            match self.pool_to_plan(&pools, pool, want).await {
+            let hold = pools
+                .in_scope(&pool)
+                .then(|| self.pool_hold(&name, now))
+                .flatten();
+            match self.pool_to_plan(&pools, pool, hold).await {
                 Ok(true) => {
                     covered.insert(name);
                 }
@@ -201,11 +207,27 @@ impl super::WindowTask {
         Ok(Some(covered))
     }
 
-    /// After node-holder's entry went on (`held`) or off pool `name`:
-    /// logged, and forgotten once off. Whether the pool carries it.
+    /// The hold pool `name` needs at `now`: until when its window holds,
+    /// and until when node-holder's entry is to run; `None` when it is not
+    /// held.
+    fn pool_hold(&self, name: &str, now: Timestamp) -> Option<PoolHold> {
+        let group = self.pool_group(name);
+        let deadline = self.windows.deadline(group).filter(|&d| now < d)?;
+        let cfg = self.windows.config_for(group, &self.config.window);
+        let slack = jiff::SignedDuration::try_from(entry_slack(cfg.hold)).unwrap_or_default();
+        Some(PoolHold {
+            now,
+            deadline,
+            entry_until: deadline.saturating_add(slack).unwrap_or(deadline),
+        })
+    }
+
+    /// After a write to pool `name` (`held`: node-holder's entry on or
+    /// renewed): logged, and forgotten once off. Whether the pool carries it.
     fn pool_written(&mut self, name: &str, held: bool) -> bool {
         let action = if held { "hold" } else { "release" };
-        tracing::info!(pool = %name, action, "NodePool budget written");
+        let ends = self.added.get(name).and_then(|a| a.ends);
+        tracing::info!(pool = %name, action, ends = ?ends.map(|e| e.to_string()), "NodePool budget written");
         if !held {
             self.added.remove(name);
         }
@@ -220,52 +242,33 @@ impl super::WindowTask {
         }
     }
 
-    /// Puts node-holder's entry on the pool (`want`) or takes it off,
-    /// reading the pool again while someone else writes it; returns whether
-    /// the pool carries it now. What is added is recorded before the write,
-    /// so that a leader that dies after it still finds what to remove.
+    /// Puts node-holder's entry on the pool (`hold`), renews it when the
+    /// deadline passed its end, or takes it off, reading the pool again
+    /// while someone else writes it; returns whether the pool carries it
+    /// now. What is added is recorded before the write, so that a leader
+    /// that dies after it still finds what to remove.
     async fn pool_to_plan(
         &mut self,
         pools: &Pools,
         mut pool: DynamicObject,
-        want: bool,
+        hold: Option<PoolHold>,
     ) -> Result<bool> {
         let name = pool.metadata.name.clone().unwrap_or_default();
         for attempt in 0..WRITE_ATTEMPTS {
             let budgets = budgets_of(&pool.data);
-            let written = if want {
-                match self.added.get(&name) {
-                    Some(added) if carries(&budgets, added) => return Ok(true),
-                    // Someone took it off (a GitOps sync?), or a write
-                    // did not land before a restart.
-                    Some(_) if attempt == 0 => tracing::warn!(
-                        pool = %name,
-                        "node-holder's budget entry is missing from the NodePool; putting it back"
-                    ),
-                    _ => {}
-                }
-                if budgets.len() >= MAX_BUDGETS {
-                    bail!(
-                        "NodePool {name} has {} budgets, Karpenter's maximum: node-holder cannot add its own",
-                        budgets.len()
-                    );
-                }
-                let (with, added) = add(&budgets);
-                self.added.insert(name.clone(), added);
-                self.save_record().await?;
-                pools.write(&pool, with).await?
-            } else {
-                let Some(added) = self.added.get(&name).copied() else {
-                    return Ok(false);
-                };
-                let Some(without) = remove(&budgets, &added) else {
-                    self.added.remove(&name);
-                    return Ok(false);
-                };
-                pools.write(&pool, without).await?
+            let step = match hold {
+                Some(hold) => self.plan_hold(&name, &budgets, hold, attempt)?,
+                None => self.plan_release(&name, &budgets),
             };
-            match written {
-                Written::Done => return Ok(self.pool_written(&name, want)),
+            let (budgets, held) = match step {
+                Step::Done(held) => return Ok(held),
+                Step::Write { budgets, held } => (budgets, held),
+            };
+            if held {
+                self.save_record().await?;
+            }
+            match pools.write(&pool, budgets).await? {
+                Written::Done => return Ok(self.pool_written(&name, held)),
                 Written::Changed => match pools.get(&name).await? {
                     Some(fresh) => pool = fresh,
                     None => break,
@@ -281,4 +284,84 @@ impl super::WindowTask {
             "NodePool {name} kept changing: its budgets were not written in {WRITE_ATTEMPTS} attempts"
         )
     }
+
+    /// The write that holds pool `name` (its `budgets` as read) until
+    /// `hold.deadline`, or nothing to write when its entry already does.
+    fn plan_hold(
+        &mut self,
+        name: &str,
+        budgets: &[Value],
+        hold: PoolHold,
+        attempt: u32,
+    ) -> Result<Step> {
+        let entry = self_ending_entry(hold.now, hold.entry_until);
+        if let Some(added) = self.added.get(name) {
+            if carries(budgets, added) {
+                if added.holds_until(hold.deadline) {
+                    return Ok(Step::Done(true));
+                }
+                if let Some((with, renewed)) = renew(budgets, added, entry.clone()) {
+                    self.added.insert(name.to_string(), renewed);
+                    return Ok(Step::Write {
+                        budgets: with,
+                        held: true,
+                    });
+                }
+            } else if attempt == 0 {
+                // Someone took it off (a GitOps sync?), or a write did
+                // not land before a restart.
+                tracing::warn!(
+                    pool = %name,
+                    "node-holder's budget entry is missing from the NodePool; putting it back"
+                );
+            }
+        }
+        if budgets.len() >= MAX_BUDGETS {
+            bail!(
+                "NodePool {name} has {} budgets, Karpenter's maximum: node-holder cannot add its own",
+                budgets.len()
+            );
+        }
+        let (with, added) = add(budgets, entry);
+        self.added.insert(name.to_string(), added);
+        Ok(Step::Write {
+            budgets: with,
+            held: true,
+        })
+    }
+
+    /// The write that takes node-holder's entry off pool `name`, or nothing
+    /// to write when it carries none.
+    fn plan_release(&mut self, name: &str, budgets: &[Value]) -> Step {
+        let Some(added) = self.added.get(name) else {
+            return Step::Done(false);
+        };
+        match remove(budgets, added) {
+            Some(without) => Step::Write {
+                budgets: without,
+                held: false,
+            },
+            None => {
+                self.added.remove(name);
+                Step::Done(false)
+            }
+        }
+    }
+}
+
+/// A pool's hold at a pass: `now`, its window's deadline, and until when
+/// node-holder's entry is to run (the deadline and a slack).
+#[derive(Debug, Clone, Copy)]
+struct PoolHold {
+    now: Timestamp,
+    deadline: Timestamp,
+    entry_until: Timestamp,
+}
+
+/// What one pool needs at one attempt.
+enum Step {
+    /// Nothing to write; whether the pool carries node-holder's entry.
+    Done(bool),
+    /// Write these budgets; `held`: with node-holder's entry on.
+    Write { budgets: Vec<Value>, held: bool },
 }

@@ -3,7 +3,11 @@
 //! pool carries one more budget, `{nodes: "0", reasons: [Underutilized,
 //! Empty]}`, which stops its consolidation and lets drift go on; when the
 //! window closes, exactly that entry comes off. One write per pool each way,
-//! whatever its number of nodes.
+//! whatever its number of nodes, and one more each time the deadline passes
+//! the entry's end. The entry ends by itself (Karpenter's own `schedule` and
+//! `duration`, [`self_ending_entry`]) shortly after the deadline it was
+//! written for, so a pool is never held for long by a node-holder that is
+//! gone.
 //!
 //! `spec.disruption.budgets` is an atomic list (server-side apply cannot own
 //! one entry), and an entry has no name: node-holder's entry is recognised by
@@ -14,7 +18,9 @@
 //! changed or reordered.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -57,40 +63,109 @@ impl Mechanism {
     }
 }
 
-/// The budget entry node-holder adds to a NodePool.
+/// The budget entry node-holder added before its entries ended by
+/// themselves (records of older versions): always active.
 pub fn entry() -> Value {
     json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]})
 }
 
+/// node-holder's budget entry for a hold from `now` until at least `until`,
+/// and when Karpenter stops honouring it: Karpenter's own `schedule` (cron,
+/// UTC, to the minute) and `duration` (whole minutes), so that the entry
+/// ends by itself even if node-holder is gone.
+///
+/// Karpenter holds a budget active while a schedule hit lies in
+/// `(now - duration, now]`. The schedule hits once a year, at the minute
+/// before `now` (a minute early, so that a Karpenter whose clock is up to a
+/// minute behind ours sees it active at once); the duration runs from that
+/// hit past `until`. Cron cannot say "once" or "this year", and needs none
+/// of it: next year's hit is eleven months past any window (a manual hold
+/// is at most a year, and then the entry stays active throughout). Time
+/// zones do not arise: Karpenter reads the schedule in UTC, as it is written.
+pub fn self_ending_entry(now: Timestamp, until: Timestamp) -> (Value, Timestamp) {
+    let early = now.as_second().saturating_sub(60);
+    let start_second = early.saturating_sub(early.rem_euclid(60));
+    let start = Timestamp::from_second(start_second).unwrap_or(now);
+    let span = until.as_second().saturating_sub(start_second).max(60);
+    let minutes = span.saturating_add(59) / 60;
+    let ends = Timestamp::from_second(start_second.saturating_add(minutes.saturating_mul(60)))
+        .unwrap_or(Timestamp::MAX);
+    let at = jiff::tz::Offset::UTC.to_datetime(start);
+    let schedule = format!(
+        "{} {} {} {} *",
+        at.minute(),
+        at.hour(),
+        at.day(),
+        at.month()
+    );
+    let entry = json!({
+        "nodes": "0",
+        "reasons": ["Underutilized", "Empty"],
+        "schedule": schedule,
+        "duration": format!("{minutes}m"),
+    });
+    (entry, ends)
+}
+
+/// How far past the hold's deadline node-holder's entry runs: a quarter of
+/// the group's hold, between a minute and five. The deadline moving less
+/// than that needs no new write; node-holder takes the entry off at the
+/// deadline itself, so this only bounds how long Karpenter honours it once
+/// node-holder is gone.
+pub fn entry_slack(hold: Duration) -> Duration {
+    (hold / 4).clamp(Duration::from_secs(60), Duration::from_secs(300))
+}
+
 /// What node-holder added to one NodePool, as the record keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Added {
     /// Copies of node-holder's entry the owner's budgets had when it added
     /// its own.
     pub owner_copies: usize,
+    /// The entry node-holder added; absent in records of older versions,
+    /// whose entry was [`entry`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<Value>,
+    /// When Karpenter stops honouring it (`None`: never, the old entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends: Option<Timestamp>,
+}
+
+impl Added {
+    /// The entry node-holder added, as it reads in the pool's list.
+    pub fn ours(&self) -> Value {
+        self.entry.clone().unwrap_or_else(entry)
+    }
+
+    /// Whether the entry still holds at `until` (else it is renewed).
+    pub fn holds_until(&self, until: Timestamp) -> bool {
+        self.ends.is_some_and(|ends| ends >= until)
+    }
 }
 
 /// What node-holder added, by NodePool name.
 pub type AddedBudgets = BTreeMap<String, Added>;
 
-fn copies(budgets: &[Value]) -> usize {
-    let ours = entry();
-    budgets.iter().filter(|b| **b == ours).count()
+fn copies(budgets: &[Value], ours: &Value) -> usize {
+    budgets.iter().filter(|b| *b == ours).count()
 }
 
 /// Whether `budgets` carry node-holder's entry, added as `added` says.
 pub fn carries(budgets: &[Value], added: &Added) -> bool {
-    copies(budgets) > added.owner_copies
+    copies(budgets, &added.ours()) > added.owner_copies
 }
 
-/// `budgets` with node-holder's entry at the end, and what to record.
-pub fn add(budgets: &[Value]) -> (Vec<Value>, Added) {
+/// `budgets` with `(entry, ends)` (from [`self_ending_entry`]) at the end,
+/// and what to record.
+pub fn add(budgets: &[Value], (entry, ends): (Value, Timestamp)) -> (Vec<Value>, Added) {
     let added = Added {
-        owner_copies: copies(budgets),
+        owner_copies: copies(budgets, &entry),
+        entry: Some(entry.clone()),
+        ends: Some(ends),
     };
     let mut with = budgets.to_vec();
-    with.push(entry());
+    with.push(entry);
     (with, added)
 }
 
@@ -100,11 +175,22 @@ pub fn remove(budgets: &[Value], added: &Added) -> Option<Vec<Value>> {
     if !carries(budgets, added) {
         return None;
     }
-    let ours = entry();
+    let ours = added.ours();
     let last = budgets.iter().rposition(|b| *b == ours)?;
     let mut without = budgets.to_vec();
     without.remove(last);
     Some(without)
+}
+
+/// `budgets` with node-holder's entry replaced by `(entry, ends)`, in one
+/// write, and what to record; `None` when they do not carry it.
+pub fn renew(
+    budgets: &[Value],
+    added: &Added,
+    (entry, ends): (Value, Timestamp),
+) -> Option<(Vec<Value>, Added)> {
+    let without = remove(budgets, added)?;
+    Some(add(&without, (entry, ends)))
 }
 
 /// A NodePool's budgets as the object has them (`spec.disruption.budgets`);
@@ -138,6 +224,10 @@ pub fn set_budgets(pool: &Value, resource_version: &str, budgets: Vec<Value>) ->
 mod tests {
     use super::*;
 
+    fn at(text: &str) -> Timestamp {
+        text.parse().unwrap()
+    }
+
     fn owner() -> Vec<Value> {
         vec![
             json!({"nodes": "10%"}),
@@ -145,9 +235,45 @@ mod tests {
         ]
     }
 
+    /// node-holder's entry for a hold from 12:00:30 to 12:20.
+    fn ours() -> (Value, Timestamp) {
+        self_ending_entry(at("2026-11-22T12:00:30Z"), at("2026-11-22T12:20:00Z"))
+    }
+
+    #[test]
+    fn the_entry_starts_the_minute_before_now_and_runs_past_the_deadline_in_whole_minutes() {
+        let (entry, ends) = ours();
+        assert_eq!(
+            entry,
+            json!({"nodes": "0", "reasons": ["Underutilized", "Empty"],
+                   "schedule": "59 11 22 11 *", "duration": "21m"})
+        );
+        assert_eq!(ends, at("2026-11-22T12:20:00Z"));
+        // A deadline inside a minute rounds up; one already past still runs
+        // a minute; the year's last minute wraps nothing.
+        let (entry, ends) =
+            self_ending_entry(at("2026-12-31T23:59:59Z"), at("2027-01-01T00:00:01Z"));
+        assert_eq!(entry["schedule"], "58 23 31 12 *");
+        assert_eq!(entry["duration"], "3m");
+        assert_eq!(ends, at("2027-01-01T00:01:00Z"));
+        let (entry, _) = self_ending_entry(at("2026-11-22T12:00:00Z"), at("2026-11-22T11:00:00Z"));
+        assert_eq!(entry["duration"], "1m");
+        // A year-long manual hold: one duration, in minutes.
+        let (entry, _) = self_ending_entry(at("2026-11-22T12:00:00Z"), at("2027-11-22T12:00:00Z"));
+        assert_eq!(entry["duration"], "525601m");
+    }
+
+    #[test]
+    fn the_slack_is_a_quarter_of_the_hold_between_one_and_five_minutes() {
+        let s = Duration::from_secs;
+        assert_eq!(entry_slack(s(60)), s(60));
+        assert_eq!(entry_slack(s(600)), s(150));
+        assert_eq!(entry_slack(s(7200)), s(300));
+    }
+
     #[test]
     fn adding_then_removing_leaves_the_owners_budgets_as_they_were() {
-        let (with, added) = add(&owner());
+        let (with, added) = add(&owner(), ours());
         assert_eq!(with.len(), 3);
         assert_eq!(with[..2], owner()[..]);
         assert!(carries(&with, &added));
@@ -157,10 +283,45 @@ mod tests {
     }
 
     #[test]
+    fn renewing_replaces_node_holders_entry_in_one_write_and_keeps_the_owners() {
+        let (with, added) = add(&owner(), ours());
+        assert!(added.holds_until(at("2026-11-22T12:20:00Z")));
+        assert!(!added.holds_until(at("2026-11-22T12:25:00Z")));
+        let later = self_ending_entry(at("2026-11-22T12:10:00Z"), at("2026-11-22T12:40:00Z"));
+        let (renewed, now) = renew(&with, &added, later.clone()).unwrap();
+        assert_eq!(renewed[..2], owner()[..]);
+        assert_eq!(renewed[2], later.0);
+        assert!(carries(&renewed, &now) && !carries(&renewed, &added));
+        assert_eq!(remove(&renewed, &now), Some(owner()));
+        assert_eq!(renew(&owner(), &added, later), None, "nothing to renew");
+    }
+
+    #[test]
+    fn an_entry_from_an_older_version_is_still_recognised_and_renewed() {
+        let old = Added {
+            owner_copies: 0,
+            entry: None,
+            ends: None,
+        };
+        let mut with = owner();
+        with.push(entry());
+        assert!(carries(&with, &old));
+        assert!(
+            !old.holds_until(at("2026-11-22T12:00:00Z")),
+            "it never ends: renew it"
+        );
+        let (renewed, _) = renew(&with, &old, ours()).unwrap();
+        assert_eq!(renewed, [owner(), vec![ours().0]].concat());
+        // The record as older versions wrote it reads.
+        let read: Added = serde_json::from_value(json!({"ownerCopies": 1})).unwrap();
+        assert_eq!(read.ours(), entry());
+    }
+
+    #[test]
     fn an_owners_identical_entry_is_never_taken_for_node_holders() {
         let mut theirs = owner();
-        theirs.insert(0, entry());
-        let (with, added) = add(&theirs);
+        theirs.insert(0, ours().0);
+        let (with, added) = add(&theirs, ours());
         assert_eq!(added.owner_copies, 1);
         assert!(carries(&with, &added));
         assert_eq!(remove(&with, &added), Some(theirs.clone()));
@@ -172,22 +333,22 @@ mod tests {
 
     #[test]
     fn the_owners_edits_while_held_are_kept() {
-        let (mut with, added) = add(&owner());
+        let (mut with, added) = add(&owner(), ours());
         // The owner (or a GitOps controller) adds an entry and drops one.
         with.insert(0, json!({"nodes": "5"}));
         with.remove(1);
         let without = remove(&with, &added).unwrap();
         assert_eq!(without, [json!({"nodes": "5"}), owner()[1].clone()]);
         // The owner took node-holder's entry out: nothing left to remove.
-        let (with, added) = add(&owner());
-        let taken_out: Vec<Value> = with.into_iter().filter(|b| *b != entry()).collect();
+        let (with, added) = add(&owner(), ours());
+        let taken_out: Vec<Value> = with.into_iter().filter(|b| *b != ours().0).collect();
         assert_eq!(remove(&taken_out, &added), None);
     }
 
     #[test]
     fn the_patch_tests_the_resource_version_and_sets_the_whole_list() {
         let pool = json!({"metadata": {"resourceVersion": "7"}, "spec": {"disruption": {"budgets": owner()}}});
-        let (with, _) = add(&budgets_of(&pool));
+        let (with, _) = add(&budgets_of(&pool), ours());
         let patch = set_budgets(&pool, "7", with.clone());
         assert_eq!(
             patch,
@@ -199,8 +360,8 @@ mod tests {
         let bare = json!({"metadata": {"resourceVersion": "1"}, "spec": {}});
         assert!(budgets_of(&bare).is_empty());
         assert_eq!(
-            set_budgets(&bare, "1", vec![entry()])[1],
-            json!({"op": "add", "path": "/spec/disruption", "value": {"budgets": [entry()]}})
+            set_budgets(&bare, "1", vec![ours().0])[1],
+            json!({"op": "add", "path": "/spec/disruption", "value": {"budgets": [ours().0]}})
         );
     }
 }

@@ -601,3 +601,26 @@ pub fn fuzz_cases(default: u32) -> u32 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(default)
 }
+
+/// Whether a NodePool budget is node-holder's self-ending entry: nodes 0 for
+/// consolidation, with Karpenter's own schedule and duration.
+pub fn is_node_holders_budget(budget: &serde_json::Value) -> bool {
+    budget["nodes"] == "0"
+        && budget["reasons"] == serde_json::json!(["Underutilized", "Empty"])
+        && budget["schedule"].is_string()
+        && budget["duration"]
+            .as_str()
+            .is_some_and(|d| d.ends_with('m'))
+}
+
+/// A NodePool's budgets split into the others' (in order) and how many of
+/// node-holder's self-ending entries it carries.
+pub fn split_budgets(budgets: &serde_json::Value) -> (serde_json::Value, usize) {
+    let all = budgets.as_array().cloned().unwrap_or_default();
+    let ours = all.iter().filter(|b| is_node_holders_budget(b)).count();
+    let others: Vec<_> = all
+        .into_iter()
+        .filter(|b| !is_node_holders_budget(b))
+        .collect();
+    (serde_json::Value::Array(others), ours)
+}

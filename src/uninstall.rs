@@ -1,0 +1,159 @@
+//! `node-holder uninstall`: what the chart's pre-delete hook runs, so that
+//! nothing of node-holder's outlives it. In order, each step safe to repeat:
+//! 1. the admission registration goes (the webhook configuration, or the
+//!    admission policy and its binding): no new node is held at its CREATE;
+//! 2. the Deployment is scaled to 0 and the Lease waited for: no replica
+//!    holds a node late any more;
+//! 3. every hold and budget entry comes off, as `release` does with no
+//!    leader (holding the Lease while it works);
+//! 4. the record ConfigMap and the Lease are deleted.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use jiff::Timestamp;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::cli::UninstallArgs;
+use crate::controller::Request;
+use crate::controller::record::{self, ReleaseRequest};
+use crate::core::holds::MARKED;
+use crate::request::{self, Handled};
+
+/// The `uninstall` subcommand.
+pub async fn run(args: &UninstallArgs) -> Result<()> {
+    let client = crate::cluster::command_client("uninstall", &args.request.client).await?;
+    let namespace = &args.request.record.namespace;
+    stop_admission(&client, args).await?;
+    if let Some(deployment) = &args.deployment {
+        stop_replicas(&client, namespace, deployment, args.timeout).await?;
+    }
+    release_everything(&client, args).await?;
+    let left = still_marked(&client).await?;
+    if left > 0 {
+        bail!(
+            "{left} node(s) still carry node-holder's marker after the release; run uninstall again"
+        );
+    }
+    delete(
+        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        record::NAME,
+    )
+    .await?;
+    delete(
+        &Api::<Lease>::namespaced(client.clone(), namespace),
+        record::NAME,
+    )
+    .await?;
+    println!("uninstalled: no hold, budget entry, record or Lease of node-holder's is left");
+    Ok(())
+}
+
+/// Deletes the admission registration the flags name.
+async fn stop_admission(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
+    if let Some(name) = &args.webhook_configuration {
+        delete(
+            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            name,
+        )
+        .await?;
+    }
+    if let Some(name) = &args.admission_policy {
+        for kind in ["MutatingAdmissionPolicyBinding", "MutatingAdmissionPolicy"] {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &admission_policy(kind));
+            delete(&api, name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `admissionregistration.k8s.io/v1` `kind` (the policy or its binding).
+pub fn admission_policy(kind: &str) -> ApiResource {
+    let plural = match kind {
+        "MutatingAdmissionPolicy" => "mutatingadmissionpolicies",
+        _ => "mutatingadmissionpolicybindings",
+    };
+    ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Scales `deployment` to 0 and waits until no replica leads any more.
+async fn stop_replicas(
+    client: &kube::Client,
+    namespace: &str,
+    deployment: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let scale = Patch::Merge(json!({"spec": {"replicas": 0}}));
+    match deployments
+        .patch_scale(deployment, &PatchParams::default(), &scale)
+        .await
+    {
+        Ok(_) => println!("scaled deployment {namespace}/{deployment} to 0"),
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(err) => {
+            return Err(err)
+                .with_context(|| format!("scaling deployment {namespace}/{deployment} to 0"));
+        }
+    }
+    tokio::time::timeout(timeout, request::no_live_leader(client, namespace, "stop"))
+        .await
+        .with_context(|| {
+            format!(
+                "a replica still leads after {}: is node-holder still running?",
+                humantime::format_duration(timeout)
+            )
+        })?
+}
+
+/// Closes every window, ends a manual hold and strips every hold and
+/// budget entry, here (no leader runs any more).
+async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
+    let now = Timestamp::now();
+    let request = Request::Release(ReleaseRequest {
+        at: now,
+        group: None,
+    });
+    let done = move |meta: &_| record::release_done_at(meta).is_some_and(|done| done >= now);
+    match request::handle(client, &args.request, request, done, false, args.timeout).await? {
+        Handled::Here(report) => println!("released {} node(s)", report.released.len()),
+        Handled::ByLeader { leader, .. } => println!("released by {leader}"),
+    }
+    Ok(())
+}
+
+async fn still_marked(client: &kube::Client) -> Result<usize> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let marked = nodes
+        .list_metadata(&ListParams::default().labels(MARKED))
+        .await
+        .context("listing the nodes node-holder marked")?;
+    Ok(marked.items.len())
+}
+
+/// Deletes `name`; gone already is fine.
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            println!("deleted {} {name}", api.resource_url());
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err).with_context(|| format!("deleting {} {name}", api.resource_url())),
+    }
+}
