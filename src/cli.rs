@@ -154,6 +154,16 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
+    /// Webhook connections open at once from one source address; more are
+    /// closed as soon as they are accepted (counted in
+    /// node_holder_webhook_connections_source_limited_total), so that a
+    /// flood from elsewhere cannot take every slot from the API server. Keep
+    /// it well under --max-connections, and above what the API server opens
+    /// (a few per instance) and what one proxy or NAT in front of it
+    /// carries.
+    #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS_PER_SOURCE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: u32,
+
     /// A webhook connection with no request in flight for this long is closed
     /// (h2 gets a GOAWAY; the API server opens a new one when it needs it), so
     /// idle or silent clients cannot keep every connection slot.

@@ -78,6 +78,9 @@ struct ReasonLabel {
 #[derive(Clone, Default)]
 pub struct TlsMetrics {
     handshake_errors: Family<ReasonLabel, Counter>,
+    /// Connections closed at accept: their source had
+    /// `--max-connections-per-source` open already.
+    pub source_limited: Counter,
     /// Unix seconds of the serving certificate's notAfter.
     pub not_after: Gauge<i64, AtomicI64>,
 }
@@ -98,6 +101,11 @@ impl TlsMetrics {
             "tls_handshake_errors",
             "Webhook connections that failed before TLS was up, by reason",
             tls.handshake_errors.clone(),
+        );
+        registry.register(
+            "webhook_connections_source_limited",
+            "Webhook connections closed at accept because their source address had --max-connections-per-source open",
+            tls.source_limited.clone(),
         );
         registry.register(
             "tls_certificate_not_after_seconds",

@@ -307,6 +307,7 @@ impl Tls {
         let serving = TlsServing {
             drain: args.drain_timeout,
             max_connections: args.max_connections,
+            max_per_source: usize::try_from(args.max_connections_per_source).unwrap_or(usize::MAX),
             idle_timeout: args.idle_timeout,
             metrics: state.metrics.tls.clone(),
         };

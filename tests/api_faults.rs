@@ -367,6 +367,7 @@ async fn register_injector(
         TlsServing {
             drain: secs(1),
             max_connections: 64,
+            max_per_source: 64,
             idle_timeout: secs(60),
             metrics: TlsMetrics::default(),
         },

@@ -24,7 +24,7 @@ use common::window::{eventually_logging, held, strs};
 use common::{Served, has_node_events, launch, make_certs, node, register_webhook};
 use install::{
     NAMESPACE, RELEASE, all_of, chart, container, env_of, helm, install_cert_manager_crds, kind,
-    name, one, pod_command, repo, template, try_template, use_cert_files,
+    name, one, pod_command, release_objects, repo, template, try_template, use_cert_files,
 };
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -148,7 +148,7 @@ fn helm_is_the_pinned_release() {
 /// later); everything else renders as before.
 #[test]
 fn the_webhook_registration_can_be_turned_off() {
-    let objects = template(&["--set=webhook.enabled=false"]);
+    let objects = release_objects(&template(&["--set=webhook.enabled=false"]));
     assert!(
         !objects
             .iter()
@@ -157,7 +157,7 @@ fn the_webhook_registration_can_be_turned_off() {
     let kinds = |objects: &[Value]| -> BTreeSet<String> {
         objects.iter().map(|o| kind(o).to_string()).collect()
     };
-    let mut with = kinds(&template(&[]));
+    let mut with = kinds(&release_objects(&template(&[])));
     with.remove("MutatingWebhookConfiguration");
     assert_eq!(kinds(&objects), with);
 }
@@ -510,7 +510,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         json!([{"name": "tls", "mountPath": "/etc/node-holder/tls", "readOnly": true}])
     );
     assert!(c["resources"]["requests"]["memory"].is_string());
-    assert!(pod.get("priorityClassName").is_none());
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     // The client CA, when given, is mounted read-only and named to serve.
     let with_ca = template(&["--set=config.clientCA.secretName=apiserver-client-ca"]);
     assert_eq!(
@@ -597,7 +597,9 @@ fn the_dockerfile_builds_node_holder_for_a_non_root_user() {
 fn the_charts_rbac_is_exactly_webhook_config_rbac() {
     let plain = manifest("webhook-config/rbac.yaml");
     for (mode, values) in tls_modes() {
-        let objects = template(&strs(&values));
+        // The release's own; its hooks' rights are tests/uninstall.rs's and
+        // tests/chart_values.rs's.
+        let objects = release_objects(&template(&strs(&values)));
         for k in ["ClusterRole", "Role"] {
             assert_eq!(
                 rules_of(one(&objects, k)),
@@ -642,7 +644,7 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
 /// `*-{what}`, exactly as `webhook-config/rbac-{what}.yaml`.
 fn adds_exactly(value: &str, what: &str) {
     let plain = manifest(&format!("webhook-config/rbac-{what}.yaml"));
-    let objects = template(&[value]);
+    let objects = release_objects(&template(&[value]));
     let roles: Vec<&Value> = objects
         .iter()
         .filter(|o| kind(o) == "ClusterRole")
@@ -931,7 +933,7 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
     })
     .await
     .unwrap();
-    let rbac: Vec<Value> = objects
+    let rbac: Vec<Value> = release_objects(&objects)
         .iter()
         .filter(|o| {
             matches!(

@@ -22,6 +22,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "node-holder.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with include "node-holder.additionalLabels" . }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+additionalLabels as YAML, without the keys the chart sets itself (the values
+schema refuses those; this keeps a render without the schema valid).
+*/}}
+{{- define "node-holder.additionalLabels" -}}
+{{- with omit .Values.additionalLabels "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "node-holder.selectorLabels" -}}
@@ -215,4 +228,12 @@ webhook.objectSelector's own, every one must match.
 {{- $expressions = concat . $expressions }}
 {{- end }}
 {{- toJson $expressions }}
+{{- end }}
+
+{{/*
+The hold `helm test` looks for: the first configured hold (the one the
+admission policy and the webhook add first), as [key, value].
+*/}}
+{{- define "node-holder.testHold" -}}
+{{- first (fromJsonArray (include "node-holder.holdsJson" .)) | toJson }}
 {{- end }}

@@ -2,6 +2,8 @@
 //! classified for the metrics and logs, each connection driven until it
 //! ends, idles out or is closed at shutdown, and the drain at the end.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +33,10 @@ pub struct TlsServing {
     pub drain: Duration,
     /// Connections open at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections open at once from one source address; more are closed
+    /// as soon as they are accepted, so that one source cannot take every
+    /// slot from the API server.
+    pub max_per_source: usize,
     /// A connection with no request in flight for this long is closed
     /// (gracefully: h2 gets a GOAWAY), so idle clients cannot keep the
     /// `max_connections` slots.
@@ -108,16 +114,74 @@ pub async fn serve_tls(
     // memory here; each connection holds a permit until it closes.
     let max_connections = serving.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let connections = Arc::new(Semaphore::new(max_connections));
+    let sources = Sources::new(serving.max_per_source.max(1), serving.metrics.clone());
     while let Some((permit, tcp, peer)) = accept(&listener, &connections, &stop).await? {
+        let Some(slot) = sources.take(peer.ip()) else {
+            drop(tcp);
+            continue;
+        };
         let connection = connection.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let (_permit, _slot) = (permit, slot);
             connection.serve(tcp, peer).await;
         });
     }
     drop(listener);
     drain(&connections, max_connections, serving.drain).await;
     Ok(())
+}
+
+/// Connections open by source address, within `--max-connections-per-source`.
+struct Sources {
+    open: Mutex<HashMap<IpAddr, usize>>,
+    limit: usize,
+    metrics: TlsMetrics,
+}
+
+impl Sources {
+    fn new(limit: usize, metrics: TlsMetrics) -> Arc<Self> {
+        Arc::new(Sources {
+            open: Mutex::new(HashMap::new()),
+            limit,
+            metrics,
+        })
+    }
+
+    /// A slot for one more connection from `ip`, given back when dropped;
+    /// `None` (counted) when `ip` has the limit open already.
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= self.limit {
+            drop(open);
+            self.metrics.source_limited.inc();
+            tracing::debug!(%ip, limit = self.limit, "connection closed: its source has the limit open");
+            return None;
+        }
+        *count += 1;
+        Some(SourceSlot {
+            sources: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its source's count.
+struct SourceSlot {
+    sources: Arc<Sources>,
+    ip: IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// HTTP/1.1 and h2 as node-holder serves them.

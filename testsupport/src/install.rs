@@ -82,6 +82,16 @@ pub fn template(args: &[&str]) -> Vec<Value> {
     try_template(args).unwrap_or_else(|err| panic!("helm template {args:?} failed:\n{err}"))
 }
 
+/// The objects Helm installs with the release (not its hooks: `helm test`'s
+/// and the pre-delete cleanup's, which exist only while they run).
+pub fn release_objects(objects: &[Value]) -> Vec<Value> {
+    objects
+        .iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .cloned()
+        .collect()
+}
+
 pub fn kind(object: &Value) -> &str {
     object["kind"].as_str().unwrap_or_default()
 }
