@@ -52,6 +52,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show the hold window, its leader and the held nodes.
     Status(StatusArgs),
+    /// Say why one node is held, by whom, until when, and what was last
+    /// said about it (node-holder's and Karpenter's Events).
+    Explain(ExplainArgs),
     /// Close the hold window now and strip node-holder's holds.
     Release(ReleaseArgs),
     /// Hold every node in scope now, for a while, whatever the window does
@@ -357,7 +360,12 @@ pub struct ClientArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RecordArgs {
     /// Namespace of node-holder's Lease and window record (its release namespace).
-    #[arg(long, env = "NODE_HOLDER_NAMESPACE", default_value = "node-holder")]
+    #[arg(
+        short,
+        long,
+        env = "NODE_HOLDER_NAMESPACE",
+        default_value = "node-holder"
+    )]
     pub namespace: String,
 }
 
@@ -403,6 +411,8 @@ pub enum Output {
     Text,
     /// One JSON document.
     Json,
+    /// The same document as YAML.
+    Yaml,
 }
 
 #[derive(Debug, Args)]
@@ -416,6 +426,10 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
     pub output: Output,
+
+    /// Nodes the held-node table shows (the rest are counted); 0 for all.
+    #[arg(long, env = "NODE_HOLDER_STATUS_LIMIT", default_value_t = 50)]
+    pub limit: usize,
 
     /// Say that node-holder's holds are orphaned (an `Orphaned:` line, and
     /// `orphaned` in JSON) when nodes or NodePools carry them and no leader
@@ -460,6 +474,22 @@ pub struct ReleaseArgs {
     /// How long to wait for a running leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// The node.
+    pub node: String,
+
+    /// Output format.
+    #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod cluster;
 pub mod controller;
 pub mod core;
+pub mod explain;
 pub mod hold;
 pub mod metrics;
 pub mod release;
@@ -45,6 +46,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Certs(args) => certs::run(&args),
         Command::Serve(args) => serve::run(args).await,
         Command::Status(args) => status::run(&args).await,
+        Command::Explain(args) => explain::run(&args).await,
         Command::Release(args) => release::run(&args).await,
         Command::Hold(args) => hold::run(&args).await,
         Command::Uninstall(args) => uninstall::run(&args).await,

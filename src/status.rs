@@ -19,7 +19,7 @@ use crate::core::pace::Pacing;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 
 /// Everything `status` shows.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     pub open: bool,
@@ -351,7 +351,7 @@ fn human(d: SignedDuration) -> String {
 }
 
 /// "in 4m 2s" or "3s ago".
-fn relative(at: Timestamp, now: Timestamp) -> String {
+pub fn relative(at: Timestamp, now: Timestamp) -> String {
     let d = at.duration_since(now);
     if d.is_negative() {
         format!("{} ago", human(d))
@@ -363,6 +363,12 @@ fn relative(at: Timestamp, now: Timestamp) -> String {
 /// The readable form: the window, the release request, the leader, then a
 /// table of the held nodes.
 pub fn render_text(status: &Status, now: Timestamp) -> String {
+    render_text_limited(status, now, 0)
+}
+
+/// [`render_text`] with at most `limit` rows of held nodes (0: all), the
+/// rest counted.
+pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> String {
     let mut out = String::new();
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("{label:<13}{value}\n"));
@@ -406,7 +412,7 @@ pub fn render_text(status: &Status, now: Timestamp) -> String {
         line("Orphaned:", orphaned_text(orphaned, now));
     }
     line("Held nodes:", status.held_nodes.len().to_string());
-    out.push_str(&held_table(status, now));
+    out.push_str(&held_table(status, now, limit));
     out
 }
 
@@ -640,7 +646,7 @@ fn orphaned_text(orphaned: &Orphaned, now: Timestamp) -> String {
 }
 
 /// The held nodes as a table (nothing when there are none).
-fn held_table(status: &Status, now: Timestamp) -> String {
+fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
     let mut out = String::new();
     if status.held_nodes.is_empty() {
         return out;
@@ -654,7 +660,8 @@ fn held_table(status: &Status, now: Timestamp) -> String {
         .max("NODE".len());
     out.push('\n');
     out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
-    for node in &status.held_nodes {
+    let shown = if limit == 0 { usize::MAX } else { limit };
+    for node in status.held_nodes.iter().take(shown) {
         let age = node.created.map_or("-".to_string(), |c| {
             human(now.duration_since(c)).replace(' ', "")
         });
@@ -663,6 +670,13 @@ fn held_table(status: &Status, now: Timestamp) -> String {
             node.name,
             age,
             node.holds.join(",")
+        ));
+    }
+    let rest = status.held_nodes.len().saturating_sub(shown);
+    if rest > 0 {
+        out.push_str(&format!(
+            "… and {} more (--limit 0 shows all)\n",
+            thousands(rest as u64)
         ));
     }
     out
@@ -676,13 +690,19 @@ pub async fn run(args: &StatusArgs) -> Result<()> {
         .await?
         .orphaned_after(args.orphaned_after, now);
     match args.output {
-        Output::Text => print!("{}", render_text(&status, now)),
+        Output::Text => print!("{}", render_text_limited(&status, now, args.limit)),
         Output::Json => println!(
             "{}",
             serde_json::to_string_pretty(&status).context("serialising the status")?
         ),
+        Output::Yaml => print!("{}", yaml(&status)?),
     }
     Ok(())
+}
+
+/// `value` as one YAML document.
+pub fn yaml(value: &impl Serialize) -> Result<String> {
+    serde_saphyr::to_string(value).context("serialising as YAML")
 }
 
 #[cfg(test)]

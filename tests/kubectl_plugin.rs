@@ -132,3 +132,91 @@ async fn kubectl_runs_status_release_and_hold_as_a_plugin_with_its_kubeconfig_an
     let serve = kubectl(&["node-holder", "serve"]);
     assert_eq!(serve.status.code(), Some(2), "{}", text(&serve));
 }
+
+/// `kubectl node-holder explain NODE` says on one screen whose hold a node
+/// carries, until when, and what its Events say; `status` pages its table
+/// (`--limit`), speaks YAML (`-o yaml`) and takes `-n` as kubectl does.
+#[tokio::test]
+async fn explain_says_whose_hold_a_node_carries_until_when_and_why() {
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve(
+        &cp,
+        &[
+            "--hold-duration=1h",
+            "--coalesce-idle=200ms",
+            "--coalesce-max=1s",
+        ],
+    )
+    .await;
+    register_webhook(&cp, &served).await;
+    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    for name in ["mine", "mine-2"] {
+        nodes
+            .create(&PostParams::default(), &node(name))
+            .await
+            .unwrap();
+    }
+    let mut theirs = node("theirs");
+    theirs.metadata.annotations = Some(
+        [(
+            "karpenter.sh/do-not-disrupt".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    nodes.create(&PostParams::default(), &theirs).await.unwrap();
+    let kubeconfig = cp.admin_kubeconfig().to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        let mut all = vec!["node-holder"];
+        all.extend_from_slice(args);
+        all.extend(["--kubeconfig", &kubeconfig]);
+        let out = kubectl(&all);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The leader has counted "mine": its Event is there.
+    common::window::eventually(
+        "mine's window Event",
+        std::time::Duration::from_secs(30),
+        || async { run(&["explain", "mine"]).contains("HoldWindowOpened") },
+    )
+    .await;
+
+    let mine = run(&["explain", "mine", "-n", "node-holder"]);
+    for expected in [
+        "Node:     mine (created ",
+        "Held:     yes, karpenter.sh/do-not-disrupt=true (node-holder's)",
+        ": its window's deadline\n",
+        "Leader:   serve-",
+        "HoldWindowOpened",
+    ] {
+        assert!(mine.contains(expected), "{expected:?} in\n{mine}");
+    }
+    let theirs = run(&["explain", "theirs"]);
+    assert!(
+        theirs.contains(
+            "karpenter.sh/do-not-disrupt=true (someone else's: node-holder never removes it)"
+        ),
+        "{theirs}"
+    );
+    assert!(theirs.contains("Until:    -\n"), "{theirs}");
+    let json: serde_json::Value =
+        serde_json::from_str(&run(&["explain", "mine", "-o", "json"])).unwrap();
+    assert_eq!(json["holds"][0]["nodeHolders"], true, "{json}");
+    assert!(json["until"]["at"].is_string(), "{json}");
+
+    // status: YAML, and a table of at most --limit rows with the rest counted.
+    let yaml = run(&["status", "-o", "yaml", "-n", "node-holder"]);
+    let status = testenv::parse_manifests(&yaml).unwrap().remove(0);
+    assert_eq!(
+        status["heldNodes"].as_array().map(Vec::len),
+        Some(2),
+        "{yaml}"
+    );
+    let limited = run(&["status", "--limit", "1"]);
+    assert!(
+        limited.contains("… and 1 more (--limit 0 shows all)"),
+        "{limited}"
+    );
+    drop(served);
+}
