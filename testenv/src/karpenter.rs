@@ -154,6 +154,11 @@ impl KarpenterCluster {
         &self.cp
     }
 
+    /// The control plane, to restart its API server.
+    pub fn control_plane_mut(&mut self) -> &mut ControlPlane {
+        &mut self.cp
+    }
+
     /// Karpenter's Prometheus metrics, as text.
     pub async fn karpenter_metrics(&self) -> Result<String> {
         http_get_loopback(self.karpenter_metrics_port, "/metrics").await

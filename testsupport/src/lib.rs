@@ -19,6 +19,7 @@ pub mod frontier;
 pub mod install;
 pub mod karpenter;
 pub mod policy;
+pub mod soak;
 pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
 

@@ -1,0 +1,30 @@
+//! A short chaos soak in the suite (`cargo bench --bench soak` runs the long
+//! one): three replicas of `serve` in policy mode beside the real Karpenter,
+//! Jobs launching nodes, and every kind of fault at least twice (the leader
+//! and a follower SIGKILLed, the leader SIGSTOPped past its Lease, the API
+//! server restarted, a person's hold on and off, the NodePool's owner
+//! rewriting its budgets), with the checker of `testsupport::soak` reading
+//! the cluster every second: no promise may break.
+
+use std::time::Duration;
+
+use testsupport::soak::{self, FAULTS, Soak};
+
+#[tokio::test]
+async fn a_short_chaos_soak_with_the_real_karpenter_breaks_no_promise() {
+    let report = soak::run(&Soak {
+        duration: Duration::from_secs(180),
+        seed: 7,
+    })
+    .await;
+    eprintln!("{report:#?}");
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    for fault in FAULTS {
+        assert!(
+            report.faults.get(fault).copied().unwrap_or(0) >= 2,
+            "{fault}: {report:#?}"
+        );
+    }
+    assert!(report.jobs >= 3 && report.nodes_seen >= 3, "{report:#?}");
+    assert!(report.checks > 300, "{report:#?}");
+}
