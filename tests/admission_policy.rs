@@ -18,7 +18,7 @@ use common::window::{
     Cluster, HOLD, MARKER, carries_anything_of_node_holders, create, eventually_logging, fast,
     held, metric, node_holder_patches, strs,
 };
-use common::{node, operator, succeeded};
+use common::{node, node_with, operator, succeeded};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ObjectMeta};
 use node_holder::core::holds::{Hold, Holds, Preset};
@@ -30,22 +30,6 @@ const FREEZE: &str = "example.com/freeze";
 const SCALE_DOWN: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
 const HOLD_KEYS: &str = "node-holder.dev/hold-keys";
 const SELECTOR: &str = "pool in (a,b),!virtual";
-
-/// A node named `name` with `labels` and `annotations` (absent when empty).
-fn node_with(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
-    let map = |pairs: &[(&str, &str)]| {
-        (!pairs.is_empty()).then(|| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>()
-        })
-    };
-    let mut n = node(name);
-    n.metadata.labels = map(labels);
-    n.metadata.annotations = map(annotations);
-    n
-}
 
 /// Every combination of the labels the selector reads and the marker, with
 /// every combination of the configured holds, a list of node-holder's, and

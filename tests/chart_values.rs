@@ -16,8 +16,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use install::{
-    NAMESPACE, RELEASE, all_of, chart, container, helm, install_cert_manager_crds, kind, name, one,
-    repo, template, try_template,
+    NAMESPACE, RELEASE, all_of, chart, container, create_namespace, helm,
+    install_cert_manager_crds, kind, name, one, pod_of, repo, template, try_template,
 };
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
@@ -614,33 +614,6 @@ fn everything_set() -> Vec<&'static str> {
         "--set=additionalLabels.team=infra",
         "--set=test.nodeLabels.pool=a",
     ]
-}
-
-/// Creates namespace `name` enforcing Pod Security `level`.
-async fn create_namespace(client: &kube::Client, name: &str, level: &str) {
-    testenv::apply_objects(
-        client,
-        &[json!({
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": {"pod-security.kubernetes.io/enforce": level},
-            },
-        })],
-    )
-    .await
-    .unwrap();
-}
-
-/// A Pod from the Deployment's template in `namespace`, as the ReplicaSet
-/// controller would create it.
-fn pod_of(objects: &[Value], namespace: &str) -> Value {
-    let template = &one(objects, "Deployment")["spec"]["template"];
-    let mut metadata = template["metadata"].clone();
-    metadata["name"] = json!("node-holder-pod");
-    metadata["namespace"] = json!(namespace);
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
 }
 
 #[tokio::test]

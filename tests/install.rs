@@ -24,7 +24,7 @@ use common::window::{eventually_logging, held, strs};
 use common::{Served, has_node_events, launch, make_certs, node, register_webhook};
 use install::{
     NAMESPACE, RELEASE, all_of, chart, container, env_of, helm, install_cert_manager_crds, kind,
-    name, one, pod_command, release_objects, repo, template, try_template, use_cert_files,
+    name, one, pod_command, pod_of, release_objects, repo, template, try_template, use_cert_files,
 };
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -746,33 +746,9 @@ fn the_plain_webhook_manifests_carry_the_charts_rules_and_settings() {
     );
 }
 
-/// The release namespace, enforcing the `restricted` Pod Security Standard.
 async fn create_restricted_namespace(cp: &ControlPlane) {
     let client = cp.admin_client().await.unwrap();
-    testenv::apply_objects(
-        &client,
-        &[json!({
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": NAMESPACE,
-                "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-            },
-        })],
-    )
-    .await
-    .unwrap();
-}
-
-/// A Pod from the Deployment's template, as the ReplicaSet controller would
-/// create it.
-fn pod_of(objects: &[Value]) -> Value {
-    let deployment = one(objects, "Deployment");
-    let template = &deployment["spec"]["template"];
-    let mut metadata = template["metadata"].clone();
-    metadata["name"] = json!("node-holder-pod");
-    metadata["namespace"] = json!(NAMESPACE);
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+    install::create_namespace(&client, NAMESPACE, "restricted").await;
 }
 
 #[tokio::test]
@@ -789,7 +765,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
             .await
             .unwrap_or_else(|err| panic!("{mode}: {err:#}"));
         // The pod the Deployment makes passes `restricted` enforcement.
-        testenv::dry_run_objects(&client, &[pod_of(&objects)])
+        testenv::dry_run_objects(&client, &[pod_of(&objects, NAMESPACE)])
             .await
             .unwrap_or_else(|err| panic!("{mode}: the pod: {err:#}"));
     }
@@ -801,7 +777,10 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
     .unwrap();
     testenv::dry_run_objects(
         &client,
-        &[one(&objects, "Deployment").clone(), pod_of(&objects)],
+        &[
+            one(&objects, "Deployment").clone(),
+            pod_of(&objects, NAMESPACE),
+        ],
     )
     .await
     .unwrap();
@@ -833,7 +812,7 @@ async fn every_rendered_object_is_accepted_by_the_api_server() {
         .await
         .expect_err("a CEL expression that does not compile is refused");
     // The enforcement is real: a pod that may escalate is refused.
-    let mut loose = pod_of(&objects);
+    let mut loose = pod_of(&objects, NAMESPACE);
     loose["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
     let err = testenv::dry_run_objects(&client, &[loose])
         .await

@@ -92,6 +92,27 @@ pub fn release_objects(objects: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// Creates namespace `name` enforcing the Pod Security `level`
+/// (`restricted`, `privileged`).
+pub async fn create_namespace(client: &kube::Client, name: &str, level: &str) {
+    let namespace = json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": level}},
+    });
+    testenv::apply_objects(client, &[namespace]).await.unwrap();
+}
+
+/// A Pod from the rendered Deployment's template in `namespace`, as the
+/// ReplicaSet controller would create it.
+pub fn pod_of(objects: &[Value], namespace: &str) -> Value {
+    let template = &one(objects, "Deployment")["spec"]["template"];
+    let mut metadata = template["metadata"].clone();
+    metadata["name"] = json!("node-holder-pod");
+    metadata["namespace"] = json!(namespace);
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+}
+
 pub fn kind(object: &Value) -> &str {
     object["kind"].as_str().unwrap_or_default()
 }

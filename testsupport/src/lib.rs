@@ -296,6 +296,22 @@ pub fn webhook_configuration(port: u16, ca_pem: Vec<u8>) -> MutatingWebhookConfi
     testenv::local_webhook_configuration(port, &ca_pem).unwrap()
 }
 
+/// Node `name` with `labels` and `annotations` (absent when empty).
+pub fn node_with(name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Node {
+    let map = |pairs: &[(&str, &str)]| {
+        (!pairs.is_empty()).then(|| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        })
+    };
+    let mut n = node(name);
+    n.metadata.labels = map(labels);
+    n.metadata.annotations = map(annotations);
+    n
+}
+
 pub fn node(name: &str) -> Node {
     Node {
         metadata: ObjectMeta {

@@ -123,7 +123,7 @@ pub async fn run(soak: &Soak) -> Report {
     let started = Instant::now();
     let mut round = 0usize;
     while started.elapsed() < soak.duration {
-        if rng.bool() || round % 3 == 0 {
+        if rng.bool() || round.is_multiple_of(3) {
             start_job(&a, &state, &mut rng, round).await;
         }
         let fault = order[round % order.len()];

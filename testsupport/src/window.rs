@@ -128,17 +128,7 @@ pub async fn create(
     labels: &[(&str, &str)],
     annotations: &[(&str, &str)],
 ) -> Node {
-    let map = |pairs: &[(&str, &str)]| {
-        (!pairs.is_empty()).then(|| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>()
-        })
-    };
-    let mut n = node(name);
-    n.metadata.labels = map(labels);
-    n.metadata.annotations = map(annotations);
+    let n = crate::node_with(name, labels, annotations);
     nodes.create(&PostParams::default(), &n).await.unwrap()
 }
 
