@@ -28,6 +28,7 @@ fn main() -> Result<()> {
         .build()?
         .block_on(soak::run(&Soak {
             duration: Duration::from_secs(minutes * 60),
+            each_fault: 1,
             seed,
         }));
     println!("chaos soak: {minutes} minutes, seed {seed}");

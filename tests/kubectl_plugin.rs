@@ -220,3 +220,64 @@ async fn explain_says_whose_hold_a_node_carries_until_when_and_why() {
     );
     drop(served);
 }
+
+/// `.krew.yaml`, rendered as krew-release-bot renders it for a tag (its two
+/// template actions replaced by a tag and an archive's `uri` and `sha256`),
+/// is a krew Plugin of the binary kubectl runs, for Linux and macOS.
+#[test]
+fn the_krew_manifest_names_the_plugins_binary_for_each_platform() {
+    let template =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(".krew.yaml")).unwrap();
+    let sha = "0".repeat(64);
+    let rendered: String = template
+        .lines()
+        .map(
+            |line| match line.trim_start().strip_prefix("{{addURIAndSha \"") {
+                Some(rest) => {
+                    let indent = &line[..line.len() - line.trim_start().len()];
+                    let uri = rest
+                        .split('"')
+                        .next()
+                        .unwrap()
+                        .replace("{{ .TagName }}", "v0.1.0");
+                    format!("{indent}uri: {uri}\n{indent}sha256: \"{sha}\"")
+                }
+                None => line.replace("{{ .TagName }}", "v0.1.0"),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join("\n");
+    let plugin = testenv::parse_manifests(&rendered).unwrap().remove(0);
+    assert_eq!(plugin["kind"], "Plugin");
+    // krew runs `kubectl-<name with - as _>`: the binary this crate builds.
+    let name = plugin["metadata"]["name"].as_str().unwrap();
+    let binary = Path::new(env!("CARGO_BIN_EXE_kubectl-node_holder"))
+        .file_name()
+        .unwrap();
+    assert_eq!(
+        format!("kubectl-{}", name.replace('-', "_")),
+        binary.to_str().unwrap()
+    );
+    let platforms = plugin["spec"]["platforms"].as_array().unwrap();
+    let mut seen = Vec::new();
+    for platform in platforms {
+        assert_eq!(platform["bin"], binary.to_str().unwrap(), "{platform}");
+        assert!(
+            platform["uri"].as_str().unwrap().ends_with(".tar.gz"),
+            "{platform}"
+        );
+        assert_eq!(
+            platform["sha256"].as_str().map(str::len),
+            Some(64),
+            "{platform}"
+        );
+        let labels = &platform["selector"]["matchLabels"];
+        seen.push(format!(
+            "{}/{}",
+            labels["os"].as_str().unwrap(),
+            labels["arch"].as_str().unwrap()
+        ));
+    }
+    assert_eq!(seen, ["linux/amd64", "linux/arm64", "darwin/arm64"]);
+    assert_eq!(plugin["spec"]["version"], "v0.1.0");
+}

@@ -13,7 +13,8 @@ use testsupport::soak::{self, FAULTS, Soak};
 #[tokio::test]
 async fn a_short_chaos_soak_with_the_real_karpenter_breaks_no_promise() {
     let report = soak::run(&Soak {
-        duration: Duration::from_secs(180),
+        duration: Duration::from_secs(120),
+        each_fault: 2,
         seed: 7,
     })
     .await;

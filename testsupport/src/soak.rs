@@ -53,9 +53,16 @@ pub const OVERSTAY_BOUND: Duration = Duration::from_secs(45);
 
 /// How long, and with which seed.
 pub struct Soak {
+    /// At least this long.
     pub duration: Duration,
+    /// And until each kind of fault was injected this many times (at most
+    /// [`MAX_ROUNDS`] rounds).
+    pub each_fault: usize,
     pub seed: u64,
 }
+
+/// Rounds at most, whatever [`Soak::each_fault`] asks.
+const MAX_ROUNDS: usize = 200;
 
 /// What a soak did and saw.
 #[derive(Debug, Default, Clone)]
@@ -122,13 +129,20 @@ pub async fn run(soak: &Soak) -> Report {
     rng.shuffle(&mut order);
     let started = Instant::now();
     let mut round = 0usize;
-    while started.elapsed() < soak.duration {
+    let more_faults = |state: &State| {
+        let s = lock(state);
+        FAULTS
+            .iter()
+            .any(|f| s.report.faults.get(f).copied().unwrap_or(0) < soak.each_fault)
+    };
+    while round < MAX_ROUNDS && (started.elapsed() < soak.duration || more_faults(&state)) {
         if rng.bool() || round.is_multiple_of(3) {
             start_job(&a, &state, &mut rng, round).await;
         }
         let fault = order[round % order.len()];
-        inject(fault, &mut a, &mut replicas, &state, &mut rng).await;
-        *lock(&state).report.faults.entry(fault).or_default() += 1;
+        if inject(fault, &mut a, &mut replicas, &state, &mut rng).await {
+            *lock(&state).report.faults.entry(fault).or_default() += 1;
+        }
         tokio::time::sleep(Duration::from_secs(rng.u64(5..15))).await;
         round += 1;
     }
@@ -178,13 +192,15 @@ async fn start_job(a: &Autoscaled, state: &State, rng: &mut fastrand::Rng, round
     }
 }
 
+/// Injects `fault`; whether there was something to inject it on (a
+/// leader, a node for a person's hold).
 async fn inject(
     fault: &'static str,
     a: &mut Autoscaled,
     replicas: &mut Vec<Served>,
     state: &State,
     rng: &mut fastrand::Rng,
-) {
+) -> bool {
     match fault {
         "kill-leader" | "kill-follower" => {
             let leader = leader_index(a, replicas).await;
@@ -196,24 +212,31 @@ async fn inject(
             drop(replicas.remove(victim)); // SIGKILL
             tokio::time::sleep(Duration::from_secs(rng.u64(3..8))).await;
             replicas.push(start_replica(a).await);
+            fault == "kill-follower" || leader.is_some()
         }
         "stop-leader" => {
-            if let Some(i) = leader_index(a, replicas).await {
-                signal(&replicas[i], "-STOP");
-                tokio::time::sleep(Duration::from_secs(8)).await;
-                signal(&replicas[i], "-CONT");
-            }
+            let Some(i) = leader_index(a, replicas).await else {
+                return false;
+            };
+            signal(&replicas[i], "-STOP");
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            signal(&replicas[i], "-CONT");
+            true
         }
         "restart-apiserver" => {
             let cp = a.cluster.control_plane_mut();
             cp.restart_apiserver(Duration::from_secs(5))
                 .await
                 .expect("the API server restarts");
+            true
         }
         "person-hold-on" | "person-hold-off" => {
             person_hold(a, state, fault == "person-hold-on").await
         }
-        _ => owner_edits(a, state, rng).await,
+        _ => {
+            owner_edits(a, state, rng).await;
+            true
+        }
     }
 }
 
@@ -235,9 +258,9 @@ async fn leader_index(a: &Autoscaled, replicas: &[Served]) -> Option<usize> {
 
 /// A person puts a hold on a node node-holder does not hold (and no new
 /// one), or takes one of theirs off again.
-async fn person_hold(a: &Autoscaled, state: &State, on: bool) {
+async fn person_hold(a: &Autoscaled, state: &State, on: bool) -> bool {
     let Ok(list) = a.nodes.list(&Default::default()).await else {
-        return;
+        return false;
     };
     let now = Timestamp::now();
     let name = if on {
@@ -249,7 +272,7 @@ async fn person_hold(a: &Autoscaled, state: &State, on: bool) {
         lock(state).person_holds.iter().next().cloned()
     };
     let Some(name) = name else {
-        return;
+        return false;
     };
     {
         let mut s = lock(state);
@@ -268,6 +291,7 @@ async fn person_hold(a: &Autoscaled, state: &State, on: bool) {
         s.person_holds.insert(name.clone());
     }
     s.changing.remove(&name);
+    done
 }
 
 /// The owner writes the pool's budgets anew.
