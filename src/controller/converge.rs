@@ -1,0 +1,279 @@
+//! Convergence: every node brought to the plan (holds first, then
+//! releases, bounded and conditional), and what the patches did recorded.
+
+use super::*;
+
+impl WindowTask {
+    /// Brings every node to the plan: holds first, then releases (recorded
+    /// as a release under way while they run); returns when to wake.
+    pub(super) async fn converge(
+        &mut self,
+        snapshot: &[Arc<NodeMeta>],
+        now: Timestamp,
+        pool_budgets: Option<&BTreeSet<String>>,
+    ) -> Result<PassOutcome> {
+        let cfg = &self.config.window;
+        let mut planner = planner(&self.windows, &self.config, snapshot, now);
+        planner.pool_budgets = pool_budgets;
+        let planner = &planner;
+        let metas = || snapshot.iter().map(|node| &**node);
+        // Which nodes change is decided first (their patches are dropped at
+        // once), so the logs know the totals; each patch is built again when
+        // the patcher takes it.
+        let (mut hold, mut release) = (Vec::new(), Vec::new());
+        let mut groups = GroupGauges::default();
+        for (i, meta) in metas().enumerate() {
+            let action = planner.node(meta).map(|(action, _)| action);
+            match action {
+                Some(Action::Hold) => hold.push(i),
+                Some(Action::Release) => release.push(i),
+                None => {}
+            }
+            let held_after = action == Some(Action::Hold) || (is_marked(meta) && action.is_none());
+            groups.count(&self.config.window.groups, meta, held_after);
+        }
+        let patches = |indices: Vec<usize>| {
+            indices
+                .into_iter()
+                .filter_map(move |i| planner.node(&snapshot[i]))
+                .map(|(_, patch)| patch)
+        };
+        let marked = metas().filter(|node| is_marked(*node)).count() as i64;
+        let wake_at = planner.wake(metas());
+        let (hold_total, release_total) = (hold.len(), release.len());
+        let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
+        // A paced release shows its own progress (`pacing` in the record).
+        if release_total > 0 && cfg.mode == Mode::Cluster && !self.windows.is_pacing() {
+            self.releasing |= record_releasing(&self.store, release_total).await;
+        }
+        let (released, release_failures) = self
+            .apply(Action::Release, patches(release), release_total)
+            .await;
+        if hold_failures == 0 {
+            self.record_held().await;
+        }
+        if release_failures == 0 {
+            self.record_released().await;
+        }
+        self.metrics.held_nodes.set(marked + held - released);
+        self.show_windows(groups);
+        Ok(PassOutcome {
+            wake: self.wake(hold_failures + release_failures, wake_at, now),
+        })
+    }
+
+    /// The windows' gauges after a pass: the hold, and each group's.
+    pub(super) fn show_windows(&self, groups: GroupGauges) {
+        let window = &self.config.window;
+        let hold = self.windows.config_for(UNLABELLED, window).hold;
+        self.metrics.hold.set(hold.as_secs_f64());
+        if window.groups.key().is_some() {
+            self.metrics
+                .show_groups(groups.finish(&self.windows, window));
+        }
+    }
+
+    /// When the next pass must run: after a backoff when patches failed,
+    /// else when the plan changes by itself (`at`; a time already past wakes
+    /// at once, one past what an `Instant` holds never).
+    pub(super) fn wake(
+        &mut self,
+        failures: usize,
+        at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Option<Instant> {
+        if failures > 0 {
+            self.failures += 1;
+            return Some(Instant::now() + self.backoff());
+        }
+        self.failures = 0;
+        let after = Duration::try_from(at?.duration_since(now)).unwrap_or_default();
+        Instant::now().checked_add(after)
+    }
+
+    /// Adds what `patch` did to the report, if one is kept.
+    pub(super) fn note(&self, action: Action, patch: &NodePatch) {
+        if let Some(report) = &self.report {
+            let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
+            if action == Action::Hold {
+                report.held.push(patch.name.clone());
+                return;
+            }
+            report
+                .left
+                .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
+            report.released.push(patch.name.clone());
+        }
+    }
+
+    /// After a pass that removed every hold it had to: no release under way,
+    /// and the handled release request is done (`release` waits for that).
+    /// A failed write is tried again after the next pass.
+    pub(super) async fn record_released(&mut self) {
+        let done = self.release_unconfirmed;
+        if !self.releasing && done.is_none() {
+            return;
+        }
+        match self.store.release_progress(None, done).await {
+            Ok(()) => {
+                self.releasing = false;
+                self.release_unconfirmed = None;
+            }
+            Err(err) => tracing::warn!(error = %err, "recording the release progress failed"),
+        }
+    }
+
+    /// After a pass that put every hold it had to: the handled manual hold
+    /// request is done (`hold` waits for that). A failed write is tried
+    /// again after the next pass.
+    pub(super) async fn record_held(&mut self) {
+        let Some(done) = self.hold_unconfirmed else {
+            return;
+        };
+        match self.store.hold_done(done).await {
+            Ok(()) => self.hold_unconfirmed = None,
+            Err(err) => tracing::warn!(error = %err, "recording the manual hold failed"),
+        }
+    }
+
+    /// Applies the patches of one kind; returns (applied, failed).
+    pub(super) async fn apply(
+        &self,
+        action: Action,
+        patches: impl IntoIterator<Item = NodePatch, IntoIter: Send>,
+        total: usize,
+    ) -> (i64, usize) {
+        if total == 0 {
+            return (0, 0);
+        }
+        let action_label = action.label();
+        tracing::info!(nodes = total, action = action_label, "patching nodes");
+        let started = Instant::now();
+        let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
+        let mut events = PassEvents::new(
+            action,
+            &self.config.namespace,
+            self.config.node_events_per_pass,
+        );
+        let results = self.patcher.apply(patches, total);
+        futures::pin_mut!(results);
+        while let Some((patch, result)) = results.next().await {
+            tracing::debug!(node = %patch.name, action = action_label, ?result, keys = ?patch.keys, "node patch");
+            match result {
+                PatchResult::Applied => {
+                    applied += 1;
+                    let counter = match action {
+                        Action::Hold => &self.metrics.holds_applied,
+                        Action::Release => &self.metrics.holds_released,
+                    };
+                    counter.inc();
+                    if let Some(event) = events.applied(&patch) {
+                        self.events.send(event);
+                    }
+                    self.note(action, &patch);
+                }
+                PatchResult::Gone => {}
+                PatchResult::Changed(code) => {
+                    changed += 1;
+                    self.metrics.patch_error(code);
+                }
+                PatchResult::Failed(code) => {
+                    failed += 1;
+                    self.metrics.patch_error(code);
+                }
+            }
+        }
+        if let Some(summary) = events.finish() {
+            self.events.send(summary);
+        }
+        tracing::info!(
+            action = action_label,
+            nodes = total,
+            applied,
+            changed_meanwhile = changed,
+            failed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "nodes patched"
+        );
+        (applied, changed + failed)
+    }
+}
+
+/// Before a closed window's holds come off in `cluster` scope, the record
+/// says how many nodes the release starts with, for `status`; whether it
+/// does. (In `node` scope holds end one by one; there is no release to
+/// follow.) A failed write costs only that line of `status`: logged, not
+/// retried.
+pub(super) async fn record_releasing(store: &RecordStore, total: usize) -> bool {
+    match store.release_progress(Some(total), None).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(error = %err, "recording the release progress failed");
+            false
+        }
+    }
+}
+
+/// The plan for `snapshot` at `now`: the window's, with what a paced
+/// release keeps held.
+pub(super) fn planner<'a>(
+    windows: &'a Windows,
+    config: &'a Config,
+    snapshot: &'a [Arc<NodeMeta>],
+    now: Timestamp,
+) -> Planner<'a> {
+    let cfg = &config.window;
+    Planner {
+        windows,
+        cfg,
+        holds: &config.policy.holds,
+        now,
+        paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
+        pool_budgets: None,
+    }
+}
+
+/// Unix seconds of `at`; 0 for none (what the deadline gauges show).
+pub(super) fn seconds(at: Option<Timestamp>) -> f64 {
+    at.map_or(0.0, |at| at.as_millisecond() as f64 / 1000.0)
+}
+
+/// Each group's held nodes once a pass's patches land, for the group
+/// metrics.
+#[derive(Default)]
+pub(super) struct GroupGauges<'a> {
+    held: std::collections::BTreeMap<&'a str, i64>,
+}
+
+impl<'a> GroupGauges<'a> {
+    pub(super) fn count(&mut self, groups: &Grouping, node: &'a NodeMeta, held: bool) {
+        if groups.key().is_none() {
+            return;
+        }
+        *self.held.entry(groups.group_of(node)).or_default() += i64::from(held);
+    }
+
+    /// Every group's (deadline in Unix seconds, held nodes, hold in
+    /// seconds), the groups with a window and those with nodes.
+    pub(super) fn finish(
+        self,
+        windows: &Windows,
+        cfg: &WindowConfig,
+    ) -> Vec<(String, f64, i64, f64)> {
+        let mut held: std::collections::BTreeMap<String, i64> = self
+            .held
+            .into_iter()
+            .map(|(group, n)| (group.to_string(), n))
+            .collect();
+        for (group, _) in windows.iter() {
+            held.entry(group.to_string()).or_default();
+        }
+        held.into_iter()
+            .map(|(group, held)| {
+                let deadline = seconds(windows.deadline(&group));
+                let hold = windows.config_for(&group, cfg).hold.as_secs_f64();
+                (group, deadline, held, hold)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,156 @@
+//! Leadership: competing for the Lease, leading the window while it is
+//! held, handing it over; and the one pass `release` and `hold` run as the
+//! leader when none runs.
+
+use super::*;
+
+/// This replica's default name in the Lease: the pod's host name.
+pub fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("node-holder-{}", std::process::id()))
+}
+
+/// Competes for the Lease until `stop`; while leader, runs the window task.
+pub async fn run(
+    client: kube::Client,
+    config: Config,
+    metrics: WindowMetrics,
+    stop: CancellationToken,
+) -> Result<()> {
+    let manager = lease::lease_manager(
+        &client,
+        &config.namespace,
+        &config.identity,
+        config.lease_duration.as_secs(),
+    )
+    .await?;
+    let (mut is_leader, lease_task) = manager.watch().await;
+    tracing::info!(identity = %config.identity, lease = record::NAME, namespace = %config.namespace, "competing for the hold window's lease");
+    let events = EventSink::spawn(client.clone(), &config.identity, stop.clone());
+
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            changed = is_leader.wait_for(|leader| *leader) => {
+                changed.context("leader election ended")?;
+            }
+        }
+        let outcome =
+            lead_while_leader(&client, &config, &metrics, &events, &mut is_leader, &stop).await?;
+        if let Some(Err(err)) = outcome {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "hold window task failed; starting again"
+            );
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+    hand_over(is_leader, lease_task).await;
+    Ok(())
+}
+
+/// Leads the window until the Lease is lost, `stop`, or the task fails
+/// (`Some(Err)`); afterwards this replica reports no window.
+async fn lead_while_leader(
+    client: &kube::Client,
+    config: &Config,
+    metrics: &WindowMetrics,
+    events: &EventSink,
+    is_leader: &mut tokio::sync::watch::Receiver<bool>,
+    stop: &CancellationToken,
+) -> Result<Option<Result<()>>> {
+    tracing::info!(identity = %config.identity, "leading the hold window");
+    metrics.leader.set(1);
+    let mut task = WindowTask::new(
+        client.clone(),
+        config.clone(),
+        metrics.clone(),
+        events.clone(),
+    );
+    let outcome = tokio::select! {
+        _ = stop.cancelled() => None,
+        lost = is_leader.wait_for(|leader| !*leader) => {
+            lost.context("leader election ended")?;
+            tracing::warn!(identity = %config.identity, "lost the hold window's lease");
+            None
+        }
+        result = task.lead() => Some(result),
+    };
+    // A standby reports nothing of a window it no longer runs.
+    metrics.leader.set(0);
+    metrics.deadline.set(0.0);
+    metrics.held_nodes.set(0);
+    metrics.show_groups(Vec::new());
+    Ok(outcome)
+}
+
+/// Dropping the receiver makes the lease task release the Lease, so a
+/// standby takes over at once instead of after the lease duration.
+async fn hand_over(
+    is_leader: tokio::sync::watch::Receiver<bool>,
+    lease_task: tokio::task::JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+) {
+    drop(is_leader);
+    match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+        Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
+        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "releasing the lease failed"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
+        Err(_) => tracing::warn!("releasing the lease timed out"),
+    }
+}
+
+/// How many passes [`handle_once`] runs at most while node patches fail.
+const ONCE_ATTEMPTS: u32 = 5;
+
+/// Handles `request` with the leader's own pass, once, as
+/// `config.identity`, which must hold the Lease: what `release` and `hold`
+/// do when no leader runs. The pass puts the request in the window record,
+/// converges the nodes (holds, releases) as a leader would, and records the
+/// request as done. A pass whose patches failed runs again from a fresh
+/// list, a few times.
+pub async fn handle_once(
+    client: kube::Client,
+    config: Config,
+    request: Request,
+) -> Result<PassReport> {
+    let metrics = crate::metrics::Metrics::default().window;
+    let mut task = WindowTask::new(client, config, metrics, EventSink::none());
+    task.report = Some(std::sync::Mutex::new(PassReport::default()));
+    let record = task.store.load().await?;
+    task.restore(record);
+    match request {
+        Request::Release(requested) => {
+            task.release_unconfirmed = Some(requested.at);
+            task.release_request = Some(requested);
+        }
+        Request::Hold(hold) => {
+            task.hold_unconfirmed = Some(hold.requested_at);
+            task.hold_request = Some(hold);
+        }
+    }
+    for attempt in 1..=ONCE_ATTEMPTS {
+        let nodes = list_nodes(&task.client, task.config.keep()).await?;
+        task.pass(&nodes).await?;
+        if task.failures == 0 {
+            break;
+        }
+        if attempt == ONCE_ATTEMPTS {
+            bail!("node patches still failed after {attempt} passes; run the command again");
+        }
+        tokio::time::sleep(task.backoff()).await;
+    }
+    let report = task.report.take().unwrap_or_default();
+    let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Patches complete in any order; the report is by name.
+    report.held.sort();
+    report.released.sort();
+    report.left.sort();
+    Ok(report)
+}

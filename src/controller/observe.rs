@@ -1,0 +1,169 @@
+//! Observation: the nodes in scope move the windows forward, and what they
+//! did is logged and announced (an Event per new node).
+
+use super::*;
+
+impl WindowTask {
+    /// Moves the windows forward with the nodes in scope, and says what they
+    /// did: a log line for each node that opens or extends one, an Event for
+    /// each new node of an open window (once per leader), a line when one
+    /// closes.
+    pub(super) fn observe(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
+        let cfg = &self.config.window.clone();
+        let in_scope: Vec<InScope> = snapshot
+            .iter()
+            .filter(|node| node.in_scope())
+            .map(|node| InScope {
+                node,
+                group: cfg.groups.group_of(&**node),
+            })
+            .collect();
+        let open_before = self.open_groups();
+        let (observed, ended) = self.windows.observe_all(
+            in_scope.iter().map(|n| (n.group, n.node.created())),
+            now,
+            cfg,
+        );
+        for ended in ended {
+            let held = in_scope
+                .iter()
+                .filter(|n| n.group == ended.group && is_marked(n.node))
+                .count();
+            self.pace_release(&ended.group, ended.since, held);
+        }
+        for (node, observed) in in_scope.iter().zip(observed) {
+            self.observed(node, observed, now);
+        }
+        self.log_closed(open_before);
+    }
+
+    /// `--window-follows-work`: keeps each group's window open until its
+    /// held nodes' last work plus the hold, before the windows are ticked
+    /// (so work that came before the deadline counts even when the pass
+    /// runs after it).
+    pub(super) fn follow_work(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
+        let Some(work) = &self.work else {
+            return;
+        };
+        let cfg = &self.config.window;
+        let mut by_group: std::collections::BTreeMap<&str, Vec<Timestamp>> = Default::default();
+        for node in snapshot.iter().filter(|node| node.in_scope()) {
+            // Work "in the future" (clock skew) counts as now.
+            if let Some(at) = work.seen.last_on(node.name()).map(|at| at.min(now)) {
+                by_group
+                    .entry(cfg.groups.group_of(&**node))
+                    .or_default()
+                    .push(at);
+            }
+        }
+        for (group, times) in by_group {
+            if self.windows.follow_work(group, times, cfg) {
+                tracing::info!(
+                    group = self.group_field(group),
+                    deadline = %self.windows.deadline(group).map_or_else(String::new, |d| d.to_string()),
+                    "hold window extended by work on its nodes"
+                );
+            }
+        }
+    }
+
+    /// The groups whose window is open (ended or not).
+    pub(super) fn open_groups(&self) -> Vec<String> {
+        self.windows
+            .iter()
+            .filter(|(_, w)| w.open().is_some())
+            .map(|(group, _)| group.to_string())
+            .collect()
+    }
+
+    /// What one node in scope did to its window: the log line of a node that
+    /// opened or extended it, the Event of a node new in an open window.
+    pub(super) fn observed(&mut self, in_scope: &InScope, observed: Observed, now: Timestamp) {
+        let (node, group) = (in_scope.node, in_scope.group);
+        let cfg = &self.config.window;
+        let until = self.windows.held_until(group, node.created(), now, cfg);
+        if matches!(observed, Observed::Opened | Observed::Extended) {
+            tracing::info!(
+                node = %node.name(),
+                group = self.group_field(group),
+                created = %node.created(),
+                deadline = %until.map_or_else(String::new, |d| d.to_string()),
+                "hold window {}", observed.label()
+            );
+        }
+        let new_in_window = match cfg.mode {
+            Mode::Cluster => self
+                .windows
+                .window(group)
+                .and_then(Window::open)
+                .is_some_and(|open| node.created() >= open.opened_at),
+            Mode::Node => until.is_some(),
+        };
+        if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
+            self.announce(node, observed, until);
+        }
+    }
+
+    /// The log lines of the windows that closed at this pass.
+    pub(super) fn log_closed(&mut self, open_before: Vec<String>) {
+        for group in open_before {
+            let Some(w) = self.windows.window(&group).filter(|w| w.open().is_none()) else {
+                continue;
+            };
+            tracing::info!(
+                group = self.group_field(&group),
+                closed_through = %w.closed_through().map_or_else(String::new, |t| t.to_string()),
+                "hold window closed"
+            );
+        }
+        if self.open_groups().is_empty() {
+            self.announced.clear();
+        }
+    }
+
+    /// A group as a log field: only when windows are grouped.
+    pub(super) fn group_field<'g>(&self, group: &'g str) -> Option<&'g str> {
+        self.config
+            .window
+            .groups
+            .key()
+            .map(|_| groups::display(group))
+    }
+
+    /// A group's window (or the manual hold) that closed by itself lets its
+    /// `held` nodes go at `--release-pace` from `since`, its end, when a pace
+    /// is set (`cluster` scope only).
+    pub(super) fn pace_release(&mut self, group: &str, since: Timestamp, held: usize) {
+        let cfg = &self.config.window;
+        let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
+            return;
+        };
+        if held == 0 {
+            return;
+        }
+        tracing::info!(group = self.group_field(group), %since, nodes = held, pace = %pace, "paced release starts");
+        self.windows.start_pacing(
+            group,
+            Pacing {
+                since,
+                of: u64::try_from(held).unwrap_or(u64::MAX),
+            },
+        );
+    }
+
+    /// The Event that says why a new node is held, once per node and leader.
+    pub(super) fn announce(
+        &mut self,
+        node: &NodeMeta,
+        observed: Observed,
+        until: Option<Timestamp>,
+    ) {
+        let key = node.uid().unwrap_or(node.name());
+        if self.announced.insert(key.to_string()) {
+            if self.config.pools.is_none() {
+                self.metrics.new_node(is_marked(node));
+            }
+            self.events.send(HoldEvent::counted(node, observed, until));
+        }
+    }
+}

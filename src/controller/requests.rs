@@ -1,0 +1,115 @@
+//! Release and manual hold requests, as the record carries them: which are
+//! new, which are done, and what they do to the windows.
+
+use super::*;
+
+impl WindowTask {
+    /// Whether the record, as changed, carries a release or manual hold
+    /// request this leader has not taken yet; takes them.
+    pub(super) fn requested(&mut self, meta: &ObjectMeta) -> bool {
+        let release = self.release_requested(meta);
+        self.hold_requested(meta) || release
+    }
+
+    /// Whether the record, as changed, carries a manual hold request this
+    /// leader has not taken yet; takes it.
+    pub(super) fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
+        let Some(hold) = record::pending_hold(meta) else {
+            return false;
+        };
+        let taken = self.hold_unconfirmed == Some(hold.requested_at)
+            || self.hold_request.as_ref() == Some(&hold);
+        if taken {
+            return false;
+        }
+        tracing::info!(requested_at = %hold.requested_at, until = %hold.until, by = %hold.by, "manual hold requested");
+        self.hold_unconfirmed = Some(hold.requested_at);
+        self.hold_request = Some(hold);
+        true
+    }
+
+    /// Applies the requests taken since the last pass to the window, in the
+    /// order they were made: a release after a manual hold ends it, a hold
+    /// after a release starts after it.
+    pub(super) fn apply_requests(&mut self, now: Timestamp) {
+        let release = self.release_request.take();
+        let hold = self.hold_request.take();
+        let release_first = match (&release, &hold) {
+            (Some(release), Some(hold)) => release.at < hold.requested_at,
+            _ => true,
+        };
+        if release_first {
+            self.apply_release(release, now);
+            self.apply_hold(hold, now);
+        } else {
+            self.apply_hold(hold, now);
+            self.apply_release(release, now);
+        }
+    }
+
+    pub(super) fn apply_release(&mut self, requested: Option<ReleaseRequest>, now: Timestamp) {
+        if let Some(ReleaseRequest { at, group }) = requested {
+            let was_open = self.windows.release_now(at.min(now), group.as_deref());
+            tracing::info!(requested_at = %at, group, was_open, "hold window released on request");
+        }
+    }
+
+    /// Puts a manual hold in the window; the log line and the Event on the
+    /// record say who asked, why and until when.
+    pub(super) fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
+        let Some(hold) = hold else { return };
+        if self
+            .windows
+            .manual()
+            .is_some_and(|m| m.requested_at == hold.requested_at)
+        {
+            // A request an earlier leader put in the window but did not
+            // record as done: only the nodes and the record remain to do.
+            return;
+        }
+        let outcome = self.windows.hold_manually(hold.clone(), now);
+        tracing::info!(
+            requested_at = %hold.requested_at,
+            until = %hold.until,
+            by = %hold.by,
+            reason = %hold.reason,
+            outcome = ?outcome,
+            "manual hold"
+        );
+        let current = self.windows.manual().cloned();
+        self.events.send(HoldEvent::manual(
+            &self.config.namespace,
+            &hold,
+            outcome,
+            current.as_ref(),
+        ));
+    }
+
+    /// Whether the record, as changed, carries a release request this leader
+    /// has not taken yet; takes it.
+    pub(super) fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
+        let Some(request) = record::release_request(meta) else {
+            return false;
+        };
+        let new = self.is_new_release(&request, record::release_done_at(meta))
+            && self.release_request.as_ref() != Some(&request);
+        if new {
+            tracing::info!(requested_at = %request.at, group = request.group, "release requested");
+            self.release_unconfirmed = Some(request.at);
+            self.release_request = Some(request);
+        }
+        new
+    }
+
+    /// Whether a release request is still to be handled: not recorded as
+    /// done, and made after what its window last consumed.
+    pub(super) fn is_new_release(&self, request: &ReleaseRequest, done: Option<Timestamp>) -> bool {
+        let group = request.group.as_deref().unwrap_or(UNLABELLED);
+        let consumed = self
+            .windows
+            .window(group)
+            .and_then(Window::closed_through)
+            .is_some_and(|through| through >= request.at);
+        !consumed && done.is_none_or(|done| done < request.at)
+    }
+}
