@@ -287,6 +287,22 @@ async fn the_entry_ends_by_itself_after_its_deadline_and_is_renewed_when_the_hol
     };
     assert!((2..=4).contains(&minutes(&first)), "{first}");
 
+    // Beside it, the pool says until when: the entry's end, at most its
+    // duration after now.
+    let marker = || async {
+        let pool = pools.get("general").await.unwrap();
+        let annotations = pool.metadata.annotations.unwrap_or_default();
+        annotations
+            .get("node-holder.dev/budget-until")
+            .map(|t| t.parse::<jiff::Timestamp>().unwrap())
+    };
+    let until = marker().await.expect("the marker beside the entry");
+    let span = jiff::SignedDuration::from_mins(minutes(&first) as i64);
+    assert!(
+        until > jiff::Timestamp::now() && until <= jiff::Timestamp::now() + span,
+        "{until}"
+    );
+
     succeeded(&operator(&c.cp, &["hold", "--for=30m", "--reason=test"]));
     eventually_logging(
         "the entry renewed",
@@ -295,6 +311,9 @@ async fn the_entry_ends_by_itself_after_its_deadline_and_is_renewed_when_the_hol
         || async { ours().await.is_some_and(|entry| minutes(&entry) >= 31) },
     )
     .await;
+    let renewed = marker().await.expect("the marker beside the renewed entry");
+    let later = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(29);
+    assert!(renewed >= later, "{renewed}");
     succeeded(&operator(&c.cp, &["release"]));
     eventually_logging(
         "the entry off",
@@ -303,4 +322,5 @@ async fn the_entry_ends_by_itself_after_its_deadline_and_is_renewed_when_the_hol
         || async { budgets(&pools, "general").await == owners },
     )
     .await;
+    assert_eq!(marker().await, None, "the marker goes with the entry");
 }

@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use super::record::FIELD_MANAGER;
 use crate::core::budget::{
-    NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, remove, renew, self_ending_entry,
-    set_budgets,
+    NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, marker_ops, remove, renew,
+    self_ending_entry, set_budgets,
 };
 use crate::core::groups::UNLABELLED;
 use crate::core::node::labels;
@@ -99,18 +99,27 @@ impl Pools {
         self.scope.matches(labels(&pool.metadata))
     }
 
-    /// Sets the pool's budgets to `budgets`, if nobody wrote it since it was
-    /// read.
-    pub async fn write(&self, pool: &DynamicObject, budgets: Vec<Value>) -> Result<Written> {
+    /// Sets the pool's budgets to `budgets`, and its budget marker
+    /// ([`crate::core::budget::BUDGET_MARKER`]) to
+    /// `until` (removed with `None`), if nobody wrote it since it was read.
+    pub async fn write(
+        &self,
+        pool: &DynamicObject,
+        budgets: Vec<Value>,
+        until: Option<Timestamp>,
+    ) -> Result<Written> {
         let name = pool.metadata.name.as_deref().unwrap_or_default();
         let version = pool
             .metadata
             .resource_version
             .as_deref()
             .unwrap_or_default();
+        let mut ops = set_budgets(&pool.data, version, budgets);
+        if let Value::Array(ops) = &mut ops {
+            ops.extend(marker_ops(pool.metadata.annotations.as_ref(), until));
+        }
         let patch: json_patch::Patch =
-            serde_json::from_value(set_budgets(&pool.data, version, budgets))
-                .context("building the budgets patch")?;
+            serde_json::from_value(ops).context("building the budgets patch")?;
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PatchParams::default()
@@ -267,7 +276,8 @@ impl super::WindowTask {
             if held {
                 self.save_record().await?;
             }
-            match pools.write(&pool, budgets).await? {
+            let until = self.added.get(&name).and_then(|a| a.ends).filter(|_| held);
+            match pools.write(&pool, budgets, until).await? {
                 Written::Done => return Ok(self.pool_written(&name, held)),
                 Written::Changed => match pools.get(&name).await? {
                     Some(fresh) => pool = fresh,

@@ -193,6 +193,34 @@ pub fn renew(
     Some(add(&without, (entry, ends)))
 }
 
+/// Annotation on a NodePool while it carries node-holder's entry: when the
+/// entry ends (RFC 3339), so that the pool itself says who holds it and
+/// until when.
+pub const BUDGET_MARKER: &str = "node-holder.dev/budget-until";
+
+/// JSON Patch operations that set the pool's [`BUDGET_MARKER`] to `until`,
+/// or remove it (`None`) if the pool has it; `annotations` are the pool's.
+pub fn marker_ops(
+    annotations: Option<&BTreeMap<String, String>>,
+    until: Option<Timestamp>,
+) -> Vec<Value> {
+    let path = "/metadata/annotations/node-holder.dev~1budget-until";
+    match (annotations, until) {
+        (Some(_), Some(until)) => {
+            vec![json!({"op": "add", "path": path, "value": until.to_string()})]
+        }
+        (None, Some(until)) => vec![json!({
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {BUDGET_MARKER: until.to_string()},
+        })],
+        (Some(annotations), None) if annotations.contains_key(BUDGET_MARKER) => {
+            vec![json!({"op": "remove", "path": path})]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// A NodePool's budgets as the object has them (`spec.disruption.budgets`);
 /// none is an empty list.
 pub fn budgets_of(pool: &Value) -> Vec<Value> {
@@ -343,6 +371,36 @@ mod tests {
         let (with, added) = add(&owner(), ours());
         let taken_out: Vec<Value> = with.into_iter().filter(|b| *b != ours().0).collect();
         assert_eq!(remove(&taken_out, &added), None);
+    }
+
+    #[test]
+    fn the_marker_says_until_when_and_goes_with_the_entry() {
+        let until = at("2026-11-22T12:21:00Z");
+        let none: Option<&BTreeMap<String, String>> = None;
+        assert_eq!(
+            marker_ops(none, Some(until)),
+            [json!({"op": "add", "path": "/metadata/annotations",
+                    "value": {"node-holder.dev/budget-until": "2026-11-22T12:21:00Z"}})]
+        );
+        let mut theirs = BTreeMap::from([("team".to_string(), "a".to_string())]);
+        assert_eq!(
+            marker_ops(Some(&theirs), Some(until)),
+            [
+                json!({"op": "add", "path": "/metadata/annotations/node-holder.dev~1budget-until",
+                    "value": "2026-11-22T12:21:00Z"})
+            ]
+        );
+        assert!(
+            marker_ops(Some(&theirs), None).is_empty(),
+            "nothing to remove"
+        );
+        theirs.insert(BUDGET_MARKER.into(), until.to_string());
+        assert_eq!(
+            marker_ops(Some(&theirs), None),
+            [
+                json!({"op": "remove", "path": "/metadata/annotations/node-holder.dev~1budget-until"})
+            ]
+        );
     }
 
     #[test]
