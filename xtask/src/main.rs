@@ -22,6 +22,13 @@ enum Task {
     Test,
     /// The local demo: a real control plane, node-holder, nodes held and released.
     Demo(demo::DemoArgs),
+    /// Build node-holder static and write its runtime image as an OCI image
+    /// layout (no container engine, no base image).
+    Image {
+        /// Where to write the layout.
+        #[arg(long, default_value = "target/image")]
+        out: std::path::PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -29,6 +36,7 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Test => test(),
         Task::Demo(args) => demo::run(args).await,
+        Task::Image { out } => image(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -37,6 +45,46 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask image`: the static build, then the layout.
+fn image(out: &std::path::Path) -> Result<()> {
+    let target = "x86_64-unknown-linux-gnu";
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--locked", "--bin", "node-holder"])
+        .args(["--target", target, "--target-dir", "target/static"])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("the static build failed");
+    }
+    let binary = format!("target/static/{target}/release/node-holder");
+    let version = package_version()?;
+    let version = version.as_str();
+    let layout = xtask::image::write_layout(std::path::Path::new(&binary), out, version)?;
+    println!(
+        "wrote {} (node-holder {version}, manifest {})",
+        layout.dir.display(),
+        layout.manifest_digest
+    );
+    Ok(())
+}
+
+/// node-holder's version, from the root manifest's `[package]`.
+fn package_version() -> Result<String> {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    let text = std::fs::read_to_string(manifest).context("reading Cargo.toml")?;
+    let package = text
+        .split("[package]")
+        .nth(1)
+        .context("no [package] in Cargo.toml")?;
+    package
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .map(str::to_string)
+        .context("no version in Cargo.toml's [package]")
 }
 
 fn test() -> Result<()> {
