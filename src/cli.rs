@@ -738,3 +738,93 @@ impl WindowArgs {
         }
     }
 }
+
+// The core's enums as flag values: their words and help live here, so that
+// the pure core does not depend on clap.
+
+impl ValueEnum for Mode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Mode::Cluster, Mode::Node]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            Mode::Cluster => PossibleValue::new("cluster")
+                .help("Every node in scope carries the hold while the window is open"),
+            Mode::Node => PossibleValue::new("node")
+                .help("Only new nodes are held, each until its own creation + hold"),
+        })
+    }
+}
+
+impl ValueEnum for Mechanism {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Mechanism::Annotation, Mechanism::Budget]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            Mechanism::Annotation => PossibleValue::new("annotation")
+                .help("The hold annotation on every node in scope (one PATCH a node)"),
+            Mechanism::Budget => PossibleValue::new("budget").help(
+                "A budget on every NodePool in scope that stops its consolidation (one PATCH a pool); drift goes on. The webhook still holds each new node until its pool carries the budget",
+            ),
+        })
+    }
+}
+
+impl ValueEnum for Preset {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Preset::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            Preset::KarpenterV1 => PossibleValue::new("karpenter-v1")
+                .help("Karpenter v1 and later: `karpenter.sh/do-not-disrupt: \"true\"`"),
+            Preset::KarpenterV0 => PossibleValue::new("karpenter-v0")
+                .help("Karpenter before v1.0: `karpenter.sh/do-not-consolidate: \"true\"`"),
+            Preset::ClusterAutoscaler => PossibleValue::new("cluster-autoscaler").help(
+                "Cluster Autoscaler: `cluster-autoscaler.kubernetes.io/scale-down-disabled: \"true\"`",
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::*;
+
+    /// Each core enum's flag word parses back to it and is the word its
+    /// `Display` and the record (serde) use.
+    #[test]
+    fn the_core_enums_flag_words_round_trip() {
+        assert_eq!(Mode::from_str("node", false), Ok(Mode::Node));
+        assert_eq!(Mode::from_str("cluster", false), Ok(Mode::Cluster));
+        for mode in Mode::value_variants() {
+            let word = mode.to_possible_value().unwrap().get_name().to_string();
+            assert_eq!(word, mode.to_string());
+            assert_eq!(serde_json::to_value(mode).unwrap(), word.as_str());
+        }
+        for mechanism in Mechanism::value_variants() {
+            let word = mechanism
+                .to_possible_value()
+                .unwrap()
+                .get_name()
+                .to_string();
+            assert_eq!(word, mechanism.to_string());
+            assert_eq!(Mechanism::from_str(&word, false), Ok(*mechanism));
+        }
+        for preset in Preset::value_variants() {
+            let word = preset.to_possible_value().unwrap().get_name().to_string();
+            assert_eq!(Preset::from_str(&word, false), Ok(*preset));
+        }
+        assert_eq!(
+            Preset::from_str("cluster-autoscaler", false).map(|p| p.hold().key),
+            Ok("cluster-autoscaler.kubernetes.io/scale-down-disabled".to_string())
+        );
+    }
+}

@@ -30,7 +30,7 @@ use super::selector::NodeScope;
 pub const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 
 /// How node-holder holds nodes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mechanism {
     /// The hold annotation on every node in scope (one PATCH a node).

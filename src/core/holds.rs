@@ -9,8 +9,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use clap::ValueEnum;
-
 use super::node::NodeFields;
 use super::selector::NodeScope;
 
@@ -103,7 +101,7 @@ impl FromStr for Hold {
 }
 
 /// Well-known holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     /// Karpenter v1 and later: `karpenter.sh/do-not-disrupt: "true"`.
     KarpenterV1,
@@ -114,6 +112,13 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// Every preset.
+    pub const ALL: [Preset; 3] = [
+        Preset::KarpenterV1,
+        Preset::KarpenterV0,
+        Preset::ClusterAutoscaler,
+    ];
+
     pub fn hold(self) -> Hold {
         let key = match self {
             Preset::KarpenterV1 => "karpenter.sh/do-not-disrupt",

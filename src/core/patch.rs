@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 
-use clap::ValueEnum;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -165,12 +164,7 @@ pub fn keep_what_patches_read(
 fn value_set_by_node_holder(key: &str, holds: &Holds) -> Option<String> {
     let configured = holds.iter().find(|h| h.key == key).cloned();
     configured
-        .or_else(|| {
-            Preset::value_variants()
-                .iter()
-                .map(|p| p.hold())
-                .find(|h| h.key == key)
-        })
+        .or_else(|| Preset::ALL.iter().map(|p| p.hold()).find(|h| h.key == key))
         .map(|h| h.value)
 }
 

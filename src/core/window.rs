@@ -18,7 +18,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::ValueEnum;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +26,7 @@ use super::learned::{History, LearnedHold};
 use super::pace::{Pace, Pacing};
 
 /// What an open window holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Every node in scope carries the hold while the window is open.
@@ -993,11 +992,5 @@ mod tests {
         assert_eq!(held.pacing(), None, "a manual hold holds everything again");
         w.observe(t(12), t(12), &cfg);
         assert_eq!(w.pacing(), None, "a new window holds everything again");
-    }
-
-    #[test]
-    fn mode_parses_from_the_command_line() {
-        assert_eq!(Mode::from_str("node", false), Ok(Mode::Node));
-        assert_eq!(Mode::from_str("cluster", false), Ok(Mode::Cluster));
     }
 }
