@@ -16,7 +16,7 @@ use rcgen::{
 use time::OffsetDateTime;
 
 use crate::cli::CertsArgs;
-use crate::core::holds::is_dns_subdomain;
+use crate::core::names::is_dns_subdomain;
 
 /// PEM texts of a development CA, its key, and a serving certificate it
 /// signed.
@@ -231,7 +231,7 @@ fn refuse_to_replace(dir: &Path, force: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use crate::core::holds::is_dns_subdomain;
+    use crate::core::names::is_dns_subdomain;
 
     #[test]
     fn service_dns_names_are_valid_and_odd_ones_are_not() {

@@ -7,6 +7,7 @@ pub mod budget;
 pub mod groups;
 pub mod holds;
 pub mod learned;
+pub mod names;
 pub mod node;
 pub mod pace;
 pub mod patch;

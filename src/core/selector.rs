@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::core::{Expression, Selector, SelectorExt};
 
-use super::holds::{is_label_value, is_qualified_name};
+use super::names::{is_label_value, is_qualified_name};
 
 /// The nodes node-holder acts on. The empty selector selects every node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
