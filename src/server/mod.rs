@@ -1,6 +1,8 @@
 //! HTTP layers: the HTTPS admission webhook and the plain-HTTP admin port.
 
 mod connection;
+#[cfg(test)]
+mod tests;
 pub mod tls;
 
 pub use connection::{HandshakeFailure, TlsServing, serve_tls};
