@@ -19,6 +19,7 @@ pub mod hold;
 pub mod metrics;
 pub mod release;
 pub mod request;
+pub mod retry;
 pub mod serve;
 pub mod server;
 pub mod status;

@@ -54,6 +54,12 @@ struct AtCreateLabel {
     at_create: &'static str,
 }
 
+/// A failed pass's kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct GroupLabel {
     group: String,
@@ -150,6 +156,8 @@ pub struct WindowMetrics {
     pub holds_released: Counter,
     /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
+    /// Failed passes by kind (`crate::retry::failure_kind`).
+    pass_failures: Family<KindLabel, Counter>,
     patch_errors: Family<CodeLabel, Counter>,
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
@@ -174,6 +182,7 @@ impl WindowMetrics {
             holds_applied: Counter::default(),
             holds_released: Counter::default(),
             new_nodes: Family::default(),
+            pass_failures: Family::default(),
             patch_errors: Family::default(),
             leader: Gauge::default(),
             // 1 ms .. ~65 s
@@ -234,6 +243,14 @@ impl WindowMetrics {
         for at_create in ["held", "unheld"] {
             show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
         }
+        for kind in crate::retry::FAILURE_KINDS {
+            show_at_zero(&self.pass_failures, KindLabel { kind });
+        }
+        registry.register(
+            "pass_failures",
+            "Failed passes of the window task, by kind: conflict, throttled, forbidden, refused, server (the API's answer), connection, other",
+            self.pass_failures.clone(),
+        );
         registry.register(
             "new_nodes",
             "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
@@ -309,6 +326,11 @@ impl WindowMetrics {
         self.new_nodes
             .get_or_create(&AtCreateLabel { at_create })
             .inc();
+    }
+
+    /// Counts a failed pass of `kind`.
+    pub fn pass_failed(&self, kind: &'static str) {
+        self.pass_failures.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).

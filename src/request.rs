@@ -36,7 +36,7 @@ pub async fn handle(
 ) -> Result<Handled> {
     // The leader may die while we wait, or one may start while we take over:
     // each hands the job to the other, a few times at most.
-    for _ in 0..3 {
+    for _ in 0..crate::retry::REQUEST_HANDOFFS {
         let handled = if leader_alive {
             let namespace = &args.record.namespace;
             wait_for_leader(client, namespace, &request, done.clone(), timeout).await?
@@ -102,7 +102,7 @@ pub async fn no_live_leader(client: &kube::Client, namespace: &str, to: &str) ->
             }
             _ => return Ok(()),
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(crate::retry::LEADER_POLL).await;
     }
 }
 
@@ -121,7 +121,7 @@ async fn handle_here(
         COMMAND_LEASE.as_secs(),
     )
     .await?;
-    match tokio::time::timeout(Duration::from_secs(20), manager.changed()).await {
+    match tokio::time::timeout(crate::retry::LEASE_TAKE, manager.changed()).await {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => {
             // Someone else took the lease meanwhile: it handles the request.

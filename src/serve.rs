@@ -355,7 +355,7 @@ fn spawn_api_probe(client: kube::Client, readiness: Arc<Readiness>) {
             if readiness.api_reachable.swap(reachable, Ordering::Relaxed) != reachable {
                 tracing::info!(reachable, "Kubernetes API reachability changed");
             }
-            tokio::time::sleep(Duration::from_secs(if reachable { 10 } else { 1 })).await;
+            tokio::time::sleep(crate::retry::api_probe_interval(reachable)).await;
         }
     });
 }

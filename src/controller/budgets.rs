@@ -67,7 +67,7 @@ impl Pools {
         &self,
     ) -> impl Stream<Item = Result<PartialObjectMeta<DynamicObject>, watcher::Error>> + use<> {
         watcher::watcher(self.meta.clone(), watcher::Config::default())
-            .backoff(super::watch_backoff())
+            .backoff(crate::retry::watch_backoff())
             .applied_objects()
             .predicate_filter(
                 predicates::generation.combine(predicates::labels),
@@ -170,8 +170,7 @@ fn is_failed_test(status: &kube::core::Status) -> bool {
     status.code == 422 && status.message.contains("test failed")
 }
 
-/// Attempts at one NodePool write while others keep writing the pool.
-const WRITE_ATTEMPTS: u32 = 5;
+use crate::retry::POOL_WRITE_ATTEMPTS as WRITE_ATTEMPTS;
 
 impl super::WindowTask {
     /// Brings every NodePool to the plan: node-holder's budget on the pools

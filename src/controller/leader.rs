@@ -48,7 +48,7 @@ pub async fn run(
             );
             tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = tokio::time::sleep(retry::TASK_RESTART) => {}
             }
         }
     }
@@ -98,7 +98,7 @@ async fn hand_over(
     lease_task: tokio::task::JoinHandle<kube_lease_manager::Result<LeaseManager>>,
 ) {
     drop(is_leader);
-    match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+    match tokio::time::timeout(retry::LEASE_HANDOVER, lease_task).await {
         Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
         Ok(Ok(Err(err))) => tracing::warn!(error = %err, "releasing the lease failed"),
         Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
@@ -106,8 +106,7 @@ async fn hand_over(
     }
 }
 
-/// How many passes [`handle_once`] runs at most while node patches fail.
-const ONCE_ATTEMPTS: u32 = 5;
+use crate::retry::ONCE_ATTEMPTS;
 
 /// Handles `request` with the leader's own pass, once, as
 /// `config.identity`, which must hold the Lease: what `release` and `hold`

@@ -18,11 +18,10 @@ mod requests;
 mod watches;
 mod work;
 
+use crate::retry::{self, watch_backoff};
 use converge::seconds;
 pub use leader::{default_identity, handle_once, run};
-use watches::{
-    nodes_seen, pool_changed, sleep_until, watch_backoff, watch_pools, watch_record, work_changed,
-};
+use watches::{nodes_seen, pool_changed, sleep_until, watch_pools, watch_record, work_changed};
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -315,14 +314,16 @@ impl WindowTask {
             Ok(outcome) => outcome.wake,
             Err(err) => {
                 self.failures += 1;
-                tracing::warn!(error = format!("{err:#}"), "hold window pass failed");
+                let kind = retry::failure_kind(&err);
+                self.metrics.pass_failed(kind);
+                tracing::warn!(error = format!("{err:#}"), kind, "hold window pass failed");
                 Some(Instant::now() + self.backoff())
             }
         }
     }
 
     fn backoff(&self) -> Duration {
-        Duration::from_millis(500 * 2u64.pow(self.failures.min(6))).min(Duration::from_secs(30))
+        retry::pass_backoff(self.failures)
     }
 
     /// One pass: the window forward, the record saved, the nodes converged.

@@ -3,19 +3,6 @@
 
 use super::*;
 
-/// Retry delays of node-holder's watches: from half a second, doubling, to
-/// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
-/// would leave the window task blind for up to 30 s after an API server
-/// restart; the window waits for the watch, so the reconnect must be quick.
-pub(super) fn watch_backoff() -> watcher::ExponentialBackoff {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(5))
-        .with_factor(2.0)
-        .without_max_times()
-        .into()
-}
-
 /// The record's metadata as it changes (release requests arrive this way).
 pub(super) fn watch_record(
     client: kube::Client,

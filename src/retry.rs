@@ -1,0 +1,131 @@
+//! node-holder's retry policy, in one place: how long each loop waits before
+//! it tries again, how many times it tries, and what kind of failure a
+//! failed pass was (for its metric).
+
+use std::time::Duration;
+
+use kube::runtime::watcher;
+
+/// Retry delays of node-holder's watches: from half a second, doubling, to
+/// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
+/// would leave the window task blind for up to 30 s after an API server
+/// restart; the window waits for the watch, so the reconnect must be quick.
+pub fn watch_backoff() -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .without_max_times()
+        .into()
+}
+
+/// The wait before the next pass after `failures` failed passes in a row:
+/// half a second, doubling, at most 30 s.
+pub fn pass_backoff(failures: u32) -> Duration {
+    Duration::from_millis(500 * 2u64.pow(failures.min(6))).min(Duration::from_secs(30))
+}
+
+/// The wait before the window task starts again after it failed as a whole
+/// (its leadership kept).
+pub const TASK_RESTART: Duration = Duration::from_secs(2);
+
+/// How long a replica that stops waits for its Lease to be given back.
+pub const LEASE_HANDOVER: Duration = Duration::from_secs(5);
+
+/// Passes `release` and `hold` run at most, with no leader, while node
+/// patches fail (each after [`pass_backoff`]).
+pub const ONCE_ATTEMPTS: u32 = 5;
+
+/// Attempts at one NodePool write while others keep writing the pool (each
+/// reads it again at once).
+pub const POOL_WRITE_ATTEMPTS: u32 = 5;
+
+/// How often a command's request passes between a leader and the command
+/// itself (a leader dies, or one starts while the command takes over)
+/// before it gives up.
+pub const REQUEST_HANDOFFS: u32 = 3;
+
+/// How often a command waiting for the leader checks the Lease is still
+/// held.
+pub const LEADER_POLL: Duration = Duration::from_secs(1);
+
+/// How long a command waits to take a free Lease.
+pub const LEASE_TAKE: Duration = Duration::from_secs(20);
+
+/// How often `serve` checks the API server for its readiness: often while it
+/// is unreachable, seldom while it answers.
+pub fn api_probe_interval(reachable: bool) -> Duration {
+    Duration::from_secs(if reachable { 10 } else { 1 })
+}
+
+/// What kind of failure ended a pass, for `node_holder_pass_failures_total`:
+/// the first Kubernetes API error in its chain, by status, else the
+/// connection, else `other` (the Lease held by another replica, say).
+pub fn failure_kind(err: &anyhow::Error) -> &'static str {
+    let Some(kube_error) = err.chain().find_map(|e| e.downcast_ref::<kube::Error>()) else {
+        return "other";
+    };
+    match kube_error {
+        kube::Error::Api(status) => match status.code {
+            409 | 422 => "conflict",
+            429 => "throttled",
+            401 | 403 => "forbidden",
+            400..=499 => "refused",
+            500..=599 => "server",
+            _ => "other",
+        },
+        _ => "connection",
+    }
+}
+
+/// Every kind [`failure_kind`] says, for the metric's series at zero.
+pub const FAILURE_KINDS: [&str; 7] = [
+    "conflict",
+    "throttled",
+    "forbidden",
+    "refused",
+    "server",
+    "connection",
+    "other",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> anyhow::Error {
+        let status = kube::core::Status::failure("injected", "Injected").with_code(code);
+        anyhow::Error::new(kube::Error::Api(Box::new(status))).context("writing something")
+    }
+
+    #[test]
+    fn a_failed_pass_is_told_by_its_api_status() {
+        assert_eq!(failure_kind(&api(409)), "conflict");
+        assert_eq!(failure_kind(&api(429)), "throttled");
+        assert_eq!(failure_kind(&api(403)), "forbidden");
+        assert_eq!(failure_kind(&api(404)), "refused");
+        assert_eq!(failure_kind(&api(503)), "server");
+        assert_eq!(
+            failure_kind(&anyhow::anyhow!("not acting: the Lease is held by b")),
+            "other"
+        );
+        for kind in [
+            "conflict",
+            "throttled",
+            "forbidden",
+            "refused",
+            "server",
+            "other",
+        ] {
+            assert!(FAILURE_KINDS.contains(&kind));
+        }
+    }
+
+    #[test]
+    fn the_pass_backoff_doubles_to_thirty_seconds() {
+        assert_eq!(pass_backoff(0), Duration::from_millis(500));
+        assert_eq!(pass_backoff(1), Duration::from_secs(1));
+        assert_eq!(pass_backoff(6), Duration::from_secs(30));
+        assert_eq!(pass_backoff(u32::MAX), Duration::from_secs(30));
+    }
+}
