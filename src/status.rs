@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
-use crate::controller::record::{RecordStore, Settings};
+use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::budget::Mechanism;
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::{MARKED, held_keys};
@@ -317,7 +317,6 @@ fn release(status: &Status) -> Option<Release> {
         return Some(Release::Releasing { left, of });
     }
     let requested_at = status.release_requested_at?;
-    let done = status.release_done_at.is_some_and(|d| d >= requested_at);
     let (closed_through, opened_at) = match &status.release_group {
         Some(group) => status
             .groups
@@ -326,9 +325,10 @@ fn release(status: &Status) -> Option<Release> {
             .map_or((None, None), |g| (g.closed_through, g.opened_at)),
         None => (status.closed_through, status.opened_at),
     };
-    let handled = closed_through.is_some_and(|t| t >= requested_at);
+    let pending = record::release_pending(requested_at, status.release_done_at, closed_through);
+    // A window opened since supersedes it: its nodes are held anew.
     let superseded = opened_at.is_some_and(|o| o > requested_at);
-    (!done && !handled && !superseded).then_some(Release::Requested { requested_at })
+    (pending && !superseded).then_some(Release::Requested { requested_at })
 }
 
 /// `3,001` for 3001.

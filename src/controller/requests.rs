@@ -105,11 +105,7 @@ impl WindowTask {
     /// done, and made after what its window last consumed.
     pub(super) fn is_new_release(&self, request: &ReleaseRequest, done: Option<Timestamp>) -> bool {
         let group = request.group.as_deref().unwrap_or(UNLABELLED);
-        let consumed = self
-            .windows
-            .window(group)
-            .and_then(Window::closed_through)
-            .is_some_and(|through| through >= request.at);
-        !consumed && done.is_none_or(|done| done < request.at)
+        let closed_through = self.windows.window(group).and_then(Window::closed_through);
+        record::release_pending(request.at, done, closed_through)
     }
 }
