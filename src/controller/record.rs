@@ -405,18 +405,7 @@ impl Record {
     }
 }
 
-/// Whether a release request made at `at` is still to be handled: not
-/// recorded as done (`done` at or after it), and not consumed by its window
-/// (`closed_through`, what the window last consumed, at or after it). The
-/// leader and `status` both decide it here.
-pub fn release_pending(
-    at: Timestamp,
-    done: Option<Timestamp>,
-    closed_through: Option<Timestamp>,
-) -> bool {
-    let consumed = closed_through.is_some_and(|through| through >= at);
-    !consumed && done.is_none_or(|done| done < at)
-}
+pub use crate::core::requests::release_pending;
 
 /// The release request in `meta`'s annotations, if any and well-formed.
 pub fn release_request(meta: &ObjectMeta) -> Option<ReleaseRequest> {

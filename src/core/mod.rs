@@ -12,5 +12,6 @@ pub mod node;
 pub mod pace;
 pub mod patch;
 pub mod plan;
+pub mod requests;
 pub mod selector;
 pub mod window;
