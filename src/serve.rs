@@ -234,7 +234,10 @@ fn log_start(
         _ => "off",
     };
     tracing::info!(
-        admission = ?args.admission,
+        admission = match args.admission {
+            Admission::Webhook => "webhook",
+            Admission::Policy => "policy",
+        },
         webhook = %webhook_addr,
         admin = %admin.local_addr()?,
         holds = %holds.join(","),
