@@ -441,3 +441,42 @@ async fn switching_modes_with_helm_leaves_no_node_unheld() {
     )
     .await;
 }
+
+/// The chart as a release ships it: `helm package` makes the `.tgz`, and
+/// `helm install` from that file (not the directory) puts the release in
+/// the cluster, in policy mode here. (Installing from an OCI registry is not
+/// tested: no registry runs on this machine.)
+#[tokio::test]
+async fn the_packaged_chart_installs_from_its_tgz() {
+    let cp = ControlPlane::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let chart = install::chart();
+    let packaged = helm_on(
+        &cp,
+        &[
+            "package",
+            chart.to_str().unwrap(),
+            "--destination",
+            dir.path().to_str().unwrap(),
+        ],
+    );
+    let tgz = dir.path().join("node-holder-0.1.0.tgz");
+    assert!(tgz.exists(), "{packaged}");
+    helm_on(
+        &cp,
+        &[
+            "install",
+            RELEASE,
+            tgz.to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "admission.mode=policy",
+        ],
+    );
+    let admin = cp.admin_client().await.unwrap();
+    assert_eq!(registered(&admin).await, (true, true, false));
+    let status = helm_on(&cp, &["status", RELEASE, "--namespace", NAMESPACE]);
+    assert!(status.contains("STATUS: deployed"), "{status}");
+}
