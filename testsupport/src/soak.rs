@@ -2,9 +2,10 @@
 //! Karpenter, Jobs that make Karpenter launch nodes, and faults at random
 //! moments (a seeded order, so a run can be repeated): the leader or a
 //! follower SIGKILLed and a new replica started, the leader SIGSTOPped past
-//! its Lease and let go on, the API server killed and restarted, a person's
-//! hold put on a node and taken off, the NodePool's owner rewriting its
-//! budgets. A checker reads the cluster every second and counts every
+//! its Lease and let go on, the API server killed and restarted,
+//! node-holder's node writes answered 500 (a failing webhook) or 429 (a
+//! one-seat priority level) for 15 s, a person's hold put on a node and
+//! taken off, the NodePool's owner rewriting its budgets. A checker reads the cluster every second and counts every
 //! broken promise:
 //! - a node is held from at most [`UNHELD_BOUND`] after its creation until
 //!   its window's deadline (its creation plus the hold; every node extends
@@ -124,7 +125,7 @@ pub async fn run(soak: &Soak) -> Report {
     ));
 
     let mut rng = fastrand::Rng::with_seed(soak.seed);
-    // Every kind once in each seven rounds, in a seeded order.
+    // Every kind once in each round of the faults, in a seeded order.
     let mut order = FAULTS;
     rng.shuffle(&mut order);
     let started = Instant::now();
@@ -155,7 +156,7 @@ pub async fn run(soak: &Soak) -> Report {
     report
 }
 
-pub const FAULTS: [&str; 7] = [
+pub const FAULTS: [&str; 9] = [
     "kill-leader",
     "kill-follower",
     "stop-leader",
@@ -163,7 +164,12 @@ pub const FAULTS: [&str; 7] = [
     "person-hold-on",
     "person-hold-off",
     "owner-edits-budgets",
+    "api-500",
+    "api-429",
 ];
+
+/// How long an injected API error lasts.
+const API_ERRORS_FOR: Duration = Duration::from_secs(15);
 
 async fn start_replica(a: &Autoscaled) -> Served {
     let hold = format!("--hold-duration={}s", HOLD_FOR.as_secs());
@@ -233,10 +239,117 @@ async fn inject(
         "person-hold-on" | "person-hold-off" => {
             person_hold(a, state, fault == "person-hold-on").await
         }
+        "api-500" | "api-429" => {
+            let objects = if fault == "api-500" {
+                failing_webhook()
+            } else {
+                throttling_flow_schema()
+            };
+            for_a_while(a, &objects).await;
+            true
+        }
         _ => {
             owner_edits(a, state, rng).await;
             true
         }
+    }
+}
+
+/// A validating webhook for node-holder's node writes whose server is not
+/// there, with `failurePolicy: Fail`: the API server answers each of them
+/// 500 (`failed calling webhook`), and nobody else's.
+fn failing_webhook() -> Vec<Value> {
+    vec![json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "soak-api-500"},
+        "webhooks": [{
+            "name": "api-500.soak.test",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 1,
+            "clientConfig": {"url": "https://127.0.0.1:1/never"},
+            "rules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["nodes"], "scope": "Cluster"
+            }],
+            "matchConditions": [{
+                "name": "node-holder-only",
+                "expression": format!("request.userInfo.username == '{}'", testenv::NODE_HOLDER_USER)
+            }]
+        }]
+    })]
+}
+
+/// A priority level of one seat that rejects what does not fit, for
+/// node-holder's node writes: bursts of its PATCHes get 429.
+fn throttling_flow_schema() -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "PriorityLevelConfiguration",
+            "metadata": {"name": "soak-429"},
+            "spec": {"type": "Limited", "limited": {
+                "nominalConcurrencyShares": 1,
+                "lendablePercent": 0,
+                "limitResponse": {"type": "Reject"}
+            }}
+        }),
+        json!({
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": "soak-429"},
+            "spec": {
+                "priorityLevelConfiguration": {"name": "soak-429"},
+                "matchingPrecedence": 100,
+                "rules": [{
+                    "subjects": [{"kind": "ServiceAccount",
+                        "serviceAccount": {"name": "node-holder", "namespace": "node-holder"}}],
+                    "resourceRules": [{"verbs": ["patch"], "apiGroups": [""],
+                        "resources": ["nodes"], "clusterScope": true}]
+                }]
+            }
+        }),
+    ]
+}
+
+/// Creates `objects` for [`API_ERRORS_FOR`], then deletes them.
+async fn for_a_while(a: &Autoscaled, objects: &[Value]) {
+    let _ = testenv::apply_objects(&a.client, objects).await;
+    tokio::time::sleep(API_ERRORS_FOR).await;
+    for object in objects.iter().rev() {
+        let Ok(object) = serde_json::from_value::<DynamicObject>(object.clone()) else {
+            continue;
+        };
+        let (group, version) = object
+            .types
+            .as_ref()
+            .map(|t| {
+                t.api_version
+                    .rsplit_once('/')
+                    .unwrap_or(("", t.api_version.as_str()))
+            })
+            .unwrap_or_default();
+        let kind = object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        let resource = kube::api::ApiResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            api_version: object
+                .types
+                .as_ref()
+                .map(|t| t.api_version.clone())
+                .unwrap_or_default(),
+            plural: format!("{}s", kind.to_lowercase()),
+            kind,
+        };
+        let api: Api<DynamicObject> = Api::all_with(a.client.clone(), &resource);
+        let name = object.metadata.name.unwrap_or_default();
+        let _ = api.delete(&name, &Default::default()).await;
     }
 }
 
