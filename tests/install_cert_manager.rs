@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use common::window::{failed_open, held};
 use common::{WEBHOOK_NAME, node};
 use install::{
-    NAMESPACE, Pod, SERVICE_DNS_NAMES, install_cert_manager_crds, name, template,
-    wait_until_the_webhook_holds,
+    NAMESPACE, Pod, SERVICE_DNS_NAMES, install_cert_manager_crds, name, one, release_objects,
+    template, wait_until_the_webhook_holds,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -100,7 +100,22 @@ async fn cert_manager_issues_the_charts_certificate_and_the_webhook_holds_with_i
 
     // `helm install` with the default values: tls.mode=certManager, the
     // chart's own self-signed CA.
-    let objects = tokio::task::spawn_blocking(|| template(&[])).await.unwrap();
+    // What `helm install` creates: the release's objects, not its hooks
+    // (`helm test`'s, the pre-delete cleanup's).
+    let objects = tokio::task::spawn_blocking(|| release_objects(&template(&[])))
+        .await
+        .unwrap();
+    // The rendered registration has no caBundle: cert-manager's cainjector
+    // fills it in (read from the cluster, it may already have).
+    let rendered: MutatingWebhookConfiguration =
+        serde_json::from_value(one(&objects, "MutatingWebhookConfiguration").clone()).unwrap();
+    assert!(
+        rendered.webhooks.as_ref().unwrap()[0]
+            .client_config
+            .ca_bundle
+            .is_none(),
+        "the chart leaves the caBundle to cert-manager"
+    );
     testenv::apply_objects(
         &admin,
         &[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})],
@@ -109,14 +124,6 @@ async fn cert_manager_issues_the_charts_certificate_and_the_webhook_holds_with_i
     .unwrap();
     testenv::apply_objects(&admin, &objects).await.unwrap();
     let configs: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
-    let rendered = configs.get("node-holder").await.unwrap();
-    assert!(
-        rendered.webhooks.as_ref().unwrap()[0]
-            .client_config
-            .ca_bundle
-            .is_none(),
-        "the chart leaves the caBundle to cert-manager"
-    );
 
     // cert-manager issues every Certificate, makes every Issuer ready...
     let api = |kind: &str| -> Api<DynamicObject> {
