@@ -85,6 +85,9 @@ struct Shared {
     /// Nodes a person holds now; those being changed are not checked.
     person_holds: BTreeSet<String>,
     changing: BTreeSet<String>,
+    /// Nodes whose person took their hold off, and when: node-holder holds
+    /// them within a pass from then, not from their creation.
+    released_by_person: BTreeMap<String, Timestamp>,
     /// The budgets the owner wrote last; `None` while a write is under way.
     owner_budgets: Option<Value>,
     /// Every node seen, with its creation.
@@ -369,22 +372,27 @@ async fn leader_index(a: &Autoscaled, replicas: &[Served]) -> Option<usize> {
         .position(|r| holder == format!("serve-{}", r.admin_port))
 }
 
-/// A person puts a hold on a node node-holder does not hold (and no new
-/// one), or takes one of theirs off again.
+/// A person's hold. On: a person adds a node of their own (outside
+/// Karpenter) that carries their hold from its CREATE, so the admission
+/// policy must not claim it; off: they take their hold off that node again
+/// (node-holder may then hold it like any other, within a pass).
 async fn person_hold(a: &Autoscaled, state: &State, on: bool) -> bool {
-    let Ok(list) = a.nodes.list(&Default::default()).await else {
-        return false;
-    };
-    let now = Timestamp::now();
-    let name = if on {
-        list.items
-            .iter()
-            .filter(|n| !marked(n) && !carries_hold(n) && !in_window(n, now))
-            .find_map(|n| n.metadata.name.clone())
-    } else {
-        lock(state).person_holds.iter().next().cloned()
-    };
-    let Some(name) = name else {
+    if on {
+        let name = format!(
+            "soak-person-{}",
+            lock(state).report.faults.values().sum::<usize>()
+        );
+        lock(state).changing.insert(name.clone());
+        let node = crate::node_with(&name, &[], &[(HOLD, "true")]);
+        let done = a.nodes.create(&PostParams::default(), &node).await.is_ok();
+        let mut s = lock(state);
+        if done {
+            s.person_holds.insert(name.clone());
+        }
+        s.changing.remove(&name);
+        return done;
+    }
+    let Some(name) = lock(state).person_holds.iter().next().cloned() else {
         return false;
     };
     {
@@ -392,17 +400,14 @@ async fn person_hold(a: &Autoscaled, state: &State, on: bool) -> bool {
         s.changing.insert(name.clone());
         s.person_holds.remove(&name);
     }
-    let value = if on { json!("true") } else { Value::Null };
-    let patch = json!({"metadata": {"annotations": {HOLD: value}}});
+    let patch = json!({"metadata": {"annotations": {HOLD: Value::Null}}});
     let done = a
         .nodes
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .is_ok();
     let mut s = lock(state);
-    if on && done {
-        s.person_holds.insert(name.clone());
-    }
+    s.released_by_person.insert(name.clone(), Timestamp::now());
     s.changing.remove(&name);
     done
 }
@@ -515,6 +520,10 @@ fn check_node(s: &mut Shared, node: &Node, now: Timestamp, latest_deadline: Opti
         return;
     }
     let created = s.created.get(&name).copied().unwrap_or(now);
+    let created = s
+        .released_by_person
+        .get(&name)
+        .map_or(created, |r| created.max(*r));
     if in_window(node, now) && !(marked(node) && carries_hold(node)) {
         let unheld = elapsed(created, now);
         s.report.worst_unheld = s.report.worst_unheld.max(unheld);
