@@ -571,11 +571,7 @@ fn helm_lint_passes_with_the_new_values_set() {
         .args(everything_set())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = testsupport::output_text(&out);
     assert!(out.status.success(), "{text}");
     assert!(
         !text.contains("[ERROR]") && !text.contains("[WARNING]"),
@@ -701,12 +697,7 @@ fn run_test_pod(objects: &[Value], kubeconfig: &Path, home: &Path) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    testsupport::output_report(out)
 }
 
 #[tokio::test]

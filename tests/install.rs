@@ -122,11 +122,7 @@ fn helm_lint_passes_for_each_tls_mode() {
             .args(strs(&values))
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = testsupport::output_text(&out);
         assert!(out.status.success(), "helm lint ({mode}):\n{text}");
         assert!(text.contains("0 chart(s) failed"), "{mode}:\n{text}");
         assert!(

@@ -28,12 +28,7 @@ fn kubectl(args: &[&str]) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    testsupport::output_report(out)
 }
 
 /// A kubeconfig whose current context points nowhere and whose context

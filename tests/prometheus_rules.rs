@@ -31,11 +31,7 @@ fn promtool(args: &[&str]) -> String {
         .current_dir(repo())
         .output()
         .expect("promtool runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = testsupport::output_text(&out);
     assert!(out.status.success(), "promtool {args:?}:\n{text}");
     text
 }

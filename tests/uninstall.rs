@@ -107,11 +107,7 @@ async fn finished(child: Child) -> String {
         .await
         .unwrap()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = testsupport::output_text(&out);
     assert!(out.status.success(), "uninstall failed:\n{text}");
     text
 }

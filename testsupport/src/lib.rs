@@ -54,13 +54,7 @@ pub fn operator(cp: &ControlPlane, args: &[&str]) -> std::process::Output {
 /// The standard output of a command that must have succeeded; else the test
 /// fails, showing both streams.
 pub fn succeeded(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", output_report(out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -640,4 +634,24 @@ pub fn split_budgets(budgets: &serde_json::Value) -> (serde_json::Value, usize) 
         .filter(|b| !is_node_holders_budget(b))
         .collect();
     (serde_json::Value::Array(others), ours)
+}
+
+/// A command's standard output and error, one after the other.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A command's exit status, standard output and error, for a failure
+/// message.
+pub fn output_report(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
