@@ -586,6 +586,24 @@ async fn dynamic_api(
     })
 }
 
+/// Deletes every object in `objects` (JSON values of Kubernetes objects), in
+/// the reverse order; objects already gone are fine.
+pub async fn delete_objects(client: &kube::Client, objects: &[Value]) -> Result<()> {
+    use kube::api::{DeleteParams, DynamicObject};
+    for document in objects.iter().rev() {
+        let object: DynamicObject =
+            serde_json::from_value(document.clone()).context("a manifest object")?;
+        let api = dynamic_api(client, &object).await?;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(err).with_context(|| format!("deleting {name}")),
+        }
+    }
+    Ok(())
+}
+
 /// Creates every object in `objects` (JSON values of Kubernetes objects);
 /// objects that exist already are left as they are.
 pub async fn apply_objects(client: &kube::Client, objects: &[Value]) -> Result<()> {

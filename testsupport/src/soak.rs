@@ -317,43 +317,12 @@ fn throttling_flow_schema() -> Vec<Value> {
     ]
 }
 
-/// Creates `objects` for [`API_ERRORS_FOR`], then deletes them.
+/// Creates `objects` for [`API_ERRORS_FOR`], then deletes them (an API
+/// server down for a moment may leave them a round longer).
 async fn for_a_while(a: &Autoscaled, objects: &[Value]) {
     let _ = testenv::apply_objects(&a.client, objects).await;
     tokio::time::sleep(API_ERRORS_FOR).await;
-    for object in objects.iter().rev() {
-        let Ok(object) = serde_json::from_value::<DynamicObject>(object.clone()) else {
-            continue;
-        };
-        let (group, version) = object
-            .types
-            .as_ref()
-            .map(|t| {
-                t.api_version
-                    .rsplit_once('/')
-                    .unwrap_or(("", t.api_version.as_str()))
-            })
-            .unwrap_or_default();
-        let kind = object
-            .types
-            .as_ref()
-            .map(|t| t.kind.clone())
-            .unwrap_or_default();
-        let resource = kube::api::ApiResource {
-            group: group.to_string(),
-            version: version.to_string(),
-            api_version: object
-                .types
-                .as_ref()
-                .map(|t| t.api_version.clone())
-                .unwrap_or_default(),
-            plural: format!("{}s", kind.to_lowercase()),
-            kind,
-        };
-        let api: Api<DynamicObject> = Api::all_with(a.client.clone(), &resource);
-        let name = object.metadata.name.unwrap_or_default();
-        let _ = api.delete(&name, &Default::default()).await;
-    }
+    let _ = testenv::delete_objects(&a.client, objects).await;
 }
 
 fn signal(served: &Served, signal: &str) {
