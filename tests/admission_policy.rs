@@ -447,41 +447,63 @@ async fn switching_modes_with_helm_leaves_no_node_unheld() {
     .await;
 }
 
-/// The chart as a release ships it: `helm package` makes the `.tgz`, and
-/// `helm install` from that file (not the directory) puts the release in
-/// the cluster, in policy mode here. (Installing from an OCI registry is not
-/// tested: no registry runs on this machine.)
+/// The chart as a release ships it: `helm package` makes the `.tgz`,
+/// `helm push` publishes it to an OCI registry (crane's, on loopback), and
+/// the release is installed from `oci://` (in policy mode here), then
+/// upgraded from the `.tgz` file itself: both ways an operator gets the chart.
 #[tokio::test]
-async fn the_packaged_chart_installs_from_its_tgz() {
+async fn the_packaged_chart_installs_from_an_oci_registry_and_its_tgz() {
     let cp = ControlPlane::start().await.unwrap();
+    let registry = testenv::LocalRegistry::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let chart = install::chart();
+    let dest = dir.path().to_str().unwrap();
     let packaged = helm_on(
         &cp,
-        &[
-            "package",
-            chart.to_str().unwrap(),
-            "--destination",
-            dir.path().to_str().unwrap(),
-        ],
+        &["package", chart.to_str().unwrap(), "--destination", dest],
     );
     let tgz = dir.path().join("node-holder-0.1.0.tgz");
     assert!(tgz.exists(), "{packaged}");
-    helm_on(
+    let repository = format!("oci://{}/charts", registry.host());
+    let tgz = tgz.to_str().unwrap();
+    helm_on(&cp, &["push", tgz, &repository, "--plain-http"]);
+    let published = format!("{repository}/node-holder");
+    let shown = helm_on(
         &cp,
         &[
-            "install",
+            "show",
+            "chart",
+            &published,
+            "--version",
+            "0.1.0",
+            "--plain-http",
+        ],
+    );
+    assert!(shown.contains("name: node-holder"), "{shown}");
+
+    let from = |source: &str, verb: &str| {
+        let mut args = vec![
+            verb,
             RELEASE,
-            tgz.to_str().unwrap(),
+            source,
             "--namespace",
             NAMESPACE,
             "--create-namespace",
-            "--set",
-            "admission.mode=policy",
-        ],
-    );
+        ];
+        args.extend(["--set", "admission.mode=policy"]);
+        if source.starts_with("oci://") {
+            args.extend(["--version", "0.1.0", "--plain-http"]);
+        }
+        helm_on(&cp, &args)
+    };
+    from(&published, "install");
     let admin = cp.admin_client().await.unwrap();
+    assert_eq!(registered(&admin).await, (true, true, false));
+    let history = helm_on(&cp, &["history", RELEASE, "--namespace", NAMESPACE]);
+    assert!(history.contains("node-holder-0.1.0"), "{history}");
+    from(tgz, "upgrade");
     assert_eq!(registered(&admin).await, (true, true, false));
     let status = helm_on(&cp, &["status", RELEASE, "--namespace", NAMESPACE]);
     assert!(status.contains("STATUS: deployed"), "{status}");
+    assert!(status.contains("REVISION: 2"), "{status}");
 }

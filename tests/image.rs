@@ -7,7 +7,9 @@
 //! `node-holder serve` as the non-root user 65532 with OCI labels, the layer
 //! holds the binary and that user. The binary taken out of the layer runs:
 //! `--version`, and `serve --admission policy` against the test cluster
-//! until it is ready. The same binary gives the same digests.
+//! until it is ready. The layout pushed to a local OCI registry (crane's)
+//! keeps its digest, and the image pulled back from there holds the same
+//! binary. The same binary gives the same digests.
 
 use testsupport as common;
 
@@ -113,9 +115,49 @@ async fn the_image_layout_reads_back_and_its_binary_serves_against_the_cluster()
     );
     serve_until_ready(&binary).await;
 
+    through_a_registry(&layout, &written.manifest_digest, &binary);
+
     // Reproducible: the same binary, the same digests.
     let again = write_layout(Path::new(NODE_HOLDER), &dir.path().join("again"), "0.1.0").unwrap();
     assert_eq!(again.manifest_digest, written.manifest_digest);
+}
+
+/// `crane push` of the layout to a local registry, as a release publishes it:
+/// the registry names the same manifest digest, serves the same config, and
+/// the filesystem exported from the pulled image holds `binary` byte for byte.
+fn through_a_registry(layout: &Path, manifest_digest: &str, binary: &Path) {
+    let registry = testenv::LocalRegistry::start().unwrap();
+    let reference = format!("{}/node-holder:0.1.0", registry.host());
+    let pushed = registry
+        .crane(&["push", layout.to_str().unwrap(), &reference])
+        .unwrap();
+    assert_eq!(
+        pushed,
+        format!("{}/node-holder@{manifest_digest}", registry.host())
+    );
+    assert_eq!(
+        registry.crane(&["digest", &reference]).unwrap(),
+        manifest_digest
+    );
+    let config = json(registry.crane(&["config", &reference]).unwrap().as_bytes());
+    assert_eq!(config["config"]["User"], USER);
+
+    let dir = tempfile::tempdir().unwrap();
+    let exported = dir.path().join("rootfs.tar");
+    registry
+        .crane(&["export", &reference, exported.to_str().unwrap()])
+        .unwrap();
+    let untar = Command::new("tar")
+        .args(["-xf", exported.to_str().unwrap(), "-C"])
+        .arg(dir.path())
+        .arg(BINARY)
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    assert!(
+        std::fs::read(dir.path().join(BINARY)).unwrap() == std::fs::read(binary).unwrap(),
+        "the pulled image's binary differs from the layout's"
+    );
 }
 
 /// `serve --admission policy` from `binary` against a real API server, as

@@ -403,6 +403,9 @@ pub struct InstallTools {
     pub kubectl: PathBuf,
     /// promtool, from the pinned Prometheus module (the chart's alert rules).
     pub promtool: PathBuf,
+    /// crane, from the pinned go-containerregistry module (the local OCI
+    /// registry the chart and the image are pushed to).
+    pub crane: PathBuf,
 }
 
 /// Builds helm and cert-manager and fetches cert-manager's source if needed:
@@ -414,6 +417,7 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         cert_manager: ensure_cert_manager_built()?,
         kubectl: ensure_kubectl_built()?,
         promtool: ensure_promtool_built()?,
+        crane: crate::registry::ensure_crane_built()?,
     })
 }
 

@@ -18,6 +18,7 @@ mod karpenter;
 pub mod metrics;
 pub mod netns;
 mod process;
+mod registry;
 
 use std::fs;
 use std::net::TcpListener;
@@ -48,6 +49,7 @@ pub use karpenter::{
     node_claims, node_pool_object, node_pools,
 };
 pub use process::ManagedChild;
+pub use registry::{LocalRegistry, ensure_crane_built};
 
 /// The namespace node-holder's restricted identity belongs to.
 pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";
