@@ -31,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
 
+use common::measure::stats::nearest_rank_ms as percentile;
 use common::window::held;
 use common::{node, policy, serve};
 
@@ -157,15 +158,6 @@ async fn take_turns(
         }
     }
     Ok(arms)
-}
-
-/// The `p`-th percentile (nearest rank) of `sorted`, in milliseconds.
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1e3
 }
 
 fn table(running: &BTreeMap<&str, Arm>, stopped: &BTreeMap<&str, Arm>) -> String {

@@ -26,12 +26,16 @@ use testsupport as common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use futures::StreamExt as _;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, PostParams};
-use serde_json::json;
-use testenv::{ControlPlane, Disruption};
+use kube::api::{Api, DynamicObject, PostParams};
+use testenv::ControlPlane;
+
+use common::fleet::{self, pool_node};
+use common::measure::audit;
+use common::measure::node_holder::wait_first_pass;
+use common::measure::pool_budgets::{carrying, until_carrying};
+use common::measure::process::{ProcMemory, mib};
 
 const HOLD: Duration = Duration::from_secs(30);
 const CREATE_IN_FLIGHT: usize = 32;
@@ -71,73 +75,28 @@ async fn run() -> Result<()> {
     let nodes: Api<Node> = Api::all(admin.clone());
 
     // 1. The cluster before the window.
-    for p in 0..pool_count {
-        create_pool(&pools, &pool_name(p)).await?;
-    }
-    let t = Instant::now();
-    create_nodes(&nodes, node_count, pool_count).await?;
-    let created_secs = t.elapsed().as_secs_f64();
-    println!("created {node_count} nodes in {created_secs:.1} s");
-    tokio::time::sleep(HOLD + Duration::from_millis(1500)).await;
-
+    create_cluster(&pools, &nodes, node_count, pool_count).await?;
     // 2. node-holder.
-    common::install_nodepool_rbac(&cp).await;
-    let t = Instant::now();
-    let hold = format!("--hold-duration={}s", HOLD.as_secs());
-    let served = common::serve(&cp, &[hold.as_str(), "--hold-mechanism=budget"]).await;
-    let pid = served.child.id();
-    wait_first_pass(&served).await?;
-    let startup = t.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_rss = rss_kb(pid, Rss::Now)?;
-    println!(
-        "serve: first pass over {node_count} nodes {:.2} s after start; idle RSS {:.1} MiB",
-        startup.as_secs_f64(),
-        mib(idle_rss)
-    );
+    let (served, idle_rss) = start_serve(&cp, node_count).await?;
     ensure!(
         carrying(&pools).await? == 0,
         "a pool is held before any new node"
     );
-
     // 3. One new node: every pool held, then released at the deadline.
-    let hold_start = Instant::now();
-    let hold_wall = Timestamp::now();
-    nodes
-        .create(
-            &PostParams::default(),
-            &bench_node("scale-up-0", &pool_name(0)),
-        )
-        .await?;
-    let held = until_carrying(&pools, pool_count, HOLD).await?;
-    let hold_time = held.duration_since(hold_start);
-    println!(
-        "HOLD: every pool carries node-holder's budget {:.3} s after the new node's create",
-        hold_time.as_secs_f64()
-    );
-    let deadline = deadline(&admin).await?;
-    let wait = Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or_default();
-    tokio::time::sleep(wait).await;
-    // The instant of the deadline (the sleep may end a little after it).
-    let at_deadline = Instant::now()
-        .checked_sub(wait_since(deadline))
-        .context("the deadline before the clock's start")?;
-    let released = until_carrying(&pools, 0, Duration::from_secs(60)).await?;
-    let release_wall = Timestamp::now();
-    let release_time = released.saturating_duration_since(at_deadline);
-    println!(
-        "RELEASE: no pool carries it {:.3} s after the deadline",
-        release_time.as_secs_f64()
-    );
+    let window = hold_and_release(&admin, &pools, &nodes, pool_count).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-
     // 4. Writes and memory.
-    let writes = node_holder_writes(&cp, hold_wall, release_wall + Duration::from_secs(3))?;
-    let peak_rss = rss_kb(pid, Rss::Peak)?;
+    let patches = audit::node_holder_patches(&cp, &["nodepools", "nodes"])?;
+    let (from, to) = (
+        window.hold_wall,
+        window.release_wall + Duration::from_secs(3),
+    );
+    let pool_writes = audit::completed_within(&patches, "nodepools", from, to);
+    let node_writes = audit::completed_within(&patches, "nodes", from, to);
+    let peak_rss = ProcMemory::read(served.child.id())?.hwm_kb;
     println!(
-        "writes: {} NodePool PATCHes, {} Node PATCHes (no webhook here: the new node is held \
-         by its pool's budget, never by annotation)",
-        writes.pools, writes.nodes
+        "writes: {pool_writes} NodePool PATCHes, {node_writes} Node PATCHes (no webhook here: the new node is held \
+         by its pool's budget, never by annotation)"
     );
     println!(
         "serve RSS: idle {:.1} MiB, peak {:.1} MiB",
@@ -147,12 +106,104 @@ async fn run() -> Result<()> {
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
         "targets: hold < 2 s {}, release < 2 s {}, writes = 2 x pools {}",
-        met(hold_time < TARGET),
-        met(release_time < TARGET),
-        met(writes.pools == 2 * pool_count)
+        met(window.hold_time < TARGET),
+        met(window.release_time < TARGET),
+        met(pool_writes == 2 * pool_count)
     );
     drop(served);
     Ok(())
+}
+
+/// The NodePools, and the nodes spread over them, until the newest node is
+/// older than the hold.
+async fn create_cluster(
+    pools: &Api<DynamicObject>,
+    nodes: &Api<Node>,
+    node_count: usize,
+    pool_count: usize,
+) -> Result<()> {
+    for p in 0..pool_count {
+        fleet::create_pool(pools, &pool_name(p)).await?;
+    }
+    let t = Instant::now();
+    let node = |i| pool_node(&format!("node-{i:06}"), &pool_name(i % pool_count));
+    fleet::create(nodes, node_count, CREATE_IN_FLIGHT, node).await?;
+    let created_secs = t.elapsed().as_secs_f64();
+    println!("created {node_count} nodes in {created_secs:.1} s");
+    tokio::time::sleep(HOLD + Duration::from_millis(1500)).await;
+    Ok(())
+}
+
+/// `node-holder serve --hold-mechanism budget`, after its first pass over
+/// every node; its idle RSS (KiB).
+async fn start_serve(cp: &ControlPlane, node_count: usize) -> Result<(common::Served, u64)> {
+    common::install_nodepool_rbac(cp).await;
+    let t = Instant::now();
+    let hold = format!("--hold-duration={}s", HOLD.as_secs());
+    let served = common::serve(cp, &[hold.as_str(), "--hold-mechanism=budget"]).await;
+    wait_first_pass(
+        &served,
+        Duration::from_secs(300),
+        Duration::from_millis(100),
+    )
+    .await?;
+    let startup = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_rss = ProcMemory::read(served.child.id())?.rss_kb;
+    println!(
+        "serve: first pass over {node_count} nodes {:.2} s after start; idle RSS {:.1} MiB",
+        startup.as_secs_f64(),
+        mib(idle_rss)
+    );
+    Ok((served, idle_rss))
+}
+
+/// The window of one new node, as the pools showed it.
+struct Window {
+    hold_wall: Timestamp,
+    hold_time: Duration,
+    release_wall: Timestamp,
+    release_time: Duration,
+}
+
+/// Creates one new node; the time until every pool carries node-holder's
+/// budget, then from the window's deadline until none does.
+async fn hold_and_release(
+    admin: &kube::Client,
+    pools: &Api<DynamicObject>,
+    nodes: &Api<Node>,
+    pool_count: usize,
+) -> Result<Window> {
+    let hold_start = Instant::now();
+    let hold_wall = Timestamp::now();
+    let opener = pool_node("scale-up-0", &pool_name(0));
+    nodes.create(&PostParams::default(), &opener).await?;
+    let held = until_carrying(pools, pool_count, HOLD, POLL).await?;
+    let hold_time = held.duration_since(hold_start);
+    println!(
+        "HOLD: every pool carries node-holder's budget {:.3} s after the new node's create",
+        hold_time.as_secs_f64()
+    );
+    let deadline = deadline(admin).await?;
+    let wait = Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    // The instant of the deadline (the sleep may end a little after it).
+    let at_deadline = Instant::now()
+        .checked_sub(wait_since(deadline))
+        .context("the deadline before the clock's start")?;
+    let released = until_carrying(pools, 0, Duration::from_secs(60), POLL).await?;
+    let release_wall = Timestamp::now();
+    let release_time = released.saturating_duration_since(at_deadline);
+    println!(
+        "RELEASE: no pool carries it {:.3} s after the deadline",
+        release_time.as_secs_f64()
+    );
+    Ok(Window {
+        hold_wall,
+        hold_time,
+        release_wall,
+        release_time,
+    })
 }
 
 /// How long ago `deadline` was.
@@ -164,158 +215,9 @@ fn pool_name(p: usize) -> String {
     format!("pool-{p:02}")
 }
 
-async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
-    let pool = testenv::node_pool_object(
-        name,
-        &Disruption {
-            budgets: json!([{"nodes": "10%"}]),
-            ..Disruption::default()
-        },
-    );
-    let pool: DynamicObject = serde_json::from_value(pool)?;
-    // The CRD may take a moment to serve.
-    for _ in 0..100 {
-        match pools.create(&PostParams::default(), &pool).await {
-            Ok(_) => return Ok(()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    anyhow::bail!("NodePool {name} could not be created")
-}
-
-fn bench_node(name: &str, pool: &str) -> Node {
-    let labels = [
-        ("kubernetes.io/hostname", name),
-        ("kubernetes.io/os", "linux"),
-        ("karpenter.sh/nodepool", pool),
-        ("karpenter.sh/capacity-type", "spot"),
-        ("topology.kubernetes.io/zone", "eu-west-1a"),
-    ];
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    }
-}
-
-async fn create_nodes(nodes: &Api<Node>, count: usize, pools: usize) -> Result<()> {
-    let mut results = futures::stream::iter(0..count)
-        .map(|i| async move {
-            let node = bench_node(&format!("node-{i:06}"), &pool_name(i % pools));
-            nodes.create(&PostParams::default(), &node).await
-        })
-        .buffer_unordered(CREATE_IN_FLIGHT);
-    while let Some(result) = results.next().await {
-        result.context("creating a node")?;
-    }
-    Ok(())
-}
-
-/// Pools whose last budget is node-holder's.
-async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
-    let ours = json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]});
-    Ok(pools
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|p| {
-            p.data["spec"]["disruption"]["budgets"]
-                .as_array()
-                .and_then(|b| b.last())
-                == Some(&ours)
-        })
-        .count())
-}
-
-/// When `count` pools carry node-holder's budget, within `limit`.
-async fn until_carrying(
-    pools: &Api<DynamicObject>,
-    count: usize,
-    limit: Duration,
-) -> Result<Instant> {
-    let give_up = Instant::now() + limit;
-    loop {
-        if carrying(pools).await? == count {
-            return Ok(Instant::now());
-        }
-        ensure!(
-            Instant::now() < give_up,
-            "not {count} pools held within {limit:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 async fn deadline(admin: &kube::Client) -> Result<Timestamp> {
     let records = Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
     common::window::record_at(&records, "/open/deadline")
         .await
         .context("no open window in the record")
-}
-
-/// Waits until the window task has finished a pass (over every node).
-async fn wait_first_pass(served: &common::Served) -> Result<()> {
-    let give_up = Instant::now() + Duration::from_secs(300);
-    let passes = "node_holder_reconcile_duration_seconds_count";
-    while common::window::metric(served, passes).await.unwrap_or(0.0) < 1.0 {
-        ensure!(
-            Instant::now() < give_up,
-            "no pass within 300 s\n{}",
-            served.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-struct Writes {
-    pools: usize,
-    nodes: usize,
-}
-
-fn node_holder_writes(cp: &ControlPlane, from: Timestamp, to: Timestamp) -> Result<Writes> {
-    let mut writes = Writes { pools: 0, nodes: 0 };
-    for event in cp.audit_events()? {
-        let at: Option<Timestamp> = event["stageTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse().ok());
-        let ours = event["verb"] == "patch"
-            && event["user"]["username"] == testenv::NODE_HOLDER_USER
-            && event["stage"] == "ResponseComplete"
-            && at.is_some_and(|at| at >= from && at <= to);
-        match event["objectRef"]["resource"].as_str() {
-            Some("nodepools") if ours => writes.pools += 1,
-            Some("nodes") if ours => writes.nodes += 1,
-            _ => {}
-        }
-    }
-    Ok(writes)
-}
-
-enum Rss {
-    Now,
-    Peak,
-}
-
-fn rss_kb(pid: u32, which: Rss) -> Result<u64> {
-    let process = procfs::process::Process::new(i32::try_from(pid)?)?;
-    let status = process.status()?;
-    let kb = match which {
-        Rss::Now => status.vmrss,
-        Rss::Peak => status.vmhwm,
-    };
-    kb.context("no VmRSS/VmHWM")
-}
-
-fn mib(kb: u64) -> f64 {
-    kb as f64 / 1024.0
 }

@@ -23,9 +23,7 @@ fn main() {
 
 /// The review as the API server sends it: compact JSON.
 fn node_create() -> Vec<u8> {
-    let pretty = include_str!("fixtures/node-create-review.json");
-    let review: serde_json::Value = serde_json::from_str(pretty).expect("the fixture is JSON");
-    serde_json::to_vec(&review).expect("a JSON value serializes")
+    testsupport::node_create_fixture().expect("the fixture is JSON")
 }
 
 /// The policy `serve` builds from its default flags.

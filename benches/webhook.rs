@@ -22,14 +22,14 @@
 //! only; nothing outlives the bench.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, Result, bail, ensure};
-use serde_json::Value;
+use anyhow::{Context, Result, ensure};
 
 use testsupport as common;
 
 use common::Served;
+use common::measure::oha::{self, Load, Measured, Oha};
+use common::measure::process::{self, ProcMemory, mib};
 
 /// The server's core and the load generator's.
 const SERVER_CORE: &str = "0";
@@ -55,7 +55,7 @@ fn main() -> Result<()> {
 }
 
 async fn run() -> Result<()> {
-    let oha = Oha::installed()?;
+    let oha = Oha::installed(CLIENT_CORE)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     ensure!(
         cores >= 2,
@@ -73,46 +73,56 @@ async fn run() -> Result<()> {
     let idle = warn.rss_mib()?;
     let mut keep_alive = Vec::new();
     for connections in KEEP_ALIVE_CONNECTIONS {
-        keep_alive.push(oha.load(&warn, &body, Load::keep_alive(connections))?);
+        keep_alive.push(oha.load(&warn.0, &body, keep_alive_load(connections))?);
     }
-    let handshakes = oha.load(&warn, &body, Load::new_connections())?;
+    let handshakes = oha.load(&warn.0, &body, new_connections_load())?;
     let after = warn.rss_mib()?;
-    warn.check_every_review_held(keep_alive.iter().chain([&handshakes]))
-        .await?;
+    oha::check_every_review_held(&warn.0, keep_alive.iter().chain([&handshakes])).await?;
     drop(warn);
 
     println!("\n== serve (info, JSON log lines to a file) ==");
     let info = Server::start(&[]).await?;
     let idle_info = info.rss_mib()?;
-    let logged = oha.load(&info, &body, Load::keep_alive(HEADLINE_CONNECTIONS))?;
+    let logged = oha.load(&info.0, &body, keep_alive_load(HEADLINE_CONNECTIONS))?;
     let after_info = info.rss_mib()?;
-    info.check_every_review_held([&logged]).await?;
+    oha::check_every_review_held(&info.0, [&logged]).await?;
 
     let headline = keep_alive
         .iter()
         .find(|r| r.load.connections == HEADLINE_CONNECTIONS)
         .context("the headline run")?;
-    println!("\n{}", keep_alive_table(&keep_alive));
-    println!(
-        "{}",
-        summary(
-            headline,
-            &logged,
-            &handshakes,
-            [idle, idle_info],
-            [after, after_info]
-        )
-    );
+    println!("\n{}", oha::table(&keep_alive));
+    let rss = Rss {
+        idle: [idle, idle_info],
+        after: [after, after_info],
+    };
+    println!("{}", summary(headline, &logged, &handshakes, &rss));
     Ok(())
 }
 
 /// The review as the API server sends it (compact JSON), in a file for oha.
 fn write_body(dir: &Path) -> Result<PathBuf> {
-    let pretty = include_str!("fixtures/node-create-review.json");
-    let review: Value = serde_json::from_str(pretty)?;
     let path = dir.join("node-create-review.json");
-    std::fs::write(&path, serde_json::to_vec(&review)?)?;
+    std::fs::write(&path, common::node_create_fixture()?)?;
     Ok(path)
+}
+
+/// A keep-alive run with `connections`.
+fn keep_alive_load(connections: usize) -> Load {
+    Load {
+        connections,
+        keep_alive: true,
+        duration: KEEP_ALIVE_RUN,
+    }
+}
+
+/// A new connection, with a full handshake, for every review.
+fn new_connections_load() -> Load {
+    Load {
+        connections: HANDSHAKE_CONNECTIONS,
+        keep_alive: false,
+        duration: HANDSHAKE_RUN,
+    }
 }
 
 /// `node-holder serve` with one tokio worker, all its threads on
@@ -125,16 +135,7 @@ impl Server {
             command.env("TOKIO_WORKER_THREADS", "1");
         })
         .await;
-        let pid = served.child.id().to_string();
-        let pinned = Command::new("taskset")
-            .args(["--all-tasks", "--cpu-list", "--pid", SERVER_CORE, &pid])
-            .output()
-            .context("running taskset")?;
-        ensure!(
-            pinned.status.success(),
-            "taskset: {}",
-            String::from_utf8_lossy(&pinned.stderr)
-        );
+        process::pin(served.child.id(), SERVER_CORE)?;
         // Idle: let start-up's allocations settle before the first reading.
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         Ok(Server(served))
@@ -142,228 +143,52 @@ impl Server {
 
     /// Resident memory now.
     fn rss_mib(&self) -> Result<f64> {
-        let pid = i32::try_from(self.0.child.id())?;
-        let status = procfs::process::Process::new(pid)?.status()?;
-        Ok(status.vmrss.context("VmRSS")? as f64 / 1024.0)
-    }
-
-    /// The server's counters agree with oha: every review it answered 200
-    /// put the hold on its node, and it answered nothing else.
-    async fn check_every_review_held<'a>(
-        &self,
-        results: impl IntoIterator<Item = &'a Measured>,
-    ) -> Result<()> {
-        let answered: f64 = results.into_iter().map(|r| r.ok as f64).sum();
-        let metric = |name| common::window::metric(&self.0, name);
-        let ok = metric("node_holder_webhook_requests_total{code=\"200\"}").await;
-        let held = metric("node_holder_webhook_mutations_total").await;
-        ensure!(
-            ok == Some(answered) && held == Some(answered),
-            "oha saw {answered} answers of 200; the server counted {ok:?} and held {held:?}"
-        );
-        Ok(())
+        Ok(mib(ProcMemory::read(self.0.child.id())?.rss_kb))
     }
 }
 
-/// What one oha run does.
-#[derive(Debug, Clone, Copy)]
-struct Load {
-    connections: usize,
-    keep_alive: bool,
-    duration: &'static str,
-}
-
-impl Load {
-    fn keep_alive(connections: usize) -> Load {
-        Load {
-            connections,
-            keep_alive: true,
-            duration: KEEP_ALIVE_RUN,
-        }
-    }
-
-    /// A new connection, with a full handshake, for every review.
-    fn new_connections() -> Load {
-        Load {
-            connections: HANDSHAKE_CONNECTIONS,
-            keep_alive: false,
-            duration: HANDSHAKE_RUN,
-        }
-    }
-}
-
-/// What oha measured.
-struct Measured {
-    load: Load,
-    per_second: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    p999_ms: f64,
-    max_ms: f64,
-    /// Answers with status 200.
-    ok: u64,
-}
-
-struct Oha(PathBuf);
-
-impl Oha {
-    fn installed() -> Result<Oha> {
-        Ok(Oha(testenv::ensure_oha_installed()?))
-    }
-
-    /// Runs `load` on [`CLIENT_CORE`]; any answer but 200 or any error is a
-    /// failure of the bench.
-    fn load(&self, server: &Server, body: &Path, load: Load) -> Result<Measured> {
-        let url = format!(
-            "https://localhost:{}/mutate?timeout=5s",
-            server.0.webhook_port
-        );
-        let mut command = Command::new("taskset");
-        command
-            .args(["--cpu-list", CLIENT_CORE])
-            .arg(&self.0)
-            .args([
-                "--no-tui",
-                "--output-format",
-                "json",
-                "--worker-threads",
-                "1",
-            ])
-            .args([
-                "--http-version",
-                "1.1",
-                "-m",
-                "POST",
-                "-T",
-                "application/json",
-            ])
-            .args([
-                "-w",
-                "-z",
-                load.duration,
-                "-c",
-                &load.connections.to_string(),
-            ])
-            .arg("-D")
-            .arg(body)
-            .arg("--cacert")
-            .arg(server.0.cert_dir().join("ca.crt"))
-            .arg(&url);
-        if !load.keep_alive {
-            command.arg("--disable-keepalive");
-        }
-        let out = command.output().context("running oha")?;
-        ensure!(
-            out.status.success(),
-            "oha: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let measured = measured(load, &serde_json::from_slice(&out.stdout)?)?;
-        println!("{}", measured.describe());
-        Ok(measured)
-    }
-}
-
-/// oha's JSON report, read; refused unless every answer was a 200.
-fn measured(load: Load, report: &Value) -> Result<Measured> {
-    let errors = &report["errorDistribution"];
-    if errors.as_object().is_some_and(|e| !e.is_empty()) {
-        bail!("oha saw errors: {errors}");
-    }
-    let statuses = report["statusCodeDistribution"]
-        .as_object()
-        .context("oha's status codes")?;
-    if let Some((code, _)) = statuses.iter().find(|(code, _)| *code != "200") {
-        bail!("oha saw status {code}: {statuses:?}");
-    }
-    let seconds = |value: &Value| value.as_f64().context("a number in oha's report");
-    let ms = |value: &Value| seconds(value).map(|s| s * 1e3);
-    let percentiles = &report["latencyPercentiles"];
-    Ok(Measured {
-        load,
-        per_second: seconds(&report["summary"]["requestsPerSec"])?,
-        p50_ms: ms(&percentiles["p50"])?,
-        p99_ms: ms(&percentiles["p99"])?,
-        p999_ms: ms(&percentiles["p99.9"])?,
-        max_ms: ms(&report["summary"]["slowest"])?,
-        ok: statuses.get("200").and_then(Value::as_u64).unwrap_or(0),
-    })
-}
-
-impl Measured {
-    fn describe(&self) -> String {
-        let kind = if self.load.keep_alive {
-            "keep-alive"
-        } else {
-            "new connection per review"
-        };
-        format!(
-            "{kind}, {} connections, {}: {:.0} reviews/s, p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.1} ms ({} answers, all 200)",
-            self.load.connections,
-            self.load.duration,
-            self.per_second,
-            self.p50_ms,
-            self.p99_ms,
-            self.p999_ms,
-            self.max_ms,
-            self.ok
-        )
-    }
-}
-
-fn keep_alive_table(runs: &[Measured]) -> String {
-    let mut table = String::from(
-        "| connections | reviews/s | p50 | p99 | p99.9 | max |\n| --- | --- | --- | --- | --- | --- |\n",
-    );
-    for r in runs {
-        table.push_str(&format!(
-            "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.1} ms |\n",
-            r.load.connections, r.per_second, r.p50_ms, r.p99_ms, r.p999_ms, r.max_ms
-        ));
-    }
-    table
+/// The server's resident memory (MiB) idle after start-up and after the
+/// load, at warn and at info.
+struct Rss {
+    idle: [f64; 2],
+    after: [f64; 2],
 }
 
 /// The figures docs/benchmarks.md records, against their targets.
-fn summary(
-    warn: &Measured,
-    info: &Measured,
-    handshakes: &Measured,
-    idle: [f64; 2],
-    after: [f64; 2],
-) -> String {
+fn summary(warn: &Measured, info: &Measured, handshakes: &Measured, rss: &Rss) -> String {
     let verdict = |met: bool| if met { "met" } else { "MISSED" };
     let latency = |m: &Measured| format!("{:.2} ms ({:.2})", m.p99_ms, m.p50_ms);
+    let throughput = |what, m: &Measured, target| {
+        let result = format!("{:.0}", m.per_second);
+        (
+            what,
+            format!("≥ {target:.0}"),
+            result,
+            verdict(m.per_second >= target),
+        )
+    };
+    let p99 = |what, m: &Measured| {
+        let target = format!("≤ {TARGET_P99_MS} ms");
+        (what, target, latency(m), verdict(m.p99_ms <= TARGET_P99_MS))
+    };
+    let (idle, after) = (rss.idle, rss.after);
     let rows = [
-        (
+        throughput(
             "keep-alive reviews/s, 8 connections, warn",
-            format!("≥ {TARGET_RPS:.0}"),
-            format!("{:.0}", warn.per_second),
-            verdict(warn.per_second >= TARGET_RPS),
+            warn,
+            TARGET_RPS,
         ),
-        (
-            "keep-alive p99 (p50), 8 connections, warn",
-            format!("≤ {TARGET_P99_MS} ms"),
-            latency(warn),
-            verdict(warn.p99_ms <= TARGET_P99_MS),
-        ),
-        (
+        p99("keep-alive p99 (p50), 8 connections, warn", warn),
+        throughput(
             "keep-alive reviews/s, 8 connections, info (JSON)",
-            format!("≥ {TARGET_RPS:.0}"),
-            format!("{:.0}", info.per_second),
-            verdict(info.per_second >= TARGET_RPS),
+            info,
+            TARGET_RPS,
         ),
-        (
-            "keep-alive p99 (p50), info (JSON)",
-            format!("≤ {TARGET_P99_MS} ms"),
-            latency(info),
-            verdict(info.p99_ms <= TARGET_P99_MS),
-        ),
-        (
+        p99("keep-alive p99 (p50), info (JSON)", info),
+        throughput(
             "new TLS connections/s (handshake + 1 review)",
-            format!("≥ {TARGET_HANDSHAKES:.0}"),
-            format!("{:.0}", handshakes.per_second),
-            verdict(handshakes.per_second >= TARGET_HANDSHAKES),
+            handshakes,
+            TARGET_HANDSHAKES,
         ),
         (
             "idle RSS after start-up, warn / info",

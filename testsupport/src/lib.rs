@@ -15,10 +15,13 @@ use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod fleet;
 pub mod frontier;
 pub mod install;
 pub mod karpenter;
+pub mod measure;
 pub mod policy;
+pub mod scale;
 pub mod soak;
 pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
@@ -505,6 +508,15 @@ pub async fn https_h2(served: &Served, body: Vec<u8>) -> Reply {
     *request.uri_mut() = "https://localhost/mutate".parse().unwrap();
     let response = sender.send_request(request).await.unwrap();
     Reply::read(response).await
+}
+
+/// The 5.6 KB Node CREATE AdmissionReview of
+/// `benches/fixtures/node-create-review.json` (a Karpenter-launched EC2 node)
+/// as the API server sends it: compact JSON.
+pub fn node_create_fixture() -> serde_json::Result<Vec<u8>> {
+    let pretty = include_str!("../../benches/fixtures/node-create-review.json");
+    let review: serde_json::Value = serde_json::from_str(pretty)?;
+    serde_json::to_vec(&review)
 }
 
 /// A Node with only a name, as a review carries a new one.

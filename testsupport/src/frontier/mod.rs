@@ -30,8 +30,41 @@
 //! Karpenter's disruption budget (releases are never slowed by it), the
 //! scheduler's placement (pods that share nodes are packed as a fluid), and
 //! pod waits (the clairvoyant never makes a pod wait for a launch).
+//!
+//! The bench's other parts, beside this arithmetic: its [`arms`], its
+//! [`days`], the [`workload`] each arm's pool runs, the [`recorder`]'s
+//! watches, the [`trace`] a run leaves and the [`report`] made of the traces.
 
+pub mod arms;
 pub mod days;
+pub mod recorder;
+pub mod report;
+pub mod trace;
+pub mod workload;
+
+use std::time::Duration;
+
+/// How long an instance takes from launch to a registered Node (Karpenter's
+/// KWOK `nodeRegistrationDelay` in the bench).
+pub const BOOT: Duration = Duration::from_secs(45);
+/// Karpenter's fastest release of an empty node: the disruption loop's
+/// validation delay (`commandValidationDelay`, 15 s) before it acts.
+pub const RELEASE: f64 = 15.0;
+/// The launch costs the report prices, in node-seconds.
+pub const LAUNCH_COSTS: [f64; 3] = [60.0, 300.0, 900.0];
+
+/// The clairvoyant optimum of `day` at launch cost `launch`, with the
+/// bench's [`BOOT`] and [`RELEASE`].
+pub fn optimum_at(day: &days::Day, launch: f64) -> Optimum {
+    optimum(
+        &day.demand(),
+        Costs {
+            launch,
+            boot: BOOT.as_secs_f64(),
+            release: RELEASE,
+        },
+    )
+}
 
 /// What a launch and a release cost, in node-seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,22 +7,16 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Result;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
-use testsupport::frontier::mean_ci95;
 
-use super::{Arm, LAUNCH_COSTS, Outcome, Trace, optimum_at};
-use testsupport::frontier::days::Day;
+use super::arms::Arm;
+use super::days::Day;
+use super::trace::{Outcome, Trace};
+use super::{LAUNCH_COSTS, mean_ci95, optimum_at};
 
 /// The launch cost the paired differences are priced at: 5 node-minutes.
 const DEFAULT_LAUNCH: f64 = 300.0;
-
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
 
 /// One day's runs that finished: for each seed, the day and each arm's
 /// outcome.
@@ -30,6 +24,21 @@ struct DayRuns<'a> {
     name: &'a str,
     runs: Vec<(&'a Day, BTreeMap<String, Outcome>)>,
     load: Vec<f64>,
+}
+
+impl DayRuns<'_> {
+    /// Over the seeds, `f` of each run's outcome of `arm`.
+    fn per_seed(&self, arm: &str, f: impl Fn(&Day, &Outcome) -> f64) -> Vec<f64> {
+        self.runs.iter().map(|(d, o)| f(d, &o[arm])).collect()
+    }
+
+    /// The clairvoyant optimum of each seed's day at the default launch cost.
+    fn optimum(&self) -> Vec<super::Optimum> {
+        self.runs
+            .iter()
+            .map(|(d, _)| optimum_at(d, DEFAULT_LAUNCH))
+            .collect()
+    }
 }
 
 /// Writes `report.md` and the pictures into `out` and prints the report.
@@ -90,6 +99,11 @@ fn ci(samples: &[f64], digits: usize) -> String {
     }
 }
 
+/// The mean of `samples`.
+fn mean(samples: &[f64]) -> f64 {
+    mean_ci95(samples).0
+}
+
 fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     let seeds: Vec<String> = day.runs.iter().map(|r| r.0.seed.to_string()).collect();
     let (load, _) = mean_ci95(&day.load);
@@ -106,32 +120,10 @@ fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
          Job pods interrupted | total / optimum at 1, 5, 15 node-min |"
     )?;
     writeln!(text, "| --- | --- | --- | --- | --- | --- | --- |")?;
-    let opt = |day: &Day, launch| optimum_at(day, launch);
     for arm in arms {
-        let per_seed = |f: &dyn Fn(&Day, &Outcome) -> f64| -> Vec<f64> {
-            day.runs.iter().map(|(d, o)| f(d, &o[&arm.name])).collect()
-        };
-        let ratios: Vec<String> = LAUNCH_COSTS
-            .iter()
-            .map(|&l| ci(&per_seed(&|d, o| o.total(l) / opt(d, l).total(l)), 2))
-            .collect();
-        writeln!(
-            text,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            arm.name,
-            ci(&per_seed(&|_, o| o.launches as f64), 1),
-            ci(&per_seed(&|_, o| o.node_seconds), 0),
-            ci(&per_seed(&|_, o| o.waited_for_launch as f64), 1),
-            ci(&per_seed(&|_, o| o.wait_p95), 1),
-            ci(&per_seed(&|_, o| f64::from(o.interrupted)), 1),
-            ratios.join(" / ")
-        )?;
+        arm_row(text, &arm.name, day)?;
     }
-    let optimum: Vec<_> = day
-        .runs
-        .iter()
-        .map(|(d, _)| opt(d, DEFAULT_LAUNCH))
-        .collect();
+    let optimum = day.optimum();
     writeln!(
         text,
         "| clairvoyant (at 5 node-min) | {} | {} | 0 | 0 | 0 | 1 |",
@@ -150,20 +142,37 @@ fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     paired(text, arms, day)
 }
 
+/// One arm's row of the day's table.
+fn arm_row(text: &mut String, arm: &str, day: &DayRuns<'_>) -> Result<()> {
+    let ratios: Vec<String> = LAUNCH_COSTS
+        .iter()
+        .map(|&l| {
+            let ratio = |d: &Day, o: &Outcome| o.total(l) / optimum_at(d, l).total(l);
+            ci(&day.per_seed(arm, ratio), 2)
+        })
+        .collect();
+    writeln!(
+        text,
+        "| {} | {} | {} | {} | {} | {} | {} |",
+        arm,
+        ci(&day.per_seed(arm, |_, o| o.launches as f64), 1),
+        ci(&day.per_seed(arm, |_, o| o.node_seconds), 0),
+        ci(&day.per_seed(arm, |_, o| o.waited_for_launch as f64), 1),
+        ci(&day.per_seed(arm, |_, o| o.wait_p95), 1),
+        ci(&day.per_seed(arm, |_, o| f64::from(o.interrupted)), 1),
+        ratios.join(" / ")
+    )?;
+    Ok(())
+}
+
 /// Each arm's total cost at the default launch cost against Karpenter's
 /// default and against the best `consolidateAfter` of the day, per seed.
 fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
-    let total = |arm: &str| -> Vec<f64> {
-        day.runs
-            .iter()
-            .map(|(_, o)| o[arm].total(DEFAULT_LAUNCH))
-            .collect()
-    };
-    let mean = |arm: &str| mean_ci95(&total(arm)).0;
+    let total = |arm: &str| day.per_seed(arm, |_, o| o.total(DEFAULT_LAUNCH));
     let best = arms
         .iter()
         .filter(|a| a.hold.is_none())
-        .min_by(|a, b| mean(&a.name).total_cmp(&mean(&b.name)))
+        .min_by(|a, b| mean(&total(&a.name)).total_cmp(&mean(&total(&b.name))))
         .map(|a| a.name.clone())
         .unwrap_or_default();
     writeln!(
@@ -192,18 +201,16 @@ fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Launches against node-seconds, one point per arm (its mean over the
-/// seeds), the clairvoyant optimum marked.
-fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
-    let mean = |f: &dyn Fn(&Day, &Outcome) -> f64, arm: &str| -> f64 {
-        let v: Vec<f64> = day.runs.iter().map(|(d, o)| f(d, &o[arm])).collect();
-        mean_ci95(&v).0
-    };
-    let points: Vec<(String, f64, f64, RGBColor)> = arms
-        .iter()
+/// One arm on the frontier: its name, mean launches and node-seconds, and
+/// its colour by kind.
+type Point = (String, f64, f64, RGBColor);
+
+/// Each arm's point, its mean over the seeds.
+fn points(arms: &[Arm], day: &DayRuns<'_>) -> Vec<Point> {
+    arms.iter()
         .map(|a| {
-            let launches = mean(&|_, o| o.launches as f64, &a.name);
-            let seconds = mean(&|_, o| o.node_seconds, &a.name);
+            let launches = mean(&day.per_seed(&a.name, |_, o| o.launches as f64));
+            let seconds = mean(&day.per_seed(&a.name, |_, o| o.node_seconds));
             let color = match (a.hold, a.follows_work, a.learned) {
                 (None, _, _) => RED,
                 (_, _, Some(_)) => MAGENTA,
@@ -212,20 +219,21 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
             };
             (a.name.clone(), launches, seconds, color)
         })
-        .collect();
-    let optimum: Vec<_> = day
-        .runs
-        .iter()
-        .map(|(d, _)| optimum_at(d, DEFAULT_LAUNCH))
-        .collect();
-    let opt_launches = mean_ci95(
+        .collect()
+}
+
+/// Launches against node-seconds, one point per arm (its mean over the
+/// seeds), the clairvoyant optimum marked.
+fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
+    let points = points(arms, day);
+    let optimum = day.optimum();
+    let opt_launches = mean(
         &optimum
             .iter()
             .map(|o| o.launches as f64)
             .collect::<Vec<_>>(),
-    )
-    .0;
-    let opt_seconds = mean_ci95(&optimum.iter().map(|o| o.node_seconds).collect::<Vec<_>>()).0;
+    );
+    let opt_seconds = mean(&optimum.iter().map(|o| o.node_seconds).collect::<Vec<_>>());
     let max_x = points.iter().map(|p| p.1).fold(opt_launches, f64::max) * 1.15 + 1.0;
     let max_y = points.iter().map(|p| p.2).fold(opt_seconds, f64::max) * 1.15 + 1.0;
     let root = SVGBackend::new(path, (820, 520)).into_drawing_area();
@@ -244,7 +252,18 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
         .x_desc("NodeClaims launched (mean over seeds)")
         .y_desc("node-seconds")
         .draw()?;
-    for (name, x, y, color) in &points {
+    draw_points(&mut chart, &points, (opt_launches, opt_seconds))?;
+    root.present()?;
+    Ok(())
+}
+
+/// The arms' points with their names, and the optimum's triangle.
+fn draw_points(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    points: &[Point],
+    optimum: (f64, f64),
+) -> Result<()> {
+    for (name, x, y, color) in points {
         chart.draw_series([Circle::new((*x, *y), 5, color.filled())])?;
         chart.draw_series([Text::new(
             name.clone(),
@@ -252,16 +271,11 @@ fn plot(path: &Path, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
             ("sans-serif", 13).into_font(),
         )])?;
     }
-    chart.draw_series([TriangleMarker::new(
-        (opt_launches, opt_seconds),
-        8,
-        BLACK.filled(),
-    )])?;
+    chart.draw_series([TriangleMarker::new(optimum, 8, BLACK.filled())])?;
     chart.draw_series([Text::new(
         "clairvoyant (5 node-min)".to_string(),
-        (opt_launches, opt_seconds),
+        optimum,
         ("sans-serif", 13).into_font(),
     )])?;
-    root.present()?;
     Ok(())
 }

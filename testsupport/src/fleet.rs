@@ -1,0 +1,103 @@
+//! The scale benches' fleets: many Nodes named and labelled as a cloud's
+//! nodes are (metadata only, no spec or status), created from the admin's
+//! client several at a time; and the NodePools they belong to.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::json;
+use testenv::Disruption;
+
+const INSTANCE_TYPES: [&str; 4] = ["m6i.large", "m6i.2xlarge", "c6i.4xlarge", "r6i.xlarge"];
+const ZONES: [&str; 3] = ["eu-west-1a", "eu-west-1b", "eu-west-1c"];
+
+/// A Node as a cloud node would be named and labelled; no spec or status.
+/// Its instance type, zone and capacity type follow from its name.
+pub fn cloud_node(name: &str) -> Node {
+    let hash = name
+        .bytes()
+        .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into()));
+    crate::node_with(
+        name,
+        &[
+            ("kubernetes.io/hostname", name),
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/arch", "amd64"),
+            ("node.kubernetes.io/instance-type", INSTANCE_TYPES[hash % 4]),
+            ("topology.kubernetes.io/region", "eu-west-1"),
+            ("topology.kubernetes.io/zone", ZONES[hash % 3]),
+            ("karpenter.sh/nodepool", "batch"),
+            (
+                "karpenter.sh/capacity-type",
+                if hash % 5 == 0 { "on-demand" } else { "spot" },
+            ),
+        ],
+        &[],
+    )
+}
+
+/// The `i`-th cloud node's name, as EC2 names them.
+pub fn cloud_node_name(i: usize) -> String {
+    format!(
+        "ip-10-24-{}-{}.eu-west-1.compute.internal",
+        i / 250,
+        i % 250 + 1
+    )
+}
+
+/// A spot Node of Karpenter's NodePool `pool`.
+pub fn pool_node(name: &str, pool: &str) -> Node {
+    crate::node_with(
+        name,
+        &[
+            ("kubernetes.io/hostname", name),
+            ("kubernetes.io/os", "linux"),
+            ("karpenter.sh/nodepool", pool),
+            ("karpenter.sh/capacity-type", "spot"),
+            ("topology.kubernetes.io/zone", "eu-west-1a"),
+        ],
+        &[],
+    )
+}
+
+/// Creates `node(i)` for every `i` below `count`, `in_flight` creates at a
+/// time.
+pub async fn create(
+    nodes: &Api<Node>,
+    count: usize,
+    in_flight: usize,
+    node: impl Fn(usize) -> Node,
+) -> Result<()> {
+    let node = &node;
+    let mut results = futures::stream::iter(0..count)
+        .map(|i| async move { nodes.create(&PostParams::default(), &node(i)).await })
+        .buffer_unordered(in_flight);
+    while let Some(result) = results.next().await {
+        result.context("creating a node")?;
+    }
+    Ok(())
+}
+
+/// Creates NodePool `name` with Karpenter's default budget (`nodes: 10%`),
+/// trying again while its CRD is not served yet.
+pub async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
+    let pool = testenv::node_pool_object(
+        name,
+        &Disruption {
+            budgets: json!([{"nodes": "10%"}]),
+            ..Disruption::default()
+        },
+    );
+    let pool: DynamicObject = serde_json::from_value(pool)?;
+    // The CRD may take a moment to serve.
+    for _ in 0..100 {
+        match pools.create(&PostParams::default(), &pool).await {
+            Ok(_) => return Ok(()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    bail!("NodePool {name} could not be created")
+}

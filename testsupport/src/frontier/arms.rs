@@ -1,0 +1,154 @@
+//! The churn bench's arms: each a way of running the day (Karpenter alone
+//! at a `consolidateAfter`, or node-holder with a hold), the same grid on
+//! every day, and the `node-holder serve` flags of the arms one cluster
+//! holds.
+
+use serde::Serialize;
+use serde_json::json;
+use testenv::Disruption;
+
+/// The label every pod of an arm carries: its arm's name.
+pub const ARM_LABEL: &str = "bench-arm";
+
+/// One way of running the day.
+#[derive(Debug, Clone, Serialize)]
+pub struct Arm {
+    /// Its NodePool's name, and its label on everything it runs.
+    pub name: String,
+    /// The NodePool's `consolidateAfter`, in seconds.
+    pub consolidate_after: u64,
+    /// node-holder's `--hold-duration` in seconds, if node-holder holds it.
+    pub hold: Option<u64>,
+    /// node-holder with `--window-follows-work`.
+    pub follows_work: bool,
+    /// node-holder with `--hold-policy learned` at this launch cost (in
+    /// seconds); its `hold` is the fallback until it has learned.
+    pub learned: Option<u64>,
+}
+
+impl Arm {
+    fn karpenter(after: u64) -> Arm {
+        Arm {
+            name: format!("ka-{}", knob(after)),
+            consolidate_after: after,
+            hold: None,
+            follows_work: false,
+            learned: None,
+        }
+    }
+
+    fn node_holder(hold: u64) -> Arm {
+        Arm {
+            name: format!("nh-{}", knob(hold)),
+            consolidate_after: 0,
+            hold: Some(hold),
+            follows_work: false,
+            learned: None,
+        }
+    }
+
+    fn following_work(hold: u64) -> Arm {
+        Arm {
+            name: format!("nf-{}", knob(hold)),
+            follows_work: true,
+            ..Arm::node_holder(hold)
+        }
+    }
+
+    /// The learned hold at node-holder's default terms (a launch counts as
+    /// 5 node-minutes; holds of 1-30 minutes; 10 minutes until it has
+    /// learned), following the work.
+    fn learning() -> Arm {
+        Arm {
+            name: "nl-5m".into(),
+            learned: Some(300),
+            ..Arm::following_work(600)
+        }
+    }
+
+    /// Its NodePool's disruption: Karpenter's defaults
+    /// (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`) with the arm's
+    /// `consolidateAfter`.
+    pub fn disruption(&self) -> Disruption {
+        Disruption {
+            consolidation_policy: "WhenEmptyOrUnderutilized".into(),
+            consolidate_after: format!("{}s", self.consolidate_after),
+            budgets: json!([{"nodes": "10%"}]),
+        }
+    }
+
+    /// The same grid on every day: nothing tuned per day or per arm.
+    pub fn all() -> Vec<Arm> {
+        let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
+        let holder = [120, 300, 600].map(Arm::node_holder);
+        let following = [120, 300, 600].map(Arm::following_work);
+        karpenter
+            .into_iter()
+            .chain(holder)
+            .chain(following)
+            .chain([Arm::learning()])
+            .collect()
+    }
+}
+
+/// The arms of each node-holder configuration (following the work or
+/// not), for a cluster each: two installs in one cluster would strip each
+/// other's holds.
+pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
+    [false, true]
+        .iter()
+        .map(|&follows| {
+            arms.iter()
+                .filter(|a| a.follows_work == follows)
+                .cloned()
+                .collect()
+        })
+        .filter(|part: &Vec<Arm>| !part.is_empty())
+        .collect()
+}
+
+/// `30s`, `2m`: a knob as Karpenter and node-holder write it.
+fn knob(seconds: u64) -> String {
+    if seconds >= 60 && seconds.is_multiple_of(60) {
+        format!("{}m", seconds / 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// The flags of one `node-holder serve` for every node-holder arm of
+/// `arms`: a window per pool (`--window-per-label karpenter.sh/nodepool`),
+/// each with the arm's hold (`--group-hold-duration`, or the learned hold),
+/// only those pools in scope, following the work if they do.
+pub fn serve_args(arms: &[Arm]) -> Vec<String> {
+    let pools: Vec<&str> = arms
+        .iter()
+        .filter(|a| a.hold.is_some())
+        .map(|a| a.name.as_str())
+        .collect();
+    let fixed: Vec<String> = arms
+        .iter()
+        .filter(|a| a.learned.is_none())
+        .filter_map(|a| Some(format!("{}={}s", a.name, a.hold?)))
+        .collect();
+    let mut args = vec![
+        format!(
+            "--node-selector=karpenter.sh/nodepool in ({})",
+            pools.join(",")
+        ),
+        "--window-per-label=karpenter.sh/nodepool".to_string(),
+        "--max-hold=4h".to_string(),
+    ];
+    if !fixed.is_empty() {
+        args.push(format!("--group-hold-duration={}", fixed.join(",")));
+    }
+    if let Some((launch, fallback)) = arms.iter().find_map(|a| Some((a.learned?, a.hold?))) {
+        args.push("--hold-policy=learned".to_string());
+        args.push(format!("--launch-cost={launch}s"));
+        args.push(format!("--hold-duration={fallback}s"));
+    }
+    if arms.iter().any(|a| a.follows_work) {
+        args.push("--window-follows-work".to_string());
+    }
+    args
+}

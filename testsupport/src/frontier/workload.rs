@@ -1,0 +1,119 @@
+//! The churn bench's work as the cluster sees it, each part pinned to one
+//! arm's pool: the steady and service Deployments, the day's Jobs, each step
+//! of the day done for one arm, and the wait until the Jobs are done.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::arms::{ARM_LABEL, Arm};
+use super::days::Step;
+
+/// A Deployment `<arm>-<part>` of `replicas` pods of `cpu`, pinned to the
+/// arm's pool.
+pub fn deployment(arm: &str, part: &str, replicas: i32, cpu: &str) -> Result<Deployment> {
+    let mut object = serde_json::to_value(testenv::filler_deployment(
+        &format!("{arm}-{part}"),
+        replicas,
+    ))?;
+    let template = &mut object["spec"]["template"];
+    template["metadata"]["labels"][ARM_LABEL] = json!(arm);
+    template["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!(cpu);
+    testenv::in_pool(&mut template["spec"], arm);
+    Ok(serde_json::from_value(object)?)
+}
+
+/// A Job `<arm>-<n>` of `pods` pods running `run_for`, pinned to the arm's
+/// pool.
+pub fn job(arm: &str, n: usize, pods: i32, run_for: Duration) -> Result<Job> {
+    let mut object =
+        serde_json::to_value(testenv::filler_job(&format!("{arm}-{n}"), pods, run_for))?;
+    let template = &mut object["spec"]["template"];
+    template["metadata"]["labels"][ARM_LABEL] = json!(arm);
+    testenv::in_pool(&mut template["spec"], arm);
+    Ok(serde_json::from_value(object)?)
+}
+
+pub async fn scale(deployments: &Api<Deployment>, name: &str, replicas: i32) -> Result<()> {
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .with_context(|| format!("scaling {name} to {replicas}"))?;
+    Ok(())
+}
+
+/// Does `step` for `arm`.
+pub async fn apply(
+    step: &Step<'_>,
+    jobs: &Api<Job>,
+    deployments: &Api<Deployment>,
+    arm: &str,
+) -> Result<()> {
+    match step {
+        Step::Job(n, wave) => {
+            let run_for = Duration::from_secs_f64(wave.run_for);
+            let job = job(arm, *n, wave.pods, run_for)?;
+            jobs.create(&PostParams::default(), &job).await?;
+        }
+        Step::Service(_, replicas) => {
+            scale(deployments, &format!("{arm}-service"), *replicas).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Until every arm's Jobs are done; the failed pods (evicted while they
+/// ran, run again) per arm.
+pub async fn wait_jobs_done(
+    client: &kube::Client,
+    arms: &[Arm],
+    limit: Duration,
+) -> Result<BTreeMap<String, i32>> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + limit;
+    loop {
+        let listed = jobs.list(&ListParams::default()).await?.items;
+        let running = listed.iter().filter(|j| !finished(j)).count();
+        if running == 0 {
+            return Ok(failed_per_arm(&listed, arms));
+        }
+        if Instant::now() > deadline {
+            bail!("{running} Jobs still running {limit:?} after the day's end");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The failed pods of each arm's Jobs.
+fn failed_per_arm(jobs: &[Job], arms: &[Arm]) -> BTreeMap<String, i32> {
+    let mut failed = BTreeMap::new();
+    for arm in arms {
+        let prefix = format!("{}-", arm.name);
+        let of_arm = jobs.iter().filter(|j| {
+            j.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        });
+        let count = of_arm.filter_map(|j| j.status.as_ref()?.failed).sum();
+        failed.insert(arm.name.clone(), count);
+    }
+    failed
+}
+
+fn finished(job: &Job) -> bool {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|cs| {
+        cs.iter()
+            .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+    })
+}
