@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::cli::{ExplainArgs, Output};
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
-use crate::core::holds::{Preset, held_keys, is_marked};
+use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset, held_keys, held_until_stamp, is_marked};
 use crate::core::window::Mode;
 use crate::status::{self, Status};
 
@@ -33,6 +33,9 @@ pub struct Explanation {
     /// Until when node-holder holds it, and why then; `None` when it does
     /// not (or its hold comes off at the leader's next pass).
     pub until: Option<Until>,
+    /// The node's `node-holder.dev/held-until`: held at least until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_until_annotation: Option<Timestamp>,
     pub leader: Option<String>,
     /// The node's last Events, oldest first.
     pub events: Vec<NodeEvent>,
@@ -140,6 +143,7 @@ pub fn explain(node: &Node, status: &Status, events: Vec<NodeEvent>) -> Explanat
         until: held
             .then(|| until(status, group.as_deref(), node))
             .flatten(),
+        held_until_annotation: held_until_stamp(meta),
         holds,
         group,
         pool_budget,
@@ -239,6 +243,14 @@ pub fn render_text(e: &Explanation, now: Timestamp) -> String {
         (None, false) => "-".into(),
     };
     line("Until:", until);
+    if let Some(at) = e.held_until_annotation {
+        line(
+            "Stamped:",
+            format!(
+                "{HELD_UNTIL_ANNOTATION}={at} (held at least until then; the leader rewrites it before it passes while the hold lasts)"
+            ),
+        );
+    }
     line(
         "Leader:",
         e.leader
@@ -372,6 +384,16 @@ mod tests {
         );
         assert!(
             text.contains("Leader:   none: nothing adds or releases holds now\n"),
+            "{text}"
+        );
+        assert!(!text.contains("Stamped:"), "{text}");
+        let stamp = ("node-holder.dev/held-until", "2026-11-22T12:15:00Z");
+        let stamped = node(&[(NODEPOOL_LABEL, "gpu"), MARKED], &[HOLD, LISTED, stamp]);
+        let e = explain(&stamped, &status, Vec::new());
+        assert_eq!(e.held_until_annotation, Some(at("2026-11-22T12:15:00Z")));
+        let text = render_text(&e, at("2026-11-22T12:10:00Z"));
+        assert!(
+            text.contains("Stamped:  node-holder.dev/held-until=2026-11-22T12:15:00Z (held at least until then;"),
             "{text}"
         );
 

@@ -15,6 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use crate::core::plan::Action;
 use crate::server::HandshakeFailure;
 
 /// The webhook's answers known in advance, shown at 0 from the start so a
@@ -154,6 +155,8 @@ pub struct WindowMetrics {
     pub held_nodes: Gauge<i64, AtomicI64>,
     pub holds_applied: Counter,
     pub holds_released: Counter,
+    /// `held-until` annotations rewritten on nodes already held.
+    pub held_until_stamps: Counter,
     /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
     /// Failed passes by kind (`crate::retry::failure_kind`).
@@ -173,6 +176,34 @@ pub struct WindowMetrics {
 }
 
 impl WindowMetrics {
+    /// Registers the counters of applied node patches, one per [`Action`].
+    fn register_patches(&self, registry: &mut Registry) {
+        registry.register(
+            "holds_applied",
+            "Holds node-holder's window task put on nodes",
+            self.holds_applied.clone(),
+        );
+        registry.register(
+            "holds_released",
+            "Holds node-holder's window task removed from nodes",
+            self.holds_released.clone(),
+        );
+        registry.register(
+            "held_until_stamps",
+            "held-until annotations node-holder's window task rewrote on nodes it already held",
+            self.held_until_stamps.clone(),
+        );
+    }
+
+    /// The counter of applied patches of `action`.
+    pub fn applied(&self, action: Action) -> &Counter {
+        match action {
+            Action::Hold => &self.holds_applied,
+            Action::Release => &self.holds_released,
+            Action::Stamp => &self.held_until_stamps,
+        }
+    }
+
     /// The hold window's metrics, registered in `registry`.
     fn register(registry: &mut Registry) -> Self {
         let window = WindowMetrics {
@@ -181,6 +212,7 @@ impl WindowMetrics {
             held_nodes: Gauge::default(),
             holds_applied: Counter::default(),
             holds_released: Counter::default(),
+            held_until_stamps: Counter::default(),
             new_nodes: Family::default(),
             pass_failures: Family::default(),
             patch_errors: Family::default(),
@@ -204,16 +236,7 @@ impl WindowMetrics {
             "Nodes carrying node-holder's hold",
             window.held_nodes.clone(),
         );
-        registry.register(
-            "holds_applied",
-            "Holds node-holder's window task put on nodes",
-            window.holds_applied.clone(),
-        );
-        registry.register(
-            "holds_released",
-            "Holds node-holder's window task removed from nodes",
-            window.holds_released.clone(),
-        );
+        window.register_patches(registry);
         registry.register(
             "patch_errors",
             "Failed node PATCH requests by HTTP status code",

@@ -17,8 +17,8 @@ use axum::Json;
 use axum::extract::State;
 use common::window::{
     Cluster, MARKER, all_held, at, create, created, eventually, eventually_logging, fast, held,
-    metric, node_holder_patch_codes, old_nodes, record_at, released_on_time, releases, secs, strs,
-    window,
+    metric, node_holder_patch_codes, node_holder_stamps, old_nodes, record_at, released_on_time,
+    releases, secs, strs, window,
 };
 use common::{register_webhook, serve};
 use jiff::Timestamp;
@@ -291,10 +291,12 @@ async fn under_priority_and_fairness_rejections_every_node_is_held_and_released_
 const APF_NODES: usize = 80;
 
 /// A validating admission webhook served by the test, which refuses the
-/// first attempt of each node-holder hold and release of each node with
-/// status 500: a fault the API server turns into the PATCH's response.
+/// first attempt of each node-holder hold, release and `held-until` rewrite
+/// of each node with status 500: a fault the API server turns into the
+/// PATCH's response.
 struct Injector {
-    /// Attempts so far, by (node, "hold" | "release" | "other").
+    /// Attempts so far, by (node, "hold" | "release" | "stamp": marked before
+    /// and after).
     attempts: Mutex<HashMap<(String, &'static str), u32>>,
     /// Requests of anyone else, allowed: the test's probes.
     others: AtomicU32,
@@ -311,7 +313,7 @@ async fn inject(State(injector): State<Arc<Injector>>, Json(review): Json<Value>
         let action = match (marked(&request["oldObject"]), marked(&request["object"])) {
             (false, true) => "hold",
             (true, false) => "release",
-            _ => "other",
+            _ => "stamp",
         };
         let name = request["name"].as_str().unwrap_or_default().to_string();
         let mut attempts = injector.attempts.lock().unwrap();
@@ -455,14 +457,21 @@ async fn node_patches_failing_with_500_are_counted_and_retried_until_every_node_
         assert_eq!(codes[old], [500, 200, 500, 200], "{old}: {codes:?}");
     }
     assert_eq!(codes["new-1"], [500, 200], "{codes:?}");
-    assert_eq!(patch_errors(&served, 500).await, 5.0);
+    // new-1, held by the webhook, got its `held-until` in a PATCH of its own:
+    // refused once too, and written on the next pass.
+    let stamps: Vec<u16> = node_holder_stamps(&cp, "new-1")
+        .iter()
+        .map(|&(_, code)| code)
+        .collect();
+    assert_eq!(stamps, [500, 200]);
+    assert_eq!(patch_errors(&served, 500).await, 6.0);
     // Each refusal is logged with the node and the code.
     let failures: Vec<Value> = served
         .log_lines()
         .into_iter()
         .filter(|l| l["level"] == "WARN" && l["node"].is_string() && l["code"].is_u64())
         .collect();
-    assert_eq!(failures.len(), 5, "{failures:?}");
+    assert_eq!(failures.len(), 6, "{failures:?}");
     assert!(failures.iter().all(|l| l["code"] == 500), "{failures:?}");
     let attempts = injector.attempts.lock().unwrap().clone();
     assert_eq!(
@@ -473,6 +482,7 @@ async fn node_patches_failing_with_500_are_counted_and_retried_until_every_node_
             (("old-1".into(), "release"), 2),
             (("old-2".into(), "release"), 2),
             (("new-1".into(), "release"), 2),
+            (("new-1".into(), "stamp"), 2),
         ])
     );
     stop.cancel();

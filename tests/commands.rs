@@ -174,7 +174,8 @@ async fn release_asks_the_running_leader_which_closes_the_window_and_strips_the_
     assert!(!text.contains("Release:"), "{text}");
 }
 
-/// The `userAgent` of every PATCH of node `name` in the audit log.
+/// The `userAgent` of every PATCH of node `name` in the audit log that put holds
+/// on or took them off (not the leader's `held-until` rewrites).
 fn node_patch_agents(cp: &ControlPlane, name: &str) -> Vec<String> {
     cp.audit_events()
         .unwrap()
@@ -184,6 +185,7 @@ fn node_patch_agents(cp: &ControlPlane, name: &str) -> Vec<String> {
                 && e["objectRef"]["resource"] == "nodes"
                 && e["objectRef"]["name"] == name
                 && e["stage"] == "ResponseComplete"
+                && !common::window::is_stamp(e)
         })
         .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
         .collect()

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::window::{
     Cluster, HOLD, all_held, annotate, at, carries_anything_of_node_holders, create, created,
-    eventually_logging, fast, held, logged, no_node_carries_anything, old_nodes, scrape, strs,
-    window,
+    eventually_logging, fast, held, logged, no_node_carries_anything, node_holder_stamps,
+    old_nodes, scrape, strs, window,
 };
 use common::{has_node_events, register_webhook, serve};
 use jiff::Timestamp;
@@ -38,6 +38,25 @@ async fn others_kept(nodes: &Api<Node>) {
             );
         }
     }
+}
+
+const FIVE: [&str; 5] = ["old-1", "old-2", "old-3", "new-1", "new-2"];
+
+/// Whether each of `names` carries `node-holder.dev/held-until` = `at`.
+async fn stamped(nodes: &Api<Node>, names: &[&str], at: Timestamp) -> bool {
+    let want = at.to_string();
+    for name in names {
+        let node = nodes.get(name).await.unwrap();
+        let stamp = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("node-holder.dev/held-until"));
+        if stamp != Some(&want) {
+            return false;
+        }
+    }
+    true
 }
 
 async fn all(nodes: &Api<Node>) -> Vec<Node> {
@@ -83,6 +102,22 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
         Some(created(&first))
     );
     others_kept(&nodes).await;
+    // Each held node says until when: the old ones in their hold patch, the
+    // webhook's new-1 in a patch of its own.
+    let first_deadline = created(&first) + Duration::from_secs(6);
+    eventually_logging(
+        "every held node stamped with the deadline",
+        Duration::from_secs(10),
+        &served,
+        || {
+            stamped(
+                &nodes,
+                &["old-1", "old-2", "old-3", "new-1"],
+                first_deadline,
+            )
+        },
+    )
+    .await;
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = create(&nodes, "new-2", &[], &[]).await;
@@ -110,6 +145,14 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
             all(&nodes).await.iter().filter(|n| held(n)).count() == 5,
             "all five held until the deadline"
         );
+        // The first deadline's stamps were rewritten when it passed.
+        eventually_logging(
+            "every stamp moved to the new deadline",
+            Duration::from_secs(1),
+            &served,
+            || stamped(&nodes, &FIVE, deadline),
+        )
+        .await;
     }
     // ...and released after it: every hold node-holder placed, nothing else.
     eventually_logging(
@@ -156,9 +199,28 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
     )
     .await;
 
+    // Stamps are written once, kept while true as the window moves, and
+    // written again only when they pass: new-1's and the old nodes' at the
+    // first deadline; new-2's (the second deadline) never.
+    for (name, count) in [
+        ("new-1", 2),
+        ("new-2", 1),
+        ("old-1", 1),
+        ("old-2", 1),
+        ("old-3", 1),
+    ] {
+        let stamps = node_holder_stamps(&cp, name);
+        assert_eq!(stamps.len(), count, "{name}: {stamps:?}");
+        assert!(
+            stamps.iter().all(|&(_, code)| code == 200),
+            "{name}: {stamps:?}"
+        );
+    }
+
     let metrics = scrape(&served).await.unwrap();
     for line in [
         "node_holder_leader 1",
+        "node_holder_held_until_stamps_total 6",
         "node_holder_holds_applied_total 3",
         "node_holder_window_deadline_seconds 0.0",
     ] {

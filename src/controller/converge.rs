@@ -20,18 +20,12 @@ impl WindowTask {
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
-        let (mut hold, mut release) = (Vec::new(), Vec::new());
-        let mut groups = GroupGauges::default();
-        for (i, meta) in metas().enumerate() {
-            let action = planner.node(meta).map(|(action, _)| action);
-            match action {
-                Some(Action::Hold) => hold.push(i),
-                Some(Action::Release) => release.push(i),
-                None => {}
-            }
-            let held_after = action == Some(Action::Hold) || (is_marked(meta) && action.is_none());
-            groups.count(&self.config.window.groups, meta, held_after);
-        }
+        let (by_action, groups) = by_action(planner, &self.config.window.groups, metas());
+        let ByAction {
+            hold,
+            release,
+            stamp,
+        } = by_action;
         let patches = |indices: Vec<usize>| {
             indices
                 .into_iter()
@@ -40,8 +34,9 @@ impl WindowTask {
         };
         let marked = metas().filter(|node| is_marked(*node)).count() as i64;
         let wake_at = planner.wake(metas());
-        let (hold_total, release_total) = (hold.len(), release.len());
+        let (hold_total, release_total, stamp_total) = (hold.len(), release.len(), stamp.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
+        let (_, stamp_failures) = self.apply(Action::Stamp, patches(stamp), stamp_total).await;
         // A paced release shows its own progress (`pacing` in the record).
         if release_total > 0 && cfg.mode == Mode::Cluster && !self.windows.is_pacing() {
             self.releasing |= record_releasing(&self.store, release_total).await;
@@ -58,7 +53,11 @@ impl WindowTask {
         self.metrics.held_nodes.set(marked + held - released);
         self.show_windows(groups);
         Ok(PassOutcome {
-            wake: self.wake(hold_failures + release_failures, wake_at, now),
+            wake: self.wake(
+                hold_failures + stamp_failures + release_failures,
+                wake_at,
+                now,
+            ),
         })
     }
 
@@ -95,9 +94,10 @@ impl WindowTask {
     pub(super) fn note(&self, action: Action, patch: &NodePatch) {
         if let Some(report) = &self.report {
             let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
-            if action == Action::Hold {
-                report.held.push(patch.name.clone());
-                return;
+            match action {
+                Action::Hold => return report.held.push(patch.name.clone()),
+                Action::Stamp => return,
+                Action::Release => {}
             }
             report
                 .left
@@ -162,11 +162,7 @@ impl WindowTask {
             match result {
                 PatchResult::Applied => {
                     applied += 1;
-                    let counter = match action {
-                        Action::Hold => &self.metrics.holds_applied,
-                        Action::Release => &self.metrics.holds_released,
-                    };
-                    counter.inc();
+                    self.metrics.applied(action).inc();
                     if let Some(event) = events.applied(&patch) {
                         self.events.send(event);
                     }
@@ -197,6 +193,45 @@ impl WindowTask {
         );
         (applied, changed + failed)
     }
+}
+
+/// The nodes (by index) each kind of patch changes.
+#[derive(Default)]
+pub(super) struct ByAction {
+    hold: Vec<usize>,
+    release: Vec<usize>,
+    stamp: Vec<usize>,
+}
+
+/// Sorts `nodes` by the patch the plan gives each, and counts each group's
+/// nodes held once those patches land.
+fn by_action<'a>(
+    planner: &Planner<'_>,
+    grouping: &Grouping,
+    nodes: impl Iterator<Item = &'a NodeMeta>,
+) -> (ByAction, GroupGauges<'a>) {
+    let mut sorted = ByAction::default();
+    let mut groups = GroupGauges::default();
+    for (i, meta) in nodes.enumerate() {
+        let action = planner.node(meta).map(|(action, _)| action);
+        let held_after = match action {
+            Some(Action::Hold) => {
+                sorted.hold.push(i);
+                true
+            }
+            Some(Action::Release) => {
+                sorted.release.push(i);
+                false
+            }
+            Some(Action::Stamp) => {
+                sorted.stamp.push(i);
+                true
+            }
+            None => is_marked(meta),
+        };
+        groups.count(grouping, meta, held_after);
+    }
+    (sorted, groups)
 }
 
 /// Before a closed window's holds come off in `cluster` scope, the record

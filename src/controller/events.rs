@@ -187,10 +187,12 @@ impl PassEvents {
     /// The Event of one applied patch: its own, while under the limit.
     pub fn applied(&mut self, patch: &NodePatch) -> Option<HoldEvent> {
         self.applied = self.applied.saturating_add(1);
-        (self.applied <= self.limit).then(|| match self.action {
-            Action::Hold => HoldEvent::held(patch),
-            Action::Release => HoldEvent::released(patch),
-        })
+        match self.action {
+            Action::Hold => (self.applied <= self.limit).then(|| HoldEvent::held(patch)),
+            Action::Release => (self.applied <= self.limit).then(|| HoldEvent::released(patch)),
+            // A rewritten deadline changes no hold: no Event.
+            Action::Stamp => None,
+        }
     }
 
     /// After the pass: the Event on the record that sums it up, when more
@@ -202,6 +204,7 @@ impl PassEvents {
         let (reason, action, did) = match self.action {
             Action::Hold => ("NodesHeld", "Hold", "put its hold on"),
             Action::Release => ("NodesReleased", "Release", "removed its hold from"),
+            Action::Stamp => return None,
         };
         Some(HoldEvent {
             regarding: Regarding::Record {

@@ -23,10 +23,20 @@ pub const MARKER_VALUE: &str = "true";
 pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
 /// The label selector of the nodes carrying node-holder's marker.
 pub const MARKED: &str = "node-holder.dev/held=true";
+/// Annotation with the time (RFC 3339, whole seconds) until which, at the
+/// least, node-holder holds the node: the leader writes it on every node it
+/// holds and rewrites it before it passes while the hold goes on
+/// ([`needs_stamp`](super::plan)); a release removes it with the holds.
+pub const HELD_UNTIL_ANNOTATION: &str = "node-holder.dev/held-until";
 
 /// Whether the node carries node-holder's marker label.
 pub fn is_marked(meta: &(impl NodeFields + ?Sized)) -> bool {
     meta.label(MARKER_LABEL) == Some(MARKER_VALUE)
+}
+
+/// The node's [`HELD_UNTIL_ANNOTATION`], if it holds a time.
+pub fn held_until_stamp(meta: &(impl NodeFields + ?Sized)) -> Option<jiff::Timestamp> {
+    meta.annotation(HELD_UNTIL_ANNOTATION)?.parse().ok()
 }
 
 /// The hold keys node-holder listed on the node (its `hold-keys`

@@ -9,14 +9,15 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::holds::{
-    HELD_KEYS_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset, held_keys, is_marked,
-    listed_keys,
+    HELD_KEYS_ANNOTATION, HELD_UNTIL_ANNOTATION, Hold, Holds, MARKER_LABEL, MARKER_VALUE, Preset,
+    held_keys, is_marked, listed_keys,
 };
 use super::node::{NodeFields, NodeMeta, labels};
 use super::selector::NodeScope;
@@ -74,6 +75,41 @@ pub fn hold_existing(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>
     (Patch(ops), added)
 }
 
+/// `patch` (a hold of `meta`, possibly empty) with the node's
+/// [`HELD_UNTIL_ANNOTATION`] set to `until`, whole seconds rounded down (so
+/// the stamp never says later than the hold's end). An empty `patch` gets a
+/// `test` that the node carries node-holder's marker first: only a node
+/// node-holder holds is stamped, and a release or an edit since the node was
+/// read makes the API server reject the stamp.
+pub fn with_held_until(meta: &impl NodeFields, Patch(mut ops): Patch, until: Timestamp) -> Patch {
+    if ops.is_empty() {
+        ops.push(test(
+            PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]),
+            MARKER_VALUE,
+        ));
+    }
+    // A hold patch adds the annotations map first when the node had none.
+    let map_exists = meta.has_annotations() || !ops.iter().all(is_test);
+    let stamp = BTreeMap::from([(HELD_UNTIL_ANNOTATION.to_string(), stamp_text(until))]);
+    ops.extend(map_entries("annotations", map_exists, stamp));
+    Patch(ops)
+}
+
+/// How [`with_held_until`] writes `until`: RFC 3339 in whole seconds,
+/// rounded down.
+pub fn stamp_text(until: Timestamp) -> String {
+    floor_seconds(until).to_string()
+}
+
+/// `t` rounded down to a whole second.
+pub fn floor_seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+fn is_test(op: &PatchOperation) -> bool {
+    matches!(op, PatchOperation::Test(_))
+}
+
 /// The patch that takes node-holder's holds off a node, and what it does.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Release {
@@ -115,6 +151,11 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
         ops.push(test(path.clone(), list));
         ops.push(remove(path));
     }
+    if let Some(stamp) = annotation(HELD_UNTIL_ANNOTATION) {
+        let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_UNTIL_ANNOTATION]);
+        ops.push(test(path.clone(), stamp));
+        ops.push(remove(path));
+    }
     if let Some(marker) = meta.label(MARKER_LABEL) {
         let path = PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]);
         ops.push(test(path.clone(), marker));
@@ -152,6 +193,7 @@ pub fn keep_what_patches_read(
         |key| key == MARKER_LABEL || also.iter().any(|a| a == key),
         |key| {
             key == HELD_KEYS_ANNOTATION
+                || key == HELD_UNTIL_ANNOTATION
                 || holds.iter().any(|h| h.key == key)
                 || listed.contains(&key)
         },
@@ -212,7 +254,7 @@ fn remove(path: PointerBuf) -> PatchOperation {
 mod tests {
     use super::*;
     use crate::core::groups::Grouping;
-    use crate::core::holds::Preset;
+    use crate::core::holds::{Preset, held_until_stamp};
     use serde_json::json;
 
     fn meta(value: Value) -> ObjectMeta {
@@ -535,7 +577,8 @@ mod tests {
             json!({"name": "n1", "creationTimestamp": "2026-11-24T08:00:00Z", "resourceVersion": "7",
                    "annotations": {"karpenter.sh/do-not-disrupt": "true", "other": "v",
                        "karpenter.sh/do-not-consolidate": "true",
-                       "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,karpenter.sh/do-not-consolidate"},
+                       "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt,karpenter.sh/do-not-consolidate",
+                       "node-holder.dev/held-until": "2026-11-24T08:10:00Z"},
                    "labels": {"node-holder.dev/held": "true", "zone": "a", "pool": "batch"},
                    "finalizers": ["f"]}),
             json!({"name": "n1", "creationTimestamp": "2026-11-24T08:00:00Z", "resourceVersion": "8"}),
@@ -558,6 +601,12 @@ mod tests {
                 assert_eq!(
                     release_holds(&trimmed, &holds),
                     release_holds(&whole, &holds)
+                );
+                assert_eq!(held_until_stamp(&trimmed), held_until_stamp(&whole));
+                let until = "2026-11-24T08:20:00.5Z".parse().unwrap();
+                assert_eq!(
+                    with_held_until(&trimmed, Patch(Vec::new()), until),
+                    with_held_until(&whole, Patch(Vec::new()), until)
                 );
             }
         }

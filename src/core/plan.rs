@@ -15,9 +15,9 @@ use json_patch::Patch;
 
 use super::budget::NODEPOOL_LABEL;
 use super::groups::Windows;
-use super::holds::{Holds, is_marked};
+use super::holds::{Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
-use super::patch::{hold_existing, release_holds};
+use super::patch::{floor_seconds, hold_existing, release_holds, with_held_until};
 use super::window::{Mode, WindowConfig};
 
 /// One node's patch and what it changes, for logs and Events.
@@ -44,6 +44,8 @@ pub struct NodePatch {
 pub enum Action {
     Hold,
     Release,
+    /// A held node's `held-until` rewritten, its holds untouched.
+    Stamp,
 }
 
 impl Action {
@@ -51,8 +53,29 @@ impl Action {
         match self {
             Action::Hold => "hold",
             Action::Release => "release",
+            Action::Stamp => "stamp",
         }
     }
+}
+
+/// The `held-until` a node held until `until` should carry, if its own is
+/// not true now: none written yet (or unreadable), one already past while
+/// the hold goes on, or one later than the hold's end (the end moved
+/// earlier). A stamp between now and the end is left alone as the window
+/// moves later: it stays true ("held at least until"), and is rewritten when
+/// it passes. So each held node is written once when first held, then at
+/// most once per stamp that passes while the hold goes on, and never on
+/// every move of the window. `None` also when the hold ends within the
+/// second.
+pub fn needs_stamp(node: &impl NodeFields, until: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    let target = floor_seconds(until);
+    if target <= now {
+        return None;
+    }
+    let current = held_until_stamp(node);
+    current
+        .is_none_or(|stamp| stamp <= now || stamp > target)
+        .then_some(target)
 }
 
 /// The desired state, one node at a time. `cluster` mode: while its group's
@@ -172,9 +195,22 @@ impl Planner<'_> {
         let (wanted, until) = self.wanted(node);
         if wanted {
             let (patch, added) = hold_existing(node, self.holds);
+            let action = if patch.0.is_empty() {
+                Action::Stamp
+            } else {
+                Action::Hold
+            };
+            let marked_after = is_marked(node) || action == Action::Hold;
+            let stamp = until
+                .filter(|_| marked_after)
+                .and_then(|until| needs_stamp(node, until, self.now));
+            let patch = match stamp {
+                Some(stamp) => with_held_until(node, patch, stamp),
+                None if action == Action::Stamp => return None,
+                None => patch,
+            };
             let keys = added.into_iter().map(|h| h.key).collect();
-            (!patch.0.is_empty())
-                .then(|| (Action::Hold, node_patch(patch, keys, Vec::new(), until)))
+            Some((action, node_patch(patch, keys, Vec::new(), until)))
         } else {
             let release = release_holds(node, self.holds);
             (!release.patch.0.is_empty()).then(|| {
@@ -188,14 +224,25 @@ impl Planner<'_> {
         }
     }
 
+    /// When this node's plan changes by itself: in `node` mode its own hold
+    /// end, in both modes when its `held-until` passes before the hold ends
+    /// (it is rewritten then).
+    fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
+        let (wanted, until) = self.wanted(node);
+        let until = until.filter(|_| wanted)?;
+        let own_end = (self.cfg.mode == Mode::Node).then_some(until);
+        let stamp = held_until_stamp(node)
+            .filter(|&stamp| is_marked(node) && self.now < stamp && stamp < floor_seconds(until));
+        own_end.into_iter().chain(stamp).min()
+    }
+
     /// When the plan changes by itself (a hold ends), absent node changes:
-    /// a window's deadline, a paced release's next step, or in `node` mode
-    /// the first node's hold end.
+    /// a window's deadline, a paced release's next step, in `node` mode
+    /// the first node's hold end, or the first `held-until` to pass.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
-        let own_ends = (self.cfg.mode == Mode::Node).then_some(nodes).into_iter();
-        own_ends
-            .flatten()
-            .filter_map(|node| self.wanted(node).1)
+        nodes
+            .into_iter()
+            .filter_map(|node| self.node_wake(node))
             .chain(self.windows.next_wake())
             .chain(self.paced.values().filter_map(|keep| keep.next))
             .min()
@@ -210,7 +257,7 @@ mod tests {
 
     use super::*;
     use crate::core::groups::Grouping;
-    use crate::core::holds::Preset;
+    use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset};
     use crate::core::node::labels;
     use crate::core::selector::NodeScope;
     use crate::core::window::Window;
@@ -221,13 +268,14 @@ mod tests {
     struct Plan {
         hold: Vec<NodePatch>,
         release: Vec<NodePatch>,
+        stamp: Vec<NodePatch>,
         /// See [`Planner::wake`].
         wake: Option<Timestamp>,
     }
 
     impl Plan {
         fn is_empty(&self) -> bool {
-            self.hold.is_empty() && self.release.is_empty()
+            self.hold.is_empty() && self.release.is_empty() && self.stamp.is_empty()
         }
     }
 
@@ -244,6 +292,7 @@ mod tests {
             match action {
                 Action::Hold => plan.hold.push(patch),
                 Action::Release => plan.release.push(patch),
+                Action::Stamp => plan.stamp.push(patch),
             }
         }
         plan
@@ -288,6 +337,13 @@ mod tests {
             json!({"karpenter.sh/do-not-disrupt": "true",
                 "node-holder.dev/hold-keys": "karpenter.sh/do-not-disrupt"}),
         )
+    }
+
+    /// `meta` with `node-holder.dev/held-until` set to `at`.
+    fn stamped(mut meta: ObjectMeta, at: Timestamp) -> ObjectMeta {
+        let annotations = meta.annotations.get_or_insert_default();
+        annotations.insert(HELD_UNTIL_ANNOTATION.into(), at.to_string());
+        meta
     }
 
     fn names(patches: &[NodePatch]) -> Vec<&str> {
@@ -380,14 +436,17 @@ mod tests {
                 "/metadata/annotations/karpenter.sh~1do-not-disrupt",
                 "/metadata/annotations/node-holder.dev~1hold-keys",
                 "/metadata/labels/node-holder.dev~1held",
+                "/metadata/annotations/node-holder.dev~1held-until",
             ]
         );
+        // The stamp goes into the map the hold patch adds first.
         assert_eq!(
             ops(absent),
             [
                 "/metadata/resourceVersion",
                 "/metadata/annotations",
                 "/metadata/labels",
+                "/metadata/annotations/node-holder.dev~1held-until",
             ]
         );
     }
@@ -422,11 +481,77 @@ mod tests {
         assert_eq!(plan.wake, Some(t(10)));
     }
 
+    /// `held-until` is written when a node is first held, left alone while
+    /// it is true (before the hold's end, not yet past) however the window
+    /// moves, rewritten when it passes while the hold goes on or when the
+    /// end moved before it, and the plan wakes when the first one passes.
+    #[test]
+    fn held_until_is_written_once_and_again_only_when_it_would_be_false() {
+        let cfg = cfg(Mode::Cluster);
+        let scope = NodeScope::default();
+        let mut w = open_window(&cfg, 0);
+        w.observe(t(4), t(4), &cfg); // the deadline moves to t(14)
+        let nodes = [
+            held("new", 4),
+            stamped(held("true-before-the-move", -20), t(10)),
+            stamped(held("past", -30), t(2) - jiff::SignedDuration::from_secs(1)),
+            stamped(held("too-late", -30), t(20)),
+            stamped(held("garbled", -30), t(11)),
+        ];
+        let mut garbled = nodes[4].clone();
+        garbled
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(HELD_UNTIL_ANNOTATION.into(), "soon".into());
+        let nodes = [&nodes[..4], &[garbled]].concat();
+        let plan = plan(&w, &cfg, &scope, &holds(), &nodes, t(2));
+        assert!(plan.hold.is_empty() && plan.release.is_empty());
+        assert_eq!(names(&plan.stamp), ["garbled", "new", "past", "too-late"]);
+        for patch in &plan.stamp {
+            assert_eq!(
+                serde_json::to_value(&patch.patch).unwrap(),
+                json!([
+                    {"op": "test", "path": "/metadata/labels/node-holder.dev~1held", "value": "true"},
+                    {"op": "add", "path": "/metadata/annotations/node-holder.dev~1held-until",
+                     "value": t(14).to_string()},
+                ]),
+                "{}",
+                patch.name
+            );
+        }
+        // The first stamp to pass before the deadline wakes the plan.
+        assert_eq!(plan.wake, Some(t(10)));
+
+        // Released: the stamp goes with the holds.
+        let mut closed = w.clone();
+        closed.tick(t(14));
+        let plan = plan_all_at(&closed, &cfg, &nodes[1..2], t(14));
+        let release = serde_json::to_value(&plan.release[0].patch).unwrap();
+        assert!(
+            release.as_array().unwrap().iter().any(|op| op
+                == &json!({"op": "remove", "path": "/metadata/annotations/node-holder.dev~1held-until"})),
+            "{release}"
+        );
+        // A node someone else holds (no marker) is never stamped.
+        let theirs = node(
+            "theirs",
+            0,
+            json!({}),
+            json!({"karpenter.sh/do-not-disrupt": "true"}),
+        );
+        assert!(plan_all_at(&w, &cfg, &[theirs], t(2)).is_empty());
+    }
+
+    fn plan_all_at(w: &Window, cfg: &WindowConfig, nodes: &[ObjectMeta], now: Timestamp) -> Plan {
+        plan(w, cfg, &NodeScope::default(), &holds(), nodes, now)
+    }
+
     #[test]
     fn nodes_already_as_desired_get_nothing() {
         let cfg = cfg(Mode::Cluster);
         let scope = NodeScope::default();
-        let nodes = [held("a", 0), held("b", -100)];
+        let nodes = [stamped(held("a", 0), t(10)), stamped(held("b", -100), t(5))];
         let w = open_window(&cfg, 0);
         assert!(plan(&w, &cfg, &scope, &holds(), &nodes, t(1)).is_empty());
         let unheld = [node("a", 0, json!({}), json!({}))];

@@ -438,17 +438,55 @@ async fn marked_metadata(nodes: &Api<Node>) -> Vec<kube::core::PartialObjectMeta
 }
 
 /// Every node PATCH node-holder's identity sent that the API server answered,
-/// by node: when the API server received it and its HTTP status, in order. The
-/// audit log is at Metadata level for PATCHes, so when a PATCH came
-/// (before or after a deadline, a kill, a restart) is what tells a hold from a
-/// release and one process from the next.
+/// by node, holds and releases only (not the `held-until` rewrites:
+/// [`node_holder_stamps`]): when the API server received it and its HTTP
+/// status, in order. When a PATCH came (before or after a deadline, a kill, a
+/// restart) is what tells a hold from a release and one process from the
+/// next.
 pub fn node_holder_patch_log(cp: &ControlPlane) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
+    patch_log(cp, |event| !is_stamp(event))
+}
+
+/// When the API server received node-holder's PATCHes of node `name` that
+/// only rewrote its `node-holder.dev/held-until` (successful or not), in
+/// order.
+pub fn node_holder_stamps(cp: &ControlPlane, name: &str) -> Vec<(Timestamp, u16)> {
+    patch_log(cp, is_stamp).remove(name).unwrap_or_default()
+}
+
+/// Whether an audit event's JSON Patch (logged at Request level for
+/// node-holder: docs/audit-policy.yaml) only rewrites `held-until`: a `test`
+/// of the marker and the stamp's `add`.
+pub fn is_stamp(event: &Value) -> bool {
+    let Some(ops) = event["requestObject"].as_array() else {
+        return false;
+    };
+    let stamp = |op: &Value| match op["op"].as_str() {
+        Some("test") => op["path"] == "/metadata/labels/node-holder.dev~1held",
+        Some("add") => {
+            op["path"] == "/metadata/annotations/node-holder.dev~1held-until"
+                || (op["path"] == "/metadata/annotations"
+                    && op["value"].as_object().is_some_and(|map| {
+                        map.keys().all(|key| key == "node-holder.dev/held-until")
+                    }))
+        }
+        _ => false,
+    };
+    !ops.is_empty() && ops.iter().all(stamp)
+}
+
+/// node-holder's node PATCHes whose audit event passes `keep`, by node.
+fn patch_log(
+    cp: &ControlPlane,
+    keep: impl Fn(&Value) -> bool,
+) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
     let mut by_node: BTreeMap<String, Vec<(Timestamp, u16)>> = BTreeMap::new();
     for e in cp.audit_events().unwrap() {
         if e["verb"] == "patch"
             && e["stage"] == "ResponseComplete"
             && e["objectRef"]["resource"] == "nodes"
             && e["user"]["username"] == testenv::NODE_HOLDER_USER
+            && keep(&e)
         {
             by_node
                 .entry(e["objectRef"]["name"].as_str().unwrap().to_string())
