@@ -434,7 +434,10 @@ pub struct StatusArgs {
 
     /// Say that node-holder's holds are orphaned (an `Orphaned:` line, and
     /// `orphaned` in JSON) when nodes or NodePools carry them and no leader
-    /// has been live for this long: nothing will release them.
+    /// has been live for this long: nothing will release them. With a live
+    /// leader, held nodes whose `node-holder.dev/held-until` passed longer
+    /// ago than this are overdue (an `Overdue:` line, `overdue` in JSON):
+    /// the leader is not keeping its holds.
     #[arg(long, env = "NODE_HOLDER_ORPHANED_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
     pub orphaned_after: Duration,
 }

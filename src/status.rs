@@ -14,7 +14,7 @@ use crate::controller::lease::{self, Holder};
 use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::budget::Mechanism;
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
-use crate::core::holds::{MARKED, held_keys};
+use crate::core::holds::{HELD_UNTIL_ANNOTATION, MARKED, held_keys, held_until_stamp};
 use crate::core::pace::Pacing;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 
@@ -68,6 +68,11 @@ pub struct Status {
     /// `--orphaned-after` (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Orphaned>,
+    /// Held nodes whose `held-until` passed more than `--orphaned-after`
+    /// ago while a leader is live and no paced release keeps them: the
+    /// leader is not keeping its holds (set by [`Status::orphaned_after`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overdue: Vec<String>,
 }
 
 /// Holds nothing will release: no leader has been live for a while.
@@ -97,8 +102,27 @@ impl Status {
                 held_nodes,
                 nodepool_budgets,
             });
+        self.overdue = if live && self.pacing.is_none() {
+            overdue(&self.held_nodes, after, now)
+        } else {
+            Vec::new()
+        };
         self
     }
+}
+
+/// The held nodes whose `held-until` passed more than `after` before `now`.
+fn overdue(held: &[HeldNode], after: std::time::Duration, now: Timestamp) -> Vec<String> {
+    let Ok(after) = SignedDuration::try_from(after) else {
+        return Vec::new();
+    };
+    held.iter()
+        .filter(|node| {
+            node.held_until
+                .is_some_and(|until| now.duration_since(until) > after)
+        })
+        .map(|node| node.name.clone())
+        .collect()
 }
 
 /// One group's learned hold.
@@ -151,6 +175,9 @@ pub struct HeldNode {
     /// the unlabelled group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Its `node-holder.dev/held-until`: held at least until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<Timestamp>,
 }
 
 /// Reads the status from the cluster.
@@ -189,7 +216,6 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .unwrap_or_default();
     let mut status = Status {
         learned_holds,
-        orphaned: None,
         open: unlabelled.open,
         opened_at: unlabelled.opened_at,
         deadline: unlabelled.deadline,
@@ -204,11 +230,10 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         settings: record.settings,
         leader,
         held_nodes,
-        window_opening: false,
-        release: None,
         manual,
         manual_requested,
         pacing: unlabelled.pacing,
+        ..Status::default()
     };
     status.window_opening = window_opening(&status);
     status.release = release(&status);
@@ -245,6 +270,7 @@ fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<
             group: grouping
                 .key()
                 .map(|_| grouping.group_of(&node.metadata).to_string()),
+            held_until: held_until_stamp(&node.metadata),
             created: node.metadata.creation_timestamp.map(|t| t.0),
             name: node.metadata.name.unwrap_or_default(),
         })
@@ -410,6 +436,9 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
     line("Leader:", leader_text(status, now));
     if let Some(orphaned) = &status.orphaned {
         line("Orphaned:", orphaned_text(orphaned, now));
+    }
+    if !status.overdue.is_empty() {
+        line("Overdue:", overdue_text(&status.overdue));
     }
     line("Held nodes:", status.held_nodes.len().to_string());
     out.push_str(&held_table(status, now, limit));
@@ -626,6 +655,23 @@ fn leader_text(status: &Status, now: Timestamp) -> String {
     }
 }
 
+/// The held nodes past their `held-until` although a leader is live.
+fn overdue_text(overdue: &[String]) -> String {
+    let first: Vec<&str> = overdue.iter().take(3).map(String::as_str).collect();
+    let more = overdue.len().saturating_sub(first.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} node(s) held past their {HELD_UNTIL_ANNOTATION} by more than --orphaned-after \
+         ({}{more}) although a leader is live: it is not keeping its holds (see its log)",
+        overdue.len(),
+        first.join(", ")
+    )
+}
+
 /// What is orphaned, since when, and what to do.
 fn orphaned_text(orphaned: &Orphaned, now: Timestamp) -> String {
     let mut what = Vec::new();
@@ -761,18 +807,21 @@ mod tests {
                 live_until: Some(at("2026-11-22T12:10:12Z")),
             }),
             orphaned: None,
+            overdue: Vec::new(),
             held_nodes: vec![
                 HeldNode {
                     group: None,
                     name: "ip-10-0-1-7".into(),
                     holds: vec!["karpenter.sh/do-not-disrupt".into()],
                     created: Some(at("2026-11-22T12:04:30Z")),
+                    held_until: None,
                 },
                 HeldNode {
                     group: None,
                     name: "n2".into(),
                     holds: vec![],
                     created: None,
+                    held_until: None,
                 },
             ],
         };
@@ -823,6 +872,7 @@ mod tests {
             }),
             held_nodes: vec![],
             orphaned: None,
+            overdue: Vec::new(),
         };
         let text = render_text(&status, now);
         assert!(
@@ -907,6 +957,7 @@ mod tests {
             nodepool_budgets: Vec::new(),
             learned_holds: Vec::new(),
             orphaned: None,
+            overdue: Vec::new(),
         }
     }
 
@@ -916,6 +967,7 @@ mod tests {
             name: name.into(),
             holds: vec!["karpenter.sh/do-not-disrupt".into()],
             created: Some(at(created)),
+            held_until: None,
         }
     }
 
@@ -1111,6 +1163,50 @@ mod tests {
         let never = leaderless(None, 1, 0).orphaned_after(five, now);
         assert!(render_text(&never, now).contains("no leader has ever run"));
         assert_eq!(never.orphaned.map(|o| o.since), Some(None));
+    }
+
+    /// With a live leader, held nodes whose `held-until` passed longer
+    /// than `--orphaned-after` ago are overdue: the leader is not keeping
+    /// them. A stamp passed for less, or a paced release under way, is not.
+    #[test]
+    fn held_nodes_long_past_their_held_until_under_a_live_leader_are_overdue() {
+        let now = at("2026-11-22T12:10:00Z");
+        let five = Duration::from_secs(300);
+        let mut status = leaderless(Some("2026-11-22T12:20:00Z"), 0, 0);
+        if let Some(leader) = status.leader.as_mut() {
+            leader.expired = false;
+        }
+        let stamped = |name: &str, until: &str| HeldNode {
+            held_until: Some(at(until)),
+            ..held(name, "2026-11-22T09:00:00Z")
+        };
+        status.held_nodes = vec![
+            stamped("late", "2026-11-22T12:00:00Z"),
+            stamped("just-passed", "2026-11-22T12:08:00Z"),
+            stamped("ahead", "2026-11-22T12:30:00Z"),
+            held("unstamped", "2026-11-22T09:00:00Z"),
+        ];
+        let checked = status.clone().orphaned_after(five, now);
+        assert_eq!(checked.overdue, ["late"]);
+        assert!(checked.orphaned.is_none());
+        let text = render_text(&checked, now);
+        assert!(
+            text.contains("Overdue:     1 node(s) held past their node-holder.dev/held-until by more than --orphaned-after (late) although a leader is live"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&checked).unwrap();
+        assert_eq!(json["overdue"], serde_json::json!(["late"]), "{json}");
+        assert_eq!(
+            json["heldNodes"][0]["heldUntil"], "2026-11-22T12:00:00Z",
+            "{json}"
+        );
+
+        // A paced release keeps nodes past their stamp on purpose.
+        status.pacing = Some(Pacing {
+            since: at("2026-11-22T12:00:00Z"),
+            of: 4,
+        });
+        assert!(status.orphaned_after(five, now).overdue.is_empty());
     }
 
     #[test]

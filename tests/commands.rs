@@ -82,6 +82,20 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
         json["heldNodes"][0]["holds"],
         serde_json::json!(["karpenter.sh/do-not-disrupt"])
     );
+    // The leader stamps each node the webhook held with the deadline.
+    common::window::eventually("both nodes stamped", Duration::from_secs(10), || {
+        let json: serde_json::Value =
+            serde_json::from_str(&succeeded(&operator(&cp, &["status", "-o", "json"]))).unwrap();
+        let stamps: Vec<Option<Timestamp>> = json["heldNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["heldUntil"].as_str().and_then(|t| t.parse().ok()))
+            .collect();
+        std::future::ready(stamps == [Some(deadline), Some(deadline)])
+    })
+    .await;
+    assert!(json.get("overdue").is_none(), "{json}");
 
     let text = succeeded(&operator(&cp, &["status"]));
     assert!(
