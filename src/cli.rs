@@ -247,7 +247,9 @@ pub struct WindowArgs {
     pub max_hold: Duration,
 
     /// `cluster`: while the window is open every node in scope carries the
-    /// hold; `node`: only new nodes are held, each for the hold duration.
+    /// hold; `node`: only new nodes are held, each for the hold duration
+    /// from its creation (with `--window-follows-work`, from its last work:
+    /// a per-node keep-alive, as Karpenter's `consolidateAfter`).
     #[arg(long, env = "NODE_HOLDER_SCOPE", value_enum, default_value_t = Mode::Cluster)]
     pub scope: Mode,
 
@@ -258,10 +260,11 @@ pub struct WindowArgs {
     #[arg(long, env = "NODE_HOLDER_RELEASE_PACE")]
     pub release_pace: Option<Pace>,
 
-    /// `cluster` scope: one window per value of this node label
-    /// (`karpenter.sh/nodepool`): a new node opens and extends only the
-    /// window of its value, which holds only the nodes with that value; nodes
-    /// without the label share one more window. A manual hold holds them all.
+    /// One window per value of this node label (`karpenter.sh/nodepool`): a
+    /// new node opens and extends only the window of its value, which holds
+    /// only the nodes with that value; nodes without the label share one
+    /// more window. In `node` scope the groups keep their own hold
+    /// (`--group-hold-duration`, or learned). A manual hold holds them all.
     /// Unset: one window for every node.
     #[arg(long, env = "NODE_HOLDER_WINDOW_PER_LABEL", value_parser = parse_label_key)]
     pub window_per_label: Option<String>,
@@ -281,12 +284,15 @@ pub struct WindowArgs {
     /// `cluster` scope: work landing on held nodes keeps their window open,
     /// as a new node does: each pod bound to a held node, or finished on it,
     /// holds its group until then plus the hold (capped by `--max-hold`).
-    /// The signal is Karpenter's `lastPodEventTime` on each NodeClaim (one
-    /// watch on NodeClaims); without Karpenter windows follow new nodes only.
+    /// `node` scope: each node is held until its own last work plus the
+    /// hold. The signal is Karpenter's `lastPodEventTime` on each NodeClaim
+    /// (one watch on NodeClaims); without Karpenter holds follow new nodes
+    /// only.
     #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
     pub window_follows_work: bool,
 
-    /// `cluster` scope: how long each group holds after its last work.
+    /// How long each group holds after its last work (in `node` scope, each
+    /// node after its own).
     /// `fixed`: `--hold-duration`. `learned`: the hold, between
     /// `--hold-floor` and `--hold-ceiling`, that costs least over the idle
     /// gaps the group has shown (each held idle second against

@@ -195,6 +195,8 @@ fn holds_on(node: &Node, status: &Status) -> Vec<HoldOnNode> {
 fn until(status: &Status, group: Option<&str>, node: &Node) -> Option<Until> {
     let settings = status.settings.as_ref()?;
     let own = match settings.mode {
+        // From its creation, or (following work, with a learned or group
+        // hold) as late as the leader's stamp says.
         Mode::Node => node
             .metadata
             .creation_timestamp
@@ -203,6 +205,7 @@ fn until(status: &Status, group: Option<&str>, node: &Node) -> Option<Until> {
                 let hold = jiff::SignedDuration::try_from(settings.hold_duration).ok()?;
                 c.0.checked_add(hold).ok()
             })
+            .max(held_until_stamp(&node.metadata))
             .map(|at| (at, "its own hold (node scope)")),
         Mode::Cluster => match group {
             Some(g) if !g.is_empty() => status
@@ -457,5 +460,14 @@ mod tests {
         );
         assert_eq!(other.pool_budget, None);
         assert!(render_text(&other, at("2026-11-22T12:10:00Z")).contains("Held:     no\n"));
+
+        // Following work, the leader's stamp says the node's own hold runs
+        // later than its creation + hold.
+        let worked = node(
+            &[(NODEPOOL_LABEL, "general")],
+            &[("node-holder.dev/held-until", "2026-11-22T12:31:00Z")],
+        );
+        let e = explain(&worked, &status, Vec::new());
+        assert_eq!(e.until.map(|u| u.at), Some(at("2026-11-22T12:31:00Z")));
     }
 }

@@ -53,9 +53,6 @@ fn check_learned_flags(args: &ServeArgs) -> Result<()> {
     if w.hold_policy != HoldLength::Learned {
         return Ok(());
     }
-    if w.scope != Mode::Cluster {
-        bail!("--hold-policy learned chooses how long a window holds: it needs --scope cluster");
-    }
     if !w.window_follows_work {
         bail!(
             "--hold-policy learned learns from the gaps between stretches of work: it needs \
@@ -109,11 +106,6 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
             "--release-pace paces the release of a closed window: it needs --scope cluster (in node scope each hold ends on its own)"
         );
     }
-    if args.window.window_per_label.is_some() && args.window.scope != Mode::Cluster {
-        bail!(
-            "--window-per-label groups the window of --scope cluster (in node scope each node has its own hold already)"
-        );
-    }
     check_learned_flags(args)?;
     let groups = &args.window.group_hold_duration;
     if let Some((group, _)) = groups
@@ -122,11 +114,6 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
         .find_map(|(i, (g, _))| groups[..i].iter().find(|(other, _)| other == g))
     {
         bail!("--group-hold-duration names group {group:?} twice");
-    }
-    if args.window.window_follows_work && args.window.scope != Mode::Cluster {
-        bail!(
-            "--window-follows-work keeps the window of --scope cluster open (in node scope each node has its own hold)"
-        );
     }
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");

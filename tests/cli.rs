@@ -288,7 +288,7 @@ fn serve_refuses_a_group_hold_it_could_not_honour() {
 fn serve_refuses_a_learned_hold_with_bounds_that_make_no_sense() {
     let cert = "--tls-cert-file=/nonexistent/tls.crt";
     let learned = ["--hold-policy=learned", "--window-follows-work"];
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &[
                 learned[0],
@@ -302,7 +302,6 @@ fn serve_refuses_a_learned_hold_with_bounds_that_make_no_sense() {
             &[learned[0], learned[1], "--hold-floor=0s"],
             "--hold-floor must be longer than 0",
         ),
-        (&[learned[0], "--scope=node"], "needs --scope cluster"),
         (&[learned[0]], "needs --window-follows-work"),
         (&["--hold-policy=sometimes"], "--hold-policy"),
         (

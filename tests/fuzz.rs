@@ -221,7 +221,7 @@ fn run_the_arithmetic(record: &Record, now: Timestamp) {
     let nodes = groups.iter().map(|g| (g.as_str(), now));
     let _ = windows.observe_all(nodes, now, &cfg);
     for group in &groups {
-        let _ = windows.held_until(group, now, now, &cfg);
+        let _ = windows.held_until(group, now, Some(now), now, &cfg);
         let _ = windows.choice(group, &cfg);
         let _ = windows.holds(group, now);
     }

@@ -932,6 +932,77 @@ async fn work_landing_on_held_nodes_keeps_the_window_open_past_its_first_deadlin
     .await;
 }
 
+/// `--scope node --window-follows-work`: each node is held until its own last
+/// work (Karpenter's `lastPodEventTime`) plus the hold, a per-node keep-alive
+/// of the shape of `consolidateAfter`. Of a wave's two nodes, the one a later
+/// pod lands on stays held past its creation + hold while the idle one is
+/// released then and Karpenter consolidates it; once the later pod is gone,
+/// the busy node goes too, its hold counted from that work.
+#[tokio::test]
+async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    common::install_node_holder_rbac(a.cp()).await;
+    common::install_nodeclaim_rbac(a.cp()).await;
+    let hold = Duration::from_secs(60);
+    let flags = [
+        "--scope=node",
+        "--hold-duration=60s",
+        "--window-follows-work",
+    ];
+    let _served = install_node_holder(&a, &flags).await;
+    let first = a.wave("wave-1", 2).await;
+    created_held(&a, &first);
+    let launched = a.nodes_launched();
+    a.end_wave("wave-1").await;
+    // Well after the nodes' creation (Karpenter stamps a node's work at
+    // most every 10 s), well before their holds end.
+    let newest = first.iter().map(|n| launched[n]).max().unwrap();
+    sleep_until(newest + Duration::from_secs(35)).await;
+    let second = a.wave("wave-2", 1).await;
+    let busy = second.first().unwrap().clone();
+    assert!(first.contains(&busy), "wave-2 ran on a held node");
+    assert_eq!(
+        a.nodes_launched().len(),
+        launched.len(),
+        "and launched none"
+    );
+    let work_at = Timestamp::now();
+    let idle = first.iter().find(|n| **n != busy).unwrap().clone();
+
+    // The idle node's hold ends at its creation + hold; the busy node's,
+    // counted from wave-2's work, is still on then.
+    a.until("the idle node released", KARPENTER_ROUND, async |a| {
+        !carries_hold(a, &idle).await
+    })
+    .await;
+    assert!(Timestamp::now() >= launched[&idle] + hold);
+    assert!(carries_hold(&a, &busy).await, "{busy} released with {idle}");
+    a.until("the idle node consolidated", KARPENTER_ROUND, async |a| {
+        a.nodes_deleted().contains_key(&idle)
+    })
+    .await;
+    assert!(!a.nodes_deleted().contains_key(&busy));
+
+    // The work stops: the busy node goes a hold after that.
+    let ending = Timestamp::now();
+    a.end_wave("wave-2").await;
+    a.until("the busy node released", KARPENTER_ROUND * 2, async |a| {
+        !carries_hold(a, &busy).await
+    })
+    .await;
+    let released = Timestamp::now();
+    // Karpenter de-duplicates a node's pod events to one in 10 s.
+    let floor = ending.max(work_at) + hold - Duration::from_secs(10);
+    assert!(
+        released >= floor,
+        "released at {released}, held until {floor} at least"
+    );
+    a.until("the busy node consolidated", KARPENTER_ROUND, async |a| {
+        a.nodes_deleted().contains_key(&busy)
+    })
+    .await;
+}
+
 /// Policy mode (`admission.mode: policy`): with no node-holder process at
 /// all, every node Karpenter launches is held at its CREATE by the API server
 /// itself, and Karpenter keeps the empty nodes past `consolidateAfter`; once

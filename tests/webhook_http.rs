@@ -739,15 +739,6 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
     ];
     let stderr = common::refused_start(&cert, &key, &extra);
     assert!(stderr.contains("it needs --scope cluster"), "{stderr}");
-    let extra = [
-        "--window-per-label=karpenter.sh/nodepool".to_string(),
-        "--scope=node".to_string(),
-    ];
-    let stderr = common::refused_start(&cert, &key, &extra);
-    assert!(
-        stderr.contains("--window-per-label groups the window of --scope cluster"),
-        "{stderr}"
-    );
     // The budget mechanism holds whole NodePools.
     for (extra, said) in [
         (

@@ -13,8 +13,10 @@ impl WindowTask {
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
         let cfg = &self.config.window;
+        let work = self.work_snapshot();
         let mut planner = planner(&self.windows, &self.config, snapshot, now);
         planner.pool_budgets = pool_budgets;
+        planner.work = work.as_ref();
         let planner = &planner;
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
@@ -264,6 +266,7 @@ pub(super) fn planner<'a>(
         holds: &config.policy.holds,
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
+        work: None,
         pool_budgets: None,
     }
 }

@@ -67,6 +67,22 @@ impl WindowTask {
         }
     }
 
+    /// In `node` mode with `--window-follows-work`, when work last landed on
+    /// `node` (its hold runs from then).
+    pub(super) fn node_work(&self, node: &str) -> Option<Timestamp> {
+        let work = self.work.as_ref()?;
+        (self.config.window.mode == Mode::Node)
+            .then(|| work.seen.last_on(node))
+            .flatten()
+    }
+
+    /// In `node` mode with `--window-follows-work`, the last work on every
+    /// node, for one pass's plan.
+    pub(super) fn work_snapshot(&self) -> Option<std::collections::HashMap<String, Timestamp>> {
+        let work = self.work.as_ref()?;
+        (self.config.window.mode == Mode::Node).then(|| work.seen.snapshot())
+    }
+
     /// The groups whose window is open (ended or not).
     pub(super) fn open_groups(&self) -> Vec<String> {
         self.windows
@@ -81,7 +97,10 @@ impl WindowTask {
     pub(super) fn observed(&mut self, in_scope: &InScope, observed: Observed, now: Timestamp) {
         let (node, group) = (in_scope.node, in_scope.group);
         let cfg = &self.config.window;
-        let until = self.windows.held_until(group, node.created(), now, cfg);
+        let work = self.node_work(node.name());
+        let until = self
+            .windows
+            .held_until(group, node.created(), work, now, cfg);
         if matches!(observed, Observed::Opened | Observed::Extended) {
             tracing::info!(
                 node = %node.name(),

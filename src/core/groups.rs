@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::learned::{Choice, History};
 use super::node::NodeFields;
 use super::pace::Pacing;
-use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
+use super::window::{ManualHold, ManualHoldOutcome, Mode, Observed, Window, WindowConfig};
 
 /// The unlabelled group's name: nodes without the label (or with an empty
 /// value), and every node when windows are not grouped.
@@ -263,21 +263,31 @@ impl Windows {
         Some(learned.choose(history))
     }
 
-    /// Until when a node of `group` created at `creation` is held at `now`:
-    /// by its group's window (see [`Window::held_until`]) or by the manual
-    /// hold, whichever ends later; `None` when neither holds it.
+    /// Until when a node of `group` created at `creation` (its last work at
+    /// `last_work`) is held at `now`: by its group's window (see
+    /// [`Window::held_until`], in `node` mode with the group's hold: its
+    /// `--group-hold-duration` or learned one) or by the manual hold,
+    /// whichever ends later; `None` when neither holds it.
     pub fn held_until(
         &self,
         group: &str,
         creation: Timestamp,
+        last_work: Option<Timestamp>,
         now: Timestamp,
         cfg: &WindowConfig,
     ) -> Option<Timestamp> {
-        let own = self
-            .window(group)
-            // Only `node` mode reads the hold here, and it has no group
-            // holds: no need to work out the group's (once per node).
-            .and_then(|w| w.held_until(creation, now, cfg));
+        let own = self.window(group).and_then(|w| {
+            // Only `node` mode reads the hold here: the group's is worked
+            // out only when it can differ from the flag's.
+            let per_group =
+                cfg.mode == Mode::Node && (cfg.learned.is_some() || !cfg.group_holds.is_empty());
+            let cfg = if per_group {
+                self.config_for(group, cfg)
+            } else {
+                Cow::Borrowed(cfg)
+            };
+            w.held_until(creation, last_work, now, &cfg)
+        });
         own.max(self.manual_until().filter(|&until| now < until))
     }
 
@@ -430,7 +440,7 @@ mod tests {
         w.observe_all([("gpu", t(0)), ("general", t(0))], t(0), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(3)));
         assert_eq!(w.deadline("general"), Some(t(10)));
-        assert_eq!(w.held_until("gpu", t(0), t(1), &cfg), Some(t(3)));
+        assert_eq!(w.held_until("gpu", t(0), None, t(1), &cfg), Some(t(3)));
         // A later node extends the group by the group's own hold.
         w.observe_all([("gpu", t(2))], t(2), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(5)));
@@ -512,9 +522,9 @@ mod tests {
         let mut w = Windows::default();
         let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(-60))], t(0), &cfg);
         assert_eq!(observed, [Observed::Opened, Observed::Expired]);
-        assert_eq!(w.held_until("gpu", t(-50), t(1), &cfg), Some(t(10)));
-        assert_eq!(w.held_until("general", t(-60), t(1), &cfg), None);
-        assert_eq!(w.held_until(UNLABELLED, t(-60), t(1), &cfg), None);
+        assert_eq!(w.held_until("gpu", t(-50), None, t(1), &cfg), Some(t(10)));
+        assert_eq!(w.held_until("general", t(-60), None, t(1), &cfg), None);
+        assert_eq!(w.held_until(UNLABELLED, t(-60), None, t(1), &cfg), None);
         // Another group's new node extends its own window only.
         w.observe_all([("gpu", t(0)), ("general", t(5))], t(5), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(10)));
@@ -531,16 +541,22 @@ mod tests {
         let mut w = Windows::default();
         w.observe_all([("general", t(-60))], t(0), &cfg);
         assert_eq!(w.hold_manually(hold(45), t(0)), ManualHoldOutcome::Started);
-        assert_eq!(w.held_until("general", t(-60), t(1), &cfg), Some(t(45)));
-        assert_eq!(w.held_until("gpu", t(-60), t(1), &cfg), Some(t(45)));
+        assert_eq!(
+            w.held_until("general", t(-60), None, t(1), &cfg),
+            Some(t(45))
+        );
+        assert_eq!(w.held_until("gpu", t(-60), None, t(1), &cfg), Some(t(45)));
         assert!(w.is_held("gpu") && w.holds("gpu", t(44)) && !w.holds("gpu", t(45)));
         // Releasing one group leaves the manual hold, which still holds it.
         assert!(!w.release_now(t(2), Some("general")));
-        assert_eq!(w.held_until("general", t(-60), t(3), &cfg), Some(t(45)));
+        assert_eq!(
+            w.held_until("general", t(-60), None, t(3), &cfg),
+            Some(t(45))
+        );
         // Releasing everything ends it.
         assert!(w.release_now(t(3), None));
         assert_eq!(w.manual(), None);
-        assert_eq!(w.held_until("general", t(-60), t(4), &cfg), None);
+        assert_eq!(w.held_until("general", t(-60), None, t(4), &cfg), None);
     }
 
     #[test]
@@ -553,8 +569,8 @@ mod tests {
             &cfg,
         );
         assert!(w.release_now(t(2), Some("gpu")));
-        assert_eq!(w.held_until("gpu", t(0), t(3), &cfg), None);
-        assert_eq!(w.held_until("general", t(0), t(3), &cfg), Some(t(10)));
+        assert_eq!(w.held_until("gpu", t(0), None, t(3), &cfg), None);
+        assert_eq!(w.held_until("general", t(0), None, t(3), &cfg), Some(t(10)));
         assert!(w.release_now(t(3), None));
         assert!(w.iter().all(|(_, w)| !w.is_open(t(3))));
         // The released nodes are consumed: seen again, they open nothing.

@@ -8,7 +8,7 @@
 //! and builds one node's patch at a time, so a pass over thousands of nodes
 //! can stream its patches instead of holding them all.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use jiff::Timestamp;
 use json_patch::Patch;
@@ -93,6 +93,10 @@ pub struct Planner<'a> {
     /// During a paced release, the held nodes that keep their hold for now,
     /// by group.
     pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
+    /// `node` mode with `--window-follows-work`: when work last landed on
+    /// each node (by name), as Karpenter said; a node's hold runs from its
+    /// last work. `None`: from creation.
+    pub work: Option<&'a HashMap<String, Timestamp>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -155,9 +159,10 @@ impl Planner<'_> {
             return (false, None);
         }
         let group = self.cfg.groups.group_of(node);
+        let work = self.work.and_then(|work| work.get(node.name()).copied());
         let until = self
             .windows
-            .held_until(group, node.created(), self.now, self.cfg);
+            .held_until(group, node.created(), work, self.now, self.cfg);
         let kept = self.cfg.mode == Mode::Cluster && self.keeps(node, group);
         (until.is_some() || kept, until)
     }
@@ -389,6 +394,7 @@ mod tests {
             holds,
             now,
             paced: paced_keep(windows, cfg, now, &nodes),
+            work: None,
             pool_budgets: None,
         };
         plan_all(&planner, &nodes)
@@ -627,6 +633,80 @@ mod tests {
         assert_eq!(plan.wake, Some(t(14)), "b's hold ends first");
     }
 
+    /// `node` mode with the work Karpenter reports: a node with recent work
+    /// stays held past its creation + hold, an idle one goes, one whose work
+    /// came after its release is held again; each wakes the plan at its own
+    /// end; with `--hold-policy learned` the group's learned hold counts.
+    #[test]
+    fn node_mode_with_work_holds_each_node_until_its_last_work_plus_the_hold() {
+        let cfg = cfg(Mode::Node);
+        let scope = NodeScope::default();
+        let mut w = Window::default();
+        for created in [0, 1, 2] {
+            w.observe(t(created), t(created), &cfg);
+        }
+        // As a pass does first: the window of new nodes (2 + 10) is over.
+        w.tick(t(13));
+        let nodes = [
+            held("busy", 0),
+            held("idle", 1),
+            node("back", 2, json!({}), json!({})),
+        ];
+        let work = HashMap::from([
+            ("busy".to_string(), t(8)),
+            ("idle".to_string(), t(1)),
+            ("back".to_string(), t(12)),
+        ]);
+        let stored = stored(&nodes, &scope);
+        let windows = Windows::from(w.clone());
+        let planner = Planner {
+            windows: &windows,
+            cfg: &cfg,
+            holds: &holds(),
+            now: t(13),
+            paced: BTreeMap::new(),
+            work: Some(&work),
+            pool_budgets: None,
+        };
+        let plan = plan_all(&planner, &stored);
+        assert_eq!(names(&plan.release), ["idle"], "1 + 10 <= 13");
+        assert_eq!(names(&plan.hold), ["back"], "work at 12 holds it again");
+        assert_eq!(plan.hold[0].until, Some(t(22)));
+        assert_eq!(plan.wake, Some(t(18)), "busy's hold ends first: 8 + 10");
+
+        let mut learning = cfg.clone();
+        learning.learned = Some(crate::core::learned::LearnedHold {
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(60 * 60),
+            launch_cost: Duration::from_secs(5 * 60),
+            fallback: cfg.hold,
+        });
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &learning);
+        // Gaps of 3 minutes, cheaper to hold through than a 5-minute launch.
+        for at in [-9, -6, -3, 0] {
+            w.learn(t(at), &learning);
+        }
+        let windows = Windows::from(w);
+        let hold = windows
+            .config_for(crate::core::groups::UNLABELLED, &learning)
+            .hold;
+        assert!(
+            hold != cfg.hold && hold > Duration::from_secs(60),
+            "{hold:?}"
+        );
+        let planner = Planner {
+            windows: &windows,
+            cfg: &learning,
+            now: t(9),
+            ..planner
+        };
+        let busy = &stored[0];
+        let (_, patch) = planner.node(busy).unwrap();
+        let held_for = patch.until.map(|until| until.duration_since(t(8)));
+        assert_eq!(held_for, Some(hold.try_into().unwrap()));
+    }
+
     #[test]
     fn node_mode_releases_what_a_release_consumed() {
         let cfg = cfg(Mode::Node);
@@ -824,6 +904,7 @@ mod tests {
             holds: &holds(),
             now: t(1),
             paced: BTreeMap::new(),
+            work: None,
             pool_budgets: Some(&covered),
         };
         let plan = plan_all(&planner, &nodes);

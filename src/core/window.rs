@@ -460,38 +460,46 @@ impl Window {
         self.closed_through
     }
 
-    /// Until when a node created at `creation` is held by the window at
+    /// Until when a node created at `creation` (whose last work, with
+    /// `--window-follows-work`, was at `last_work`) is held by the window at
     /// `now`: in `cluster` mode the open window's deadline, in `node` mode
     /// the node's own hold end, or a manual hold's end when that is later;
     /// `None` once that is past, or when the window does not hold the node.
     pub fn held_until(
         &self,
         creation: Timestamp,
+        last_work: Option<Timestamp>,
         now: Timestamp,
         cfg: &WindowConfig,
     ) -> Option<Timestamp> {
         let end = match cfg.mode {
             Mode::Cluster => self.open().map(|open| open.deadline),
-            Mode::Node => self.node_hold_end(creation, now, cfg),
+            Mode::Node => self.node_hold_end(creation, last_work, now, cfg),
         };
         end.max(self.manual.as_ref().map(|m| m.until))
             .filter(|&end| now < end)
     }
 
     /// In `node` mode, when the node created at `creation` stops being held:
-    /// its creation (as [`Window::observe`] counts it) + hold, or `None` when
-    /// it was consumed (by a `release`). Held while `now` is before it.
+    /// its creation (as [`Window::observe`] counts it) or its last work
+    /// (`--window-follows-work`; work "in the future" counts as now),
+    /// whichever is later, + hold; `None` when that was consumed (by a
+    /// `release`: work after the release holds the node again). Held while
+    /// `now` is before it. The per-node keep-alive Karpenter's
+    /// `consolidateAfter` counts, with node-holder's hold length.
     pub fn node_hold_end(
         &self,
         creation: Timestamp,
+        last_work: Option<Timestamp>,
         now: Timestamp,
         cfg: &WindowConfig,
     ) -> Option<Timestamp> {
         let creation = self.effective_creation(creation, now);
-        if self.closed_through.is_some_and(|t| creation <= t) {
+        let start = last_work.map_or(creation, |work| creation.max(work.min(now)));
+        if self.closed_through.is_some_and(|t| start <= t) {
             return None;
         }
-        Some(plus(creation, cfg.node_hold()))
+        Some(plus(start, cfg.node_hold()))
     }
 }
 
@@ -705,7 +713,7 @@ mod tests {
         assert!(w.tick(t(10)));
         assert_eq!(w.observe(t(60), t(19), &cfg), Observed::Consumed);
         assert_eq!(w.observe(t(60), t(65), &cfg), Observed::Consumed);
-        assert_eq!(w.node_hold_end(t(60), t(65), &cfg), None);
+        assert_eq!(w.node_hold_end(t(60), None, t(65), &cfg), None);
         // Another skewed node, created later, opens a window when it is seen.
         assert_eq!(w.observe(t(80), t(20), &cfg), Observed::Opened);
         assert_eq!(w.open().unwrap().opened_at, t(20));
@@ -733,8 +741,8 @@ mod tests {
         let cfg = cfg(10, None, Mode::Node);
         let mut w = Window::default();
         w.observe(t(60), t(0), &cfg);
-        assert_eq!(w.node_hold_end(t(60), t(3), &cfg), Some(t(10)));
-        assert_eq!(w.node_hold_end(t(60), t(61), &cfg), Some(t(10)));
+        assert_eq!(w.node_hold_end(t(60), None, t(3), &cfg), Some(t(10)));
+        assert_eq!(w.node_hold_end(t(60), None, t(61), &cfg), Some(t(10)));
     }
 
     #[test]
@@ -848,10 +856,28 @@ mod tests {
         }
         assert_eq!(w.open().unwrap().opened_at, t(0));
         assert_eq!(deadline(&w), Some(t(49)), "no cap in node mode");
-        assert_eq!(w.node_hold_end(t(30), t(35), &cfg), Some(t(40)));
+        assert_eq!(w.node_hold_end(t(30), None, t(35), &cfg), Some(t(40)));
         w.release_now(t(41));
-        assert_eq!(w.node_hold_end(t(39), t(41), &cfg), None);
-        assert_eq!(w.node_hold_end(t(42), t(42), &cfg), Some(t(52)));
+        assert_eq!(w.node_hold_end(t(39), None, t(41), &cfg), None);
+        assert_eq!(w.node_hold_end(t(42), None, t(42), &cfg), Some(t(52)));
+    }
+
+    /// With `--window-follows-work` a node's own hold runs from its last
+    /// work when that is later than its creation (work "in the future"
+    /// counts as now); a release consumes work up to it, and later work
+    /// holds the node again.
+    #[test]
+    fn in_node_mode_a_nodes_hold_runs_from_its_last_work() {
+        let cfg = cfg(10, None, Mode::Node);
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cfg);
+        assert_eq!(w.node_hold_end(t(0), Some(t(25)), t(30), &cfg), Some(t(35)));
+        assert_eq!(w.node_hold_end(t(0), Some(t(-5)), t(30), &cfg), Some(t(10)));
+        assert_eq!(w.node_hold_end(t(0), Some(t(90)), t(30), &cfg), Some(t(40)));
+        assert_eq!(w.held_until(t(0), Some(t(25)), t(36), &cfg), None);
+        w.release_now(t(31));
+        assert_eq!(w.node_hold_end(t(0), Some(t(25)), t(32), &cfg), None);
+        assert_eq!(w.node_hold_end(t(0), Some(t(33)), t(34), &cfg), Some(t(43)));
     }
 
     #[test]
@@ -859,8 +885,12 @@ mod tests {
         let cfg = cfg(10, Some(4), Mode::Node);
         assert_eq!(cfg.node_hold(), Duration::from_secs(4 * 60));
         let w = Window::default();
-        assert_eq!(w.node_hold_end(t(0), t(0), &cfg), Some(t(4)));
-        assert_eq!(w.node_hold_end(t(9), t(0), &cfg), Some(t(4)), "clamped");
+        assert_eq!(w.node_hold_end(t(0), None, t(0), &cfg), Some(t(4)));
+        assert_eq!(
+            w.node_hold_end(t(9), None, t(0), &cfg),
+            Some(t(4)),
+            "clamped"
+        );
     }
 
     #[test]
@@ -902,16 +932,28 @@ mod tests {
             );
             assert!(w.is_open(t(44)) && !w.is_open(t(45)), "{cfg:?}");
             // Old nodes, consumed ones and new ones alike; the cap does not cut it.
-            assert_eq!(w.held_until(t(-600), t(30), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(
+                w.held_until(t(-600), None, t(30), &cfg),
+                Some(t(45)),
+                "{cfg:?}"
+            );
             assert_eq!(w.observe(t(1), t(1), &cfg), Observed::Opened);
-            assert_eq!(w.held_until(t(1), t(40), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(
+                w.held_until(t(1), None, t(40), &cfg),
+                Some(t(45)),
+                "{cfg:?}"
+            );
             assert_eq!(w.next_wake(), Some(t(11)), "{cfg:?}");
             assert!(w.tick(t(15)), "the node window closes by itself");
-            assert_eq!(w.held_until(t(1), t(20), &cfg), Some(t(45)), "{cfg:?}");
+            assert_eq!(
+                w.held_until(t(1), None, t(20), &cfg),
+                Some(t(45)),
+                "{cfg:?}"
+            );
             assert_eq!(w.next_wake(), Some(t(45)));
             assert!(!w.tick(t(45)));
             assert_eq!(w.manual(), None);
-            assert_eq!(w.held_until(t(1), t(45), &cfg), None, "{cfg:?}");
+            assert_eq!(w.held_until(t(1), None, t(45), &cfg), None, "{cfg:?}");
         }
     }
 
@@ -948,7 +990,7 @@ mod tests {
         w.hold_manually(manual(0, 45), t(0));
         assert!(w.release_now(t(5)));
         assert!(!w.is_open(t(5)));
-        assert_eq!(w.held_until(t(-10), t(6), &cfg), None);
+        assert_eq!(w.held_until(t(-10), None, t(6), &cfg), None);
         assert_eq!(w.next_wake(), None);
         // A node created after the release opens a window of its own.
         assert_eq!(w.observe(t(7), t(7), &cfg), Observed::Opened);
