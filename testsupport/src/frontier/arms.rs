@@ -24,6 +24,9 @@ pub struct Arm {
     /// node-holder with `--hold-policy learned` at this launch cost (in
     /// seconds); its `hold` is the fallback until it has learned.
     pub learned: Option<u64>,
+    /// node-holder in `--scope node`, following the work: each node held
+    /// from its own last work (a per-node keep-alive).
+    pub per_node: bool,
 }
 
 impl Arm {
@@ -34,6 +37,7 @@ impl Arm {
             hold: None,
             follows_work: false,
             learned: None,
+            per_node: false,
         }
     }
 
@@ -44,6 +48,7 @@ impl Arm {
             hold: Some(hold),
             follows_work: false,
             learned: None,
+            per_node: false,
         }
     }
 
@@ -66,6 +71,25 @@ impl Arm {
         }
     }
 
+    /// The per-node keep-alive: each node held from its own last work.
+    fn per_node(hold: u64) -> Arm {
+        Arm {
+            name: format!("ni-{}", knob(hold)),
+            per_node: true,
+            ..Arm::following_work(hold)
+        }
+    }
+
+    /// The per-node keep-alive with the learned hold at node-holder's
+    /// default terms (as `nl-5m`).
+    fn per_node_learning() -> Arm {
+        Arm {
+            name: "nil-5m".into(),
+            learned: Some(300),
+            ..Arm::per_node(600)
+        }
+    }
+
     /// Its NodePool's disruption: Karpenter's defaults
     /// (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`) with the arm's
     /// `consolidateAfter`.
@@ -82,24 +106,27 @@ impl Arm {
         let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
         let holder = [120, 300, 600].map(Arm::node_holder);
         let following = [120, 300, 600].map(Arm::following_work);
+        let per_node = [120, 300].map(Arm::per_node);
         karpenter
             .into_iter()
             .chain(holder)
             .chain(following)
             .chain([Arm::learning()])
+            .chain(per_node)
+            .chain([Arm::per_node_learning()])
             .collect()
     }
 }
 
-/// The arms of each node-holder configuration (following the work or
-/// not), for a cluster each: two installs in one cluster would strip each
-/// other's holds.
+/// The arms of each node-holder configuration (following the work or not,
+/// in node scope or not), for a cluster each: two installs in one cluster
+/// would strip each other's holds.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
-    [false, true]
+    [(false, false), (true, false), (true, true)]
         .iter()
-        .map(|&follows| {
+        .map(|&(follows, per_node)| {
             arms.iter()
-                .filter(|a| a.follows_work == follows)
+                .filter(|a| a.follows_work == follows && a.per_node == per_node)
                 .cloned()
                 .collect()
         })
@@ -149,6 +176,9 @@ pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     }
     if arms.iter().any(|a| a.follows_work) {
         args.push("--window-follows-work".to_string());
+    }
+    if arms.iter().any(|a| a.per_node) {
+        args.push("--scope=node".to_string());
     }
     args
 }

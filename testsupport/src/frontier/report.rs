@@ -32,6 +32,13 @@ impl DayRuns<'_> {
         self.runs.iter().map(|(d, o)| f(d, &o[arm])).collect()
     }
 
+    /// Whether `arm` ran the day on every seed.
+    fn played(&self, arm: &str) -> bool {
+        self.runs
+            .iter()
+            .all(|(_, outcomes)| outcomes.get(arm).is_some_and(|o| o.pods > 0))
+    }
+
     /// The clairvoyant optimum of each seed's day at the default launch cost.
     fn optimum(&self) -> Vec<super::Optimum> {
         self.runs
@@ -55,9 +62,15 @@ pub fn write(out: &Path, arms: &[Arm], results: &[(Day, Result<Trace>)]) -> Resu
         )?;
     }
     for day in by_day(arms, results) {
-        section(&mut text, arms, &day)?;
+        // Traces from before an arm was added have none of its pods.
+        let arms: Vec<Arm> = arms
+            .iter()
+            .filter(|arm| day.played(&arm.name))
+            .cloned()
+            .collect();
+        section(&mut text, &arms, &day)?;
         let svg = out.join(format!("frontier-{}.svg", day.name));
-        plot(&svg, arms, &day)?;
+        plot(&svg, &arms, &day)?;
         writeln!(text, "\nThe frontier: `{}`\n", svg.display())?;
     }
     std::fs::write(out.join("report.md"), &text)?;
