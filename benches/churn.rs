@@ -8,7 +8,10 @@
 //!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window per
 //!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
 //!   10m (`nh-*`), the same holds with `--window-follows-work` (`nf-*`), and
-//!   the learned hold at its default terms, following the work (`nl-5m`).
+//!   the learned hold at its default terms, following the work (`nl-5m`);
+//!   the per-node keep-alive (`--scope node --window-follows-work`) with
+//!   fixed holds of 2m and 5m (`ni-*`) and learned (`nil-5m`).
+//!   `NODE_HOLDER_BENCH_ARMS=ka-,ni-` plays only the arms so named.
 //!   Every arm is a NodePool of its own, its pods pinned to it; the `ka` and
 //!   `nh` arms share one cluster (one control plane, one Karpenter), the `nf`
 //!   and `nl` arms a second (one node-holder install per cluster), and both play
@@ -73,7 +76,7 @@ async fn main() -> Result<()> {
         return report_traces(Path::new(&dir), &plan.out);
     }
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
-    let arms = Arm::all();
+    let arms = plan.arms();
     let runs = plan.runs()?;
     eprintln!(
         "churn: {} runs ({} days x {} seeds), {} at once, {} arms each",
@@ -242,6 +245,8 @@ fn report_traces(dir: &Path, out: &Path) -> Result<()> {
 struct Plan {
     days: Vec<String>,
     seeds: Vec<u64>,
+    /// `NODE_HOLDER_BENCH_ARMS`: name prefixes (`ka-,ni-`); empty: all.
+    arms: Vec<String>,
     parallel: usize,
     out: PathBuf,
 }
@@ -279,12 +284,25 @@ impl Plan {
             || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/frontier"),
             PathBuf::from,
         );
+        let arms = var("NODE_HOLDER_BENCH_ARMS")
+            .map_or_else(Vec::new, |_| list("NODE_HOLDER_BENCH_ARMS", ""));
         Ok(Plan {
             days,
             seeds,
+            arms,
             parallel,
             out,
         })
+    }
+
+    /// The arms asked for.
+    fn arms(&self) -> Vec<Arm> {
+        Arm::all()
+            .into_iter()
+            .filter(|arm| {
+                self.arms.is_empty() || self.arms.iter().any(|p| arm.name.starts_with(p.as_str()))
+            })
+            .collect()
     }
 
     /// Every day asked for, with every seed.
