@@ -39,7 +39,7 @@
 //! Environment: `NODE_HOLDER_BENCH_DAYS` (comma-separated; default all four),
 //! `NODE_HOLDER_BENCH_SEEDS` (default `1,2,3`), `NODE_HOLDER_BENCH_PARALLEL`
 //! (clusters at once; default 2), `NODE_HOLDER_BENCH_QUICK=1` (the quick
-//! variant: the compressed and cron days, seed 1, at once: about 50 minutes), and
+//! variant: the compressed day, seed 1: about 30 minutes), and
 //! `NODE_HOLDER_BENCH_OUT` (default `target/frontier`): each run's raw trace
 //! and the report go there; the frontier pictures go to `docs/`.
 
@@ -263,7 +263,7 @@ impl Plan {
                 .collect()
         };
         let (days, seeds) = if quick {
-            ("compressed,cron", "1")
+            ("compressed", "1")
         } else {
             ("compressed,cron,poisson,working", "1,2,3")
         };
