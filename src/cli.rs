@@ -135,6 +135,20 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub patching: PatchingArgs,
 
+    /// Write `node-holder.dev/held-until` on every node held by annotation:
+    /// the time it is held until at the least, rewritten when it passes
+    /// while the hold goes on (one PATCH per node held at its CREATE, and
+    /// one per held node each time its stamp passes). `false`: no stamp
+    /// (those already written are removed), and node-holder writes a node
+    /// only to hold or release it.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_HELD_UNTIL_ANNOTATION",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub held_until_annotation: bool,
+
     /// Nodes of one pass that get an Event each when node-holder holds or
     /// releases them; a pass that patches more sums them up in one Event on
     /// its record ConfigMap. 0: only that one.

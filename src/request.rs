@@ -182,6 +182,8 @@ fn leader_config(
         max_in_flight: args.patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).
         node_events_per_pass: 0,
+        // As `serve` does by default.
+        held_until_annotation: true,
         coalesce_idle: args.patching.coalesce_idle,
         coalesce_max: args.patching.coalesce_max,
     })

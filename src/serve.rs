@@ -42,6 +42,7 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         node_events_per_pass: args.node_events_per_pass,
+        held_until_annotation: args.held_until_annotation,
         coalesce_idle: args.patching.coalesce_idle,
         coalesce_max: args.patching.coalesce_max,
     })

@@ -235,6 +235,54 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
     );
 }
 
+/// `--held-until-annotation=false`: node-holder writes no stamp (the
+/// webhook's new node gets no PATCH of its own while held), and removes one an
+/// earlier run left on a node it holds.
+#[tokio::test]
+async fn with_the_stamp_off_no_held_until_is_written_and_an_old_one_goes() {
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    let marker = ("node-holder.dev/held", "true");
+    let stale = [
+        (HOLD, "true"),
+        ("node-holder.dev/hold-keys", HOLD),
+        ("node-holder.dev/held-until", "2026-01-01T00:00:00Z"),
+    ];
+    create(&nodes, "left", &[marker], &stale).await;
+    let served = serve(&cp, &strs(&fast("30s", &["--held-until-annotation=false"]))).await;
+    register_webhook(&cp, &served).await;
+    create(&nodes, "new-1", &[], &[]).await;
+    eventually_logging(
+        "the old stamp removed, the node still held",
+        Duration::from_secs(10),
+        &served,
+        || async {
+            let left = nodes.get("left").await.unwrap();
+            let stamped = left
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("node-holder.dev/held-until"));
+            held(&left) && !stamped
+        },
+    )
+    .await;
+    for name in ["left", "new-1"] {
+        let node = nodes.get(name).await.unwrap();
+        assert!(held(&node), "{name}");
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        assert!(
+            !annotations.contains_key("node-holder.dev/held-until"),
+            "{name}: {annotations:?}"
+        );
+    }
+    assert!(node_holder_stamps(&cp, "new-1").is_empty());
+    assert_eq!(
+        node_holder_stamps(&cp, "left").len(),
+        0,
+        "the removal is no stamp"
+    );
+}
+
 #[tokio::test]
 async fn a_hold_edited_by_a_human_during_the_window_is_left_as_they_set_it() {
     let Cluster { cp, nodes, .. } = Cluster::start().await;

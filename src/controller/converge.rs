@@ -266,6 +266,7 @@ pub(super) fn planner<'a>(
         holds: &config.policy.holds,
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
+        stamps: config.held_until_annotation,
         work: None,
         pool_budgets: None,
     }

@@ -74,6 +74,8 @@ pub struct Config {
     /// How many nodes of one pass's patches one way get an Event each;
     /// past it, one Event on the record sums the pass up.
     pub node_events_per_pass: usize,
+    /// `--held-until-annotation`: each held node carries its stamp.
+    pub held_until_annotation: bool,
     pub coalesce_idle: Duration,
     pub coalesce_max: Duration,
 }

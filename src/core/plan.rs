@@ -15,9 +15,11 @@ use json_patch::Patch;
 
 use super::budget::NODEPOOL_LABEL;
 use super::groups::Windows;
-use super::holds::{Holds, held_until_stamp, is_marked};
+use super::holds::{HELD_UNTIL_ANNOTATION, Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
-use super::patch::{floor_seconds, hold_existing, release_holds, with_held_until};
+use super::patch::{
+    floor_seconds, hold_existing, release_holds, with_held_until, without_held_until,
+};
 use super::window::{Mode, WindowConfig};
 
 /// One node's patch and what it changes, for logs and Events.
@@ -93,6 +95,9 @@ pub struct Planner<'a> {
     /// During a paced release, the held nodes that keep their hold for now,
     /// by group.
     pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
+    /// `--held-until-annotation`: held nodes carry `held-until`; `false`:
+    /// none does (a stamp left from before is removed).
+    pub stamps: bool,
     /// `node` mode with `--window-follows-work`: when work last landed on
     /// each node (by name), as Karpenter said; a node's hold runs from its
     /// last work. `None`: from creation.
@@ -206,11 +211,9 @@ impl Planner<'_> {
                 Action::Hold
             };
             let marked_after = is_marked(node) || action == Action::Hold;
-            let stamp = until
-                .filter(|_| marked_after)
-                .and_then(|until| needs_stamp(node, until, self.now));
-            let patch = match stamp {
-                Some(stamp) => with_held_until(node, patch, stamp),
+            let patch = match self.stamp(node, until, marked_after) {
+                Some(Some(stamp)) => with_held_until(node, patch, stamp),
+                Some(None) => without_held_until(node, patch),
                 None if action == Action::Stamp => return None,
                 None => patch,
             };
@@ -229,6 +232,26 @@ impl Planner<'_> {
         }
     }
 
+    /// What the held node's `held-until` should become: `Some(Some(t))` a
+    /// stamp at `t`, `Some(None)` none (stamps are off and it has one),
+    /// `None` unchanged.
+    fn stamp(
+        &self,
+        node: &NodeMeta,
+        until: Option<Timestamp>,
+        marked_after: bool,
+    ) -> Option<Option<Timestamp>> {
+        if !marked_after {
+            return None;
+        }
+        if !self.stamps {
+            return node.annotation(HELD_UNTIL_ANNOTATION).map(|_| None);
+        }
+        until
+            .and_then(|until| needs_stamp(node, until, self.now))
+            .map(Some)
+    }
+
     /// When this node's plan changes by itself: in `node` mode its own hold
     /// end, in both modes when its `held-until` passes before the hold ends
     /// (it is rewritten then).
@@ -236,8 +259,9 @@ impl Planner<'_> {
         let (wanted, until) = self.wanted(node);
         let until = until.filter(|_| wanted)?;
         let own_end = (self.cfg.mode == Mode::Node).then_some(until);
-        let stamp = held_until_stamp(node)
-            .filter(|&stamp| is_marked(node) && self.now < stamp && stamp < floor_seconds(until));
+        let stamp = held_until_stamp(node).filter(|&stamp| {
+            self.stamps && is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
+        });
         own_end.into_iter().chain(stamp).min()
     }
 
@@ -394,6 +418,7 @@ mod tests {
             holds,
             now,
             paced: paced_keep(windows, cfg, now, &nodes),
+            stamps: true,
             work: None,
             pool_budgets: None,
         };
@@ -549,6 +574,46 @@ mod tests {
         assert!(plan_all_at(&w, &cfg, &[theirs], t(2)).is_empty());
     }
 
+    /// `--held-until-annotation=false`: no stamp is written, in a hold
+    /// patch or alone, and one left from before is removed.
+    #[test]
+    fn with_stamps_off_none_is_written_and_old_ones_are_removed() {
+        let cfg = cfg(Mode::Cluster);
+        let w = open_window(&cfg, 0);
+        let windows = Windows::from(w);
+        let nodes = [
+            held("new", 0),
+            stamped(held("stamped", -5), t(10)),
+            node("unheld", -50, json!({}), json!({})),
+        ];
+        let nodes = stored(&nodes, &NodeScope::default());
+        let planner = Planner {
+            windows: &windows,
+            cfg: &cfg,
+            holds: &holds(),
+            now: t(1),
+            paced: BTreeMap::new(),
+            stamps: false,
+            work: None,
+            pool_budgets: None,
+        };
+        let plan = plan_all(&planner, &nodes);
+        assert_eq!(names(&plan.stamp), ["stamped"]);
+        assert_eq!(
+            serde_json::to_value(&plan.stamp[0].patch).unwrap(),
+            json!([
+                {"op": "test", "path": "/metadata/labels/node-holder.dev~1held", "value": "true"},
+                {"op": "test", "path": "/metadata/annotations/node-holder.dev~1held-until",
+                 "value": t(10).to_string()},
+                {"op": "remove", "path": "/metadata/annotations/node-holder.dev~1held-until"},
+            ])
+        );
+        assert_eq!(names(&plan.hold), ["unheld"]);
+        let hold = serde_json::to_string(&plan.hold[0].patch).unwrap();
+        assert!(!hold.contains("held-until"), "{hold}");
+        assert_eq!(plan.wake, Some(t(10)), "the deadline only");
+    }
+
     fn plan_all_at(w: &Window, cfg: &WindowConfig, nodes: &[ObjectMeta], now: Timestamp) -> Plan {
         plan(w, cfg, &NodeScope::default(), &holds(), nodes, now)
     }
@@ -665,6 +730,7 @@ mod tests {
             holds: &holds(),
             now: t(13),
             paced: BTreeMap::new(),
+            stamps: true,
             work: Some(&work),
             pool_budgets: None,
         };
@@ -904,6 +970,7 @@ mod tests {
             holds: &holds(),
             now: t(1),
             paced: BTreeMap::new(),
+            stamps: true,
             work: None,
             pool_budgets: Some(&covered),
         };

@@ -21,6 +21,8 @@ pub struct AuditPatch {
     pub name: String,
     /// The HTTP status of the answer (0 when the event has none).
     pub code: i64,
+    /// It only rewrote the node's `node-holder.dev/held-until`.
+    pub stamp: bool,
 }
 
 impl AuditPatch {
@@ -38,6 +40,7 @@ impl AuditPatch {
             resource: text(&event["objectRef"]["resource"]),
             name: text(&event["objectRef"]["name"]),
             code: event["responseStatus"]["code"].as_i64().unwrap_or(0),
+            stamp: crate::window::is_stamp(event),
         })
     }
 }

@@ -92,8 +92,9 @@ fn print_probes(run: &Run, p: &Probes) {
 fn print_release(run: &Run) {
     let release = &run.release;
     let phases = run.phases();
+    let stamps = phases.open.iter().filter(|p| p.stamp).count();
     println!(
-        "rest of the open window:           node PATCH {}",
+        "rest of the open window:           node PATCH {} ({stamps} held-until rewrites)",
         phases.open.len()
     );
     println!(

@@ -8,7 +8,7 @@ use crate::measure::audit::unique;
 use crate::measure::observer::Observe;
 use crate::measure::process::mib;
 
-use super::Run;
+use super::{Phases, Run};
 
 /// How long holding every node, and releasing them all, may take.
 const TARGET_DIRECTION: Duration = Duration::from_secs(30);
@@ -138,12 +138,32 @@ fn patches(table: &mut Table, run: &Run) {
             verdict(extend == 1),
         );
     }
-    let stray = phases.before.len() + phases.open.len() + phases.after.len();
+    outside_phases(table, &phases, all);
+}
+
+/// node-holder's node PATCHes outside the hold and release phases: no hold
+/// or release, and at most one `held-until` rewrite per held node.
+fn outside_phases(table: &mut Table, phases: &Phases<'_>, all: usize) {
+    let outside = || {
+        [&phases.before, &phases.open, &phases.after]
+            .into_iter()
+            .flatten()
+    };
+    let stray = outside().filter(|p| !p.stamp).count();
     table.row(
-        "node PATCHes outside those phases",
+        "node PATCHes outside those phases (holds, releases)",
         stray.to_string(),
         "0",
         verdict(stray == 0),
+    );
+    // The probe moves the window past the stamps the hold wrote: each held
+    // node's stamp is rewritten once, when it passes.
+    let stamps = outside().filter(|p| p.stamp).count();
+    table.row(
+        "held-until rewrites (a stamp passed in the open window)",
+        stamps.to_string(),
+        &format!("<= {all}"),
+        verdict(stamps <= all),
     );
 }
 
