@@ -15,6 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use crate::controller::FailureKind;
 use crate::core::plan::Action;
 use crate::server::HandshakeFailure;
 
@@ -159,7 +160,7 @@ pub struct WindowMetrics {
     pub held_until_stamps: Counter,
     /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
-    /// Failed passes by kind (`crate::retry::failure_kind`).
+    /// Failed passes by kind ([`FailureKind`]).
     pass_failures: Family<KindLabel, Counter>,
     patch_errors: Family<CodeLabel, Counter>,
     /// 1 while this replica leads the hold window.
@@ -266,12 +267,12 @@ impl WindowMetrics {
         for at_create in ["held", "unheld"] {
             show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
         }
-        for kind in crate::retry::FAILURE_KINDS {
-            show_at_zero(&self.pass_failures, KindLabel { kind });
+        for kind in FailureKind::ALL {
+            show_at_zero(&self.pass_failures, KindLabel { kind: kind.label() });
         }
         registry.register(
             "pass_failures",
-            "Failed passes of the window task, by kind: conflict, throttled, forbidden, refused, server (the API's answer), connection, other",
+            "Failed passes of the window task, by kind: conflict, throttled, forbidden, refused, server (the API's answer), connection, not_leading, other",
             self.pass_failures.clone(),
         );
         registry.register(
@@ -352,8 +353,10 @@ impl WindowMetrics {
     }
 
     /// Counts a failed pass of `kind`.
-    pub fn pass_failed(&self, kind: &'static str) {
-        self.pass_failures.get_or_create(&KindLabel { kind }).inc();
+    pub fn pass_failed(&self, kind: FailureKind) {
+        self.pass_failures
+            .get_or_create(&KindLabel { kind: kind.label() })
+            .inc();
     }
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).

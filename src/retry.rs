@@ -1,6 +1,6 @@
 //! node-holder's retry policy, in one place: how long each loop waits before
-//! it tries again, how many times it tries, and what kind of failure a
-//! failed pass was (for its metric).
+//! it tries again, and how many times it tries. (What kind of failure a failed
+//! pass was is `controller::error`'s.)
 
 use std::time::Duration;
 
@@ -58,68 +58,9 @@ pub fn api_probe_interval(reachable: bool) -> Duration {
     Duration::from_secs(if reachable { 10 } else { 1 })
 }
 
-/// What kind of failure ended a pass, for `node_holder_pass_failures_total`:
-/// the first Kubernetes API error in its chain, by status, else the
-/// connection, else `other` (the Lease held by another replica, say).
-pub fn failure_kind(err: &anyhow::Error) -> &'static str {
-    let Some(kube_error) = err.chain().find_map(|e| e.downcast_ref::<kube::Error>()) else {
-        return "other";
-    };
-    match kube_error {
-        kube::Error::Api(status) => match status.code {
-            409 | 422 => "conflict",
-            429 => "throttled",
-            401 | 403 => "forbidden",
-            400..=499 => "refused",
-            500..=599 => "server",
-            _ => "other",
-        },
-        _ => "connection",
-    }
-}
-
-/// Every kind [`failure_kind`] says, for the metric's series at zero.
-pub const FAILURE_KINDS: [&str; 7] = [
-    "conflict",
-    "throttled",
-    "forbidden",
-    "refused",
-    "server",
-    "connection",
-    "other",
-];
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn api(code: u16) -> anyhow::Error {
-        let status = kube::core::Status::failure("injected", "Injected").with_code(code);
-        anyhow::Error::new(kube::Error::Api(Box::new(status))).context("writing something")
-    }
-
-    #[test]
-    fn a_failed_pass_is_told_by_its_api_status() {
-        assert_eq!(failure_kind(&api(409)), "conflict");
-        assert_eq!(failure_kind(&api(429)), "throttled");
-        assert_eq!(failure_kind(&api(403)), "forbidden");
-        assert_eq!(failure_kind(&api(404)), "refused");
-        assert_eq!(failure_kind(&api(503)), "server");
-        assert_eq!(
-            failure_kind(&anyhow::anyhow!("not acting: the Lease is held by b")),
-            "other"
-        );
-        for kind in [
-            "conflict",
-            "throttled",
-            "forbidden",
-            "refused",
-            "server",
-            "other",
-        ] {
-            assert!(FAILURE_KINDS.contains(&kind));
-        }
-    }
 
     #[test]
     fn the_pass_backoff_doubles_to_thirty_seconds() {

@@ -3,13 +3,14 @@
 //! pass, `status` when it shows the leader, and `release` when it decides
 //! between waiting for a leader and releasing itself.
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use serde::Serialize;
 
+use super::error::NotLeading;
 use super::record::{FIELD_MANAGER, NAME};
 
 /// The Lease's holder, and whether its hold is live.
@@ -64,10 +65,13 @@ pub async fn ensure_leading(client: &kube::Client, namespace: &str, identity: &s
         holder => {
             let (who, renewed) =
                 holder.map_or(("nobody".to_string(), None), |h| (h.identity, h.renewed_at));
-            Err(anyhow!(
-                "not acting: the Lease {namespace}/{NAME} is held by {who} (renewed {}), not by {identity}",
-                renewed.map_or_else(|| "never".to_string(), |t| t.to_string())
-            ))
+            Err(NotLeading {
+                lease: format!("{namespace}/{NAME}"),
+                holder: who,
+                renewed: renewed.map_or_else(|| "never".to_string(), |t| t.to_string()),
+                identity: identity.to_string(),
+            }
+            .into())
         }
     }
 }

@@ -7,6 +7,7 @@
 mod budgets;
 mod coalesce;
 mod converge;
+mod error;
 mod events;
 mod leader;
 pub mod lease;
@@ -20,6 +21,8 @@ mod work;
 
 use crate::retry::{self, watch_backoff};
 use converge::seconds;
+pub use error::FailureKind;
+use error::PassError;
 pub use leader::{default_identity, handle_once, run};
 use watches::{nodes_seen, pool_changed, sleep_until, watch_pools, watch_record, work_changed};
 
@@ -316,9 +319,9 @@ impl WindowTask {
             Ok(outcome) => outcome.wake,
             Err(err) => {
                 self.failures += 1;
-                let kind = retry::failure_kind(&err);
+                let kind = err.kind();
                 self.metrics.pass_failed(kind);
-                tracing::warn!(error = format!("{err:#}"), kind, "hold window pass failed");
+                tracing::warn!(error = %err, kind = kind.label(), "hold window pass failed");
                 Some(Instant::now() + self.backoff())
             }
         }
@@ -333,7 +336,7 @@ impl WindowTask {
     /// It reads the store's objects in place (shared, not copied) and builds
     /// each node's patch only when the patcher takes it, so its memory grows
     /// with the patches in flight, not with the nodes.
-    async fn pass(&mut self, nodes: &NodeStore) -> Result<PassOutcome> {
+    async fn pass(&mut self, nodes: &NodeStore) -> Result<PassOutcome, PassError> {
         // Leadership as the Lease says now, not as the lease manager last
         // saw it: after an API server outage another replica may lead.
         lease::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
@@ -346,7 +349,7 @@ impl WindowTask {
         // window that releases them.
         self.save_record().await?;
         let pool_budgets = self.hold_pools(now).await?;
-        self.converge(&snapshot, now, pool_budgets.as_ref()).await
+        Ok(self.converge(&snapshot, now, pool_budgets.as_ref()).await?)
     }
 
     /// Saves the windows if they changed since last saved, and shows the

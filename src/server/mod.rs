@@ -1,11 +1,13 @@
 //! HTTP layers: the HTTPS admission webhook and the plain-HTTP admin port.
 
 mod connection;
+mod error;
 #[cfg(test)]
 mod tests;
 pub mod tls;
 
 pub use connection::{HandshakeFailure, TlsServing, serve_tls};
+pub use error::WebhookError;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,16 +101,7 @@ async fn reserve_body(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let over = declared.filter(|&l| l > MAX_BODY_BYTES as u64);
     if let Some(length) = over.filter(|_| asks_to_continue) {
-        tracing::warn!(
-            content_length = length,
-            error = "body too large",
-            "webhook request refused"
-        );
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("a request body of {length} bytes is over the limit of {MAX_BODY_BYTES}\n"),
-        )
-            .into_response();
+        return WebhookError::BodyTooLarge { length }.into_response();
     }
     let declared = declared.map_or(MAX_BODY_BYTES, |l| {
         usize::try_from(l).unwrap_or(MAX_BODY_BYTES)
@@ -140,18 +133,10 @@ async fn mutate(
     State(state): State<Arc<WebhookState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
+) -> Result<Response, WebhookError> {
     let started = Instant::now();
-    if let Some(refused) = not_json(&headers) {
-        return refused;
-    }
-    let decision = match decide(&body, &state.policy) {
-        Ok(decision) => decision,
-        Err(bad) => {
-            tracing::warn!(error = %bad, "webhook request refused");
-            return (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response();
-        }
-    };
+    expect_json(&headers)?;
+    let decision = decide(&body, &state.policy)?;
     match &decision.outcome {
         Outcome::Held { .. } => state.metrics.mutation(),
         Outcome::Unpatched { reason } => {
@@ -160,36 +145,22 @@ async fn mutate(
         _ => {}
     }
     audit(&decision, started);
-    match review_body(decision.response) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(err) => {
-            tracing::error!(error = %err, "serialising the AdmissionReview failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "could not serialise the response\n",
-            )
-                .into_response()
-        }
-    }
+    let body = review_body(decision.response).map_err(WebhookError::Serialise)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// A `415` unless the request says its body is JSON.
-fn not_json(headers: &HeaderMap) -> Option<Response> {
+/// Refuses a request that does not say its body is JSON.
+fn expect_json(headers: &HeaderMap) -> Result<(), WebhookError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if content_type.starts_with("application/json") {
-        return None;
+        return Ok(());
     }
-    tracing::warn!(content_type, error = "not JSON", "webhook request refused");
-    Some(
-        (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("expected Content-Type application/json, got {content_type:?}\n"),
-        )
-            .into_response(),
-    )
+    Err(WebhookError::NotJson {
+        content_type: content_type.to_string(),
+    })
 }
 
 /// The admission decision's line in node-holder's audit log.

@@ -1,0 +1,171 @@
+//! Why a pass of the window task failed: the typed error at the task's
+//! boundary. Inside a pass errors carry context as `anyhow` chains; where the
+//! pass ends they are told apart once, here, by what they mean for the
+//! operator (the metric's `kind`) rather than by their text.
+
+use std::fmt;
+
+/// What kind of failure ended a pass: the label of
+/// `node_holder_pass_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// 409 or 422: someone else wrote the object first.
+    Conflict,
+    /// 429: the API server's priority and fairness held node-holder back.
+    Throttled,
+    /// 401 or 403: node-holder's RBAC lacks a right.
+    Forbidden,
+    /// Another 4xx.
+    Refused,
+    /// 5xx.
+    Server,
+    /// No answer from the API server.
+    Connection,
+    /// This replica does not hold the Lease now (another replica leads, or
+    /// its Lease ran out while the API server was away).
+    NotLeading,
+    /// Anything else (a watch that ended, a record that cannot be read).
+    Other,
+}
+
+impl FailureKind {
+    /// Every kind, for the metric's series at zero.
+    pub const ALL: [FailureKind; 8] = [
+        FailureKind::Conflict,
+        FailureKind::Throttled,
+        FailureKind::Forbidden,
+        FailureKind::Refused,
+        FailureKind::Server,
+        FailureKind::Connection,
+        FailureKind::NotLeading,
+        FailureKind::Other,
+    ];
+
+    /// Its label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Conflict => "conflict",
+            FailureKind::Throttled => "throttled",
+            FailureKind::Forbidden => "forbidden",
+            FailureKind::Refused => "refused",
+            FailureKind::Server => "server",
+            FailureKind::Connection => "connection",
+            FailureKind::NotLeading => "not_leading",
+            FailureKind::Other => "other",
+        }
+    }
+
+    /// The kind of a Kubernetes client error: by the API's status, else no
+    /// answer.
+    fn of_kube(error: &kube::Error) -> FailureKind {
+        match error {
+            kube::Error::Api(status) => match status.code {
+                409 | 422 => FailureKind::Conflict,
+                429 => FailureKind::Throttled,
+                401 | 403 => FailureKind::Forbidden,
+                400..=499 => FailureKind::Refused,
+                500..=599 => FailureKind::Server,
+                _ => FailureKind::Other,
+            },
+            _ => FailureKind::Connection,
+        }
+    }
+}
+
+/// This replica may not act: the Lease is not its own now.
+#[derive(Debug, thiserror::Error)]
+#[error("not acting: the Lease {lease} is held by {holder} (renewed {renewed}), not by {identity}")]
+pub struct NotLeading {
+    pub lease: String,
+    pub holder: String,
+    pub renewed: String,
+    pub identity: String,
+}
+
+/// A failed pass: its kind and the whole chain of what went wrong.
+#[derive(Debug)]
+pub struct PassError {
+    kind: FailureKind,
+    error: anyhow::Error,
+}
+
+impl PassError {
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+}
+
+/// Tells the kind by the first error in the chain that says one: this
+/// replica not leading, or a Kubernetes API error.
+impl From<anyhow::Error> for PassError {
+    fn from(error: anyhow::Error) -> PassError {
+        let kind = error
+            .chain()
+            .find_map(|e| {
+                if e.is::<NotLeading>() {
+                    Some(FailureKind::NotLeading)
+                } else {
+                    e.downcast_ref::<kube::Error>().map(FailureKind::of_kube)
+                }
+            })
+            .unwrap_or(FailureKind::Other);
+        PassError { kind, error }
+    }
+}
+
+/// The whole chain, `a: b: c`.
+impl fmt::Display for PassError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl std::error::Error for PassError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> PassError {
+        let status = kube::core::Status::failure("injected", "Injected").with_code(code);
+        anyhow::Error::new(kube::Error::Api(Box::new(status)))
+            .context("writing something")
+            .into()
+    }
+
+    #[test]
+    fn a_failed_pass_is_told_by_its_api_status_or_the_lease() {
+        assert_eq!(api(409).kind(), FailureKind::Conflict);
+        assert_eq!(api(422).kind(), FailureKind::Conflict);
+        assert_eq!(api(429).kind(), FailureKind::Throttled);
+        assert_eq!(api(403).kind(), FailureKind::Forbidden);
+        assert_eq!(api(404).kind(), FailureKind::Refused);
+        assert_eq!(api(503).kind(), FailureKind::Server);
+        let not_leading = anyhow::Error::new(NotLeading {
+            lease: "ns/node-holder-window".into(),
+            holder: "b".into(),
+            renewed: "never".into(),
+            identity: "a".into(),
+        })
+        .context("a pass");
+        let not_leading = PassError::from(not_leading);
+        assert_eq!(not_leading.kind(), FailureKind::NotLeading);
+        assert_eq!(
+            not_leading.to_string(),
+            "a pass: not acting: the Lease ns/node-holder-window is held by b (renewed never), not by a"
+        );
+        let other = PassError::from(anyhow::anyhow!("the node watch ended"));
+        assert_eq!(other.kind(), FailureKind::Other);
+    }
+
+    #[test]
+    fn every_kind_has_its_own_label() {
+        let labels: std::collections::BTreeSet<&str> =
+            FailureKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), FailureKind::ALL.len());
+    }
+}

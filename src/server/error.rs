@@ -1,0 +1,96 @@
+//! Why the webhook refused a request: one type, its status and its log line.
+//! Handlers return it; nothing else at the HTTP edge picks a status or logs a
+//! refusal.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::MAX_BODY_BYTES;
+use crate::core::admission::BadReview;
+
+/// A webhook request node-holder does not answer with an AdmissionReview.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The client asked whether to send a body over the limit.
+    #[error("a request body of {length} bytes is over the limit of {MAX_BODY_BYTES}")]
+    BodyTooLarge { length: u64 },
+    /// The body is not said to be JSON.
+    #[error("expected Content-Type application/json, got {content_type:?}")]
+    NotJson { content_type: String },
+    /// The body is not an `admission.k8s.io/v1` AdmissionReview.
+    #[error(transparent)]
+    BadReview(#[from] BadReview),
+    /// The answer could not be written out (a bug: it is built here).
+    #[error("could not serialise the response: {0}")]
+    Serialise(serde_json::Error),
+}
+
+impl WebhookError {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            WebhookError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            WebhookError::NotJson { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            WebhookError::BadReview(_) => StatusCode::BAD_REQUEST,
+            WebhookError::Serialise(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Its kind in a word or two, the log line's `error` (the whole
+    /// reason is its `detail`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            WebhookError::BodyTooLarge { .. } => "body too large",
+            WebhookError::NotJson { .. } => "not JSON",
+            WebhookError::BadReview(_) => "not an AdmissionReview",
+            WebhookError::Serialise(_) => "serialising the AdmissionReview failed",
+        }
+    }
+}
+
+/// The status, with the reason as the body; the client's errors logged as
+/// warnings, node-holder's own as errors.
+impl IntoResponse for WebhookError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = self.label(), detail = %self, "webhook request failed");
+        } else {
+            tracing::warn!(error = self.label(), detail = %self, "webhook request refused");
+        }
+        (status, format!("{self}\n")).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_has_its_status() {
+        let malformed = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let cases = [
+            (
+                WebhookError::BodyTooLarge { length: 1 << 30 },
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (
+                WebhookError::NotJson {
+                    content_type: "text/plain".into(),
+                },
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ),
+            (
+                WebhookError::BadReview(BadReview::NoRequest),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                WebhookError::Serialise(malformed),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (error, status) in cases {
+            assert_eq!(error.into_response().status(), status);
+        }
+    }
+}
