@@ -262,8 +262,9 @@ pub struct WindowArgs {
 
     /// `cluster`: while the window is open every node in scope carries the
     /// hold; `node`: only new nodes are held, each for the hold duration
-    /// from its creation (with `--window-follows-work`, from its last work:
-    /// a per-node keep-alive, as Karpenter's `consolidateAfter`).
+    /// from its creation. With `--window-follows-work` a per-node
+    /// keep-alive, as Karpenter's `consolidateAfter`: every node in scope
+    /// (old ones too) is held from its last work for the hold duration.
     #[arg(long, env = "NODE_HOLDER_SCOPE", value_enum, default_value_t = Mode::Cluster)]
     pub scope: Mode,
 

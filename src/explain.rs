@@ -10,7 +10,9 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::cli::{ExplainArgs, Output};
+use crate::controller::record::Settings;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
+use crate::core::groups::UNLABELLED;
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset, held_keys, held_until_stamp, is_marked};
 use crate::core::window::Mode;
 use crate::status::{self, Status};
@@ -189,21 +191,40 @@ fn holds_on(node: &Node, status: &Status) -> Vec<HoldOnNode> {
         .collect()
 }
 
+/// In node scope, how long a node of `group` is held: its group's own hold
+/// (`--group-hold-duration`, or the learned one), else `--hold-duration`;
+/// `--max-hold` when that is shorter.
+fn node_hold(status: &Status, settings: &Settings, group: &str) -> std::time::Duration {
+    let learned = status
+        .learned_holds
+        .iter()
+        .find(|l| l.group == group)
+        .map(|l| std::time::Duration::from_secs(l.hold_seconds));
+    let hold = settings
+        .group_hold_durations
+        .get(group)
+        .copied()
+        .or(learned)
+        .unwrap_or(settings.hold_duration);
+    settings.max_hold.map_or(hold, |max| max.min(hold))
+}
+
 /// Until when node-holder holds the node: its window's deadline (its
 /// group's), its own hold in node scope, or the manual hold's end, the
 /// latest; `None` when nothing holds it any more (the next pass releases).
 fn until(status: &Status, group: Option<&str>, node: &Node) -> Option<Until> {
     let settings = status.settings.as_ref()?;
     let own = match settings.mode {
-        // From its creation, or (following work, with a learned or group
-        // hold) as late as the leader's stamp says.
+        // From its creation with its group's hold, or (following work) as
+        // late as the leader's stamp says.
         Mode::Node => node
             .metadata
             .creation_timestamp
             .as_ref()
             .and_then(|c| {
-                let hold = jiff::SignedDuration::try_from(settings.hold_duration).ok()?;
-                c.0.checked_add(hold).ok()
+                let hold = node_hold(status, settings, group.unwrap_or(UNLABELLED));
+                c.0.checked_add(jiff::SignedDuration::try_from(hold).ok()?)
+                    .ok()
             })
             .max(held_until_stamp(&node.metadata))
             .map(|at| (at, "its own hold (node scope)")),
@@ -250,7 +271,7 @@ pub fn render_text(e: &Explanation, now: Timestamp) -> String {
         line(
             "Stamped:",
             format!(
-                "{HELD_UNTIL_ANNOTATION}={at} (held at least until then; the leader rewrites it before it passes while the hold lasts)"
+                "{HELD_UNTIL_ANNOTATION}={at} (held at least until then; the leader rewrites it once it passes while the hold lasts)"
             ),
         );
     }
@@ -304,10 +325,10 @@ fn held_text(e: &Explanation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::record::Settings;
     use crate::core::window::ManualHold;
     use crate::status::GroupStatus;
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     fn at(text: &str) -> Timestamp {
         text.parse().unwrap()
@@ -346,6 +367,7 @@ mod tests {
             group_hold_durations: Default::default(),
             window_follows_work: false,
             learned_hold: None,
+            held_until_annotation: true,
         }
     }
 
@@ -469,5 +491,42 @@ mod tests {
         );
         let e = explain(&worked, &status, Vec::new());
         assert_eq!(e.until.map(|u| u.at), Some(at("2026-11-22T12:31:00Z")));
+    }
+
+    /// In node scope a node is held for its group's hold (the operator's
+    /// or the learned one), at most `--max-hold`, not for the flag's.
+    #[test]
+    fn node_scope_counts_the_groups_own_hold() {
+        let pool = [(NODEPOOL_LABEL, "gpu"), MARKED];
+        let mut settings = settings(Mode::Node, Some(NODEPOOL_LABEL), Mechanism::Annotation);
+        settings.group_hold_durations = BTreeMap::from([("gpu".into(), Duration::from_secs(300))]);
+        let status = |settings: &Settings, learned: Vec<status::LearnedHoldStatus>| Status {
+            settings: Some(settings.clone()),
+            learned_holds: learned,
+            ..Status::default()
+        };
+        let until = |status: &Status, labels: &[(&str, &str)]| {
+            explain(&node(labels, &[HOLD, LISTED]), status, Vec::new())
+                .until
+                .map(|u| u.at)
+        };
+        let given = status(&settings, Vec::new());
+        assert_eq!(until(&given, &pool), Some(at("2026-11-22T12:05:00Z")));
+        assert_eq!(until(&given, &[MARKED]), Some(at("2026-11-22T12:20:00Z")));
+
+        settings.group_hold_durations.clear();
+        let learned = status(
+            &settings,
+            vec![status::LearnedHoldStatus {
+                group: "gpu".into(),
+                hold_seconds: 420,
+                why: String::new(),
+            }],
+        );
+        assert_eq!(until(&learned, &pool), Some(at("2026-11-22T12:07:00Z")));
+
+        settings.max_hold = Some(Duration::from_secs(120));
+        let capped = status(&settings, learned.learned_holds.clone());
+        assert_eq!(until(&capped, &pool), Some(at("2026-11-22T12:02:00Z")));
     }
 }

@@ -156,7 +156,8 @@ pub struct WindowMetrics {
     pub held_nodes: Gauge<i64, AtomicI64>,
     pub holds_applied: Counter,
     pub holds_released: Counter,
-    /// `held-until` annotations rewritten on nodes already held.
+    /// `held-until` writes in PATCHes of their own: on nodes already held,
+    /// and removals when stamps are off.
     pub held_until_stamps: Counter,
     /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
@@ -191,7 +192,7 @@ impl WindowMetrics {
         );
         registry.register(
             "held_until_stamps",
-            "held-until annotations node-holder's window task rewrote on nodes it already held",
+            "held-until annotations node-holder's window task wrote in PATCHes of their own: first stamps of nodes held at CREATE, rewrites of stamps that passed or whose hold end moved earlier, removals with stamps off",
             self.held_until_stamps.clone(),
         );
     }

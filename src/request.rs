@@ -156,16 +156,19 @@ fn leader_config(
     settings: Option<Settings>,
     identity: String,
 ) -> Result<controller::Config> {
-    let (window, policy, pools) = match settings {
+    let (window, policy, pools, stamps) = match settings {
         Some(settings) => (
             settings.window_config(),
             settings.policy()?,
             settings.pools()?,
+            settings.held_until_annotation,
         ),
+        // As `serve` does by default.
         None => (
             args.window.window_config(),
             args.policy.policy()?,
             args.policy.pools()?,
+            true,
         ),
     };
     Ok(controller::Config {
@@ -182,8 +185,9 @@ fn leader_config(
         max_in_flight: args.patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).
         node_events_per_pass: 0,
-        // As `serve` does by default.
-        held_until_annotation: true,
+        // As the leader does: a pass run here neither writes stamps the
+        // leader would remove nor removes those it keeps.
+        held_until_annotation: stamps,
         coalesce_idle: args.patching.coalesce_idle,
         coalesce_max: args.patching.coalesce_max,
     })

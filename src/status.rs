@@ -2,6 +2,8 @@
 //! from the cluster (the record, the Lease, the nodes' marker) and printed as
 //! a readable summary or as JSON.
 
+use std::collections::BTreeSet;
+
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
@@ -102,21 +104,39 @@ impl Status {
                 held_nodes,
                 nodepool_budgets,
             });
-        self.overdue = if live && self.pacing.is_none() {
-            overdue(&self.held_nodes, after, now)
+        self.overdue = if live {
+            overdue(&self.held_nodes, &self.pacing_groups(), after, now)
         } else {
             Vec::new()
         };
         self
     }
+
+    /// The groups in a paced release: the nodes they keep show a past
+    /// `held-until` by design.
+    fn pacing_groups(&self) -> BTreeSet<&str> {
+        self.groups
+            .iter()
+            .filter(|g| g.pacing.is_some())
+            .map(|g| g.group.as_str())
+            .chain(self.pacing.is_some().then_some(UNLABELLED))
+            .collect()
+    }
 }
 
-/// The held nodes whose `held-until` passed more than `after` before `now`.
-fn overdue(held: &[HeldNode], after: std::time::Duration, now: Timestamp) -> Vec<String> {
+/// The held nodes whose `held-until` passed more than `after` before `now`,
+/// but for those of the groups in `pacing`.
+fn overdue(
+    held: &[HeldNode],
+    pacing: &BTreeSet<&str>,
+    after: std::time::Duration,
+    now: Timestamp,
+) -> Vec<String> {
     let Ok(after) = SignedDuration::try_from(after) else {
         return Vec::new();
     };
     held.iter()
+        .filter(|node| !pacing.contains(node.group.as_deref().unwrap_or(UNLABELLED)))
         .filter(|node| {
             node.held_until
                 .is_some_and(|until| now.duration_since(until) > after)
@@ -775,6 +795,7 @@ mod tests {
             group_hold_durations: Default::default(),
             window_follows_work: false,
             learned_hold: None,
+            held_until_annotation: true,
         }
     }
 
@@ -1201,11 +1222,32 @@ mod tests {
             "{json}"
         );
 
-        // A paced release keeps nodes past their stamp on purpose.
-        status.pacing = Some(Pacing {
+        // A paced release keeps nodes past their stamp on purpose: a
+        // labelled group's keeps only its own nodes from being overdue.
+        let pacing = Pacing {
             since: at("2026-11-22T12:00:00Z"),
             of: 4,
-        });
+        };
+        let mut grouped = status.clone();
+        for node in &mut grouped.held_nodes {
+            node.group = Some("batch".into());
+        }
+        grouped.held_nodes[1].group = Some("gpu".into());
+        grouped.held_nodes[1].held_until = Some(at("2026-11-22T11:00:00Z"));
+        grouped.groups = ["batch", "gpu"]
+            .map(|group| GroupStatus {
+                group: group.into(),
+                open: false,
+                opened_at: None,
+                deadline: None,
+                cap: None,
+                closed_through: None,
+                pacing: (group == "batch").then_some(pacing),
+                held_nodes: 1,
+            })
+            .to_vec();
+        assert_eq!(grouped.orphaned_after(five, now).overdue, ["just-passed"]);
+        status.pacing = Some(pacing);
         assert!(status.orphaned_after(five, now).overdue.is_empty());
     }
 

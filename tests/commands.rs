@@ -82,19 +82,39 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
         json["heldNodes"][0]["holds"],
         serde_json::json!(["karpenter.sh/do-not-disrupt"])
     );
-    // The leader stamps each node the webhook held with the deadline.
-    common::window::eventually("both nodes stamped", Duration::from_secs(10), || {
-        let json: serde_json::Value =
-            serde_json::from_str(&succeeded(&operator(&cp, &["status", "-o", "json"]))).unwrap();
-        let stamps: Vec<Option<Timestamp>> = json["heldNodes"]
+    // The leader stamps each node the webhook held with the deadline as it
+    // was when it held it: at least the node's own creation + hold (a pass
+    // between the two creates stamps the first with its own), at most the
+    // deadline; the last node's is the deadline.
+    let mut creations = Vec::new();
+    for name in ["ip-10-0-1-7", "ip-10-0-2-9"] {
+        let node = nodes.get(name).await.unwrap();
+        creations.push(node.metadata.creation_timestamp.unwrap().0 + Duration::from_secs(3600));
+    }
+    let stamped = |json: &serde_json::Value| -> Vec<Option<Timestamp>> {
+        json["heldNodes"]
             .as_array()
             .unwrap()
             .iter()
             .map(|n| n["heldUntil"].as_str().and_then(|t| t.parse().ok()))
-            .collect();
-        std::future::ready(stamps == [Some(deadline), Some(deadline)])
+            .collect()
+    };
+    common::window::eventually("both nodes stamped", Duration::from_secs(10), || {
+        let json: serde_json::Value =
+            serde_json::from_str(&succeeded(&operator(&cp, &["status", "-o", "json"]))).unwrap();
+        std::future::ready(stamped(&json).iter().all(Option::is_some))
     })
     .await;
+    let json: serde_json::Value =
+        serde_json::from_str(&succeeded(&operator(&cp, &["status", "-o", "json"]))).unwrap();
+    let stamps: Vec<Timestamp> = stamped(&json).into_iter().flatten().collect();
+    for (stamp, own_end) in stamps.iter().zip(&creations) {
+        assert!(
+            *own_end <= *stamp && *stamp <= deadline,
+            "{stamps:?} {creations:?}"
+        );
+    }
+    assert_eq!(stamps.last(), Some(&deadline), "{stamps:?}");
     assert!(json.get("overdue").is_none(), "{json}");
 
     let text = succeeded(&operator(&cp, &["status"]));

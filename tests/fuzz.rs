@@ -93,6 +93,7 @@ fn written() -> (Value, Value, Value) {
             floor: l.floor,
             ceiling: l.ceiling,
         }),
+        held_until_annotation: false,
     };
     let budgets: AddedBudgets = BTreeMap::from([(
         "default".to_string(),
@@ -282,5 +283,9 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
     assert!(settings.learned_hold.is_some() && settings.release_pace.is_some());
+    assert!(
+        !settings.held_until_annotation,
+        "the stamps setting is kept"
+    );
     assert_eq!(settings.window_config().group_holds.len(), 1);
 }

@@ -975,7 +975,16 @@ async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work()
         !carries_hold(a, &idle).await
     })
     .await;
-    assert!(Timestamp::now() >= launched[&idle] + hold);
+    let now = Timestamp::now();
+    assert!(now >= launched[&idle] + hold);
+    // Past the busy node's own creation + hold too, so only its work can
+    // hold it now.
+    a.until(
+        "the busy node's creation + hold passed",
+        KARPENTER_ROUND,
+        async |_| Timestamp::now() >= launched[&busy] + hold,
+    )
+    .await;
     assert!(carries_hold(&a, &busy).await, "{busy} released with {idle}");
     a.until("the idle node consolidated", KARPENTER_ROUND, async |a| {
         a.nodes_deleted().contains_key(&idle)

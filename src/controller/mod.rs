@@ -104,6 +104,7 @@ impl Config {
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
             window_follows_work: self.follow_work,
+            held_until_annotation: self.held_until_annotation,
             learned_hold: self.window.learned.map(|l| record::LearnedTerms {
                 launch_cost: l.launch_cost,
                 floor: l.floor,

@@ -125,6 +125,18 @@ pub struct Settings {
     /// `--hold-policy learned` and its terms; absent: the fixed hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned_hold: Option<LearnedTerms>,
+    /// `--held-until-annotation`; absent (and in records written before it
+    /// existed): true.
+    #[serde(default = "stamps_on", skip_serializing_if = "is_on")]
+    pub held_until_annotation: bool,
+}
+
+fn stamps_on() -> bool {
+    true
+}
+
+fn is_on(value: &bool) -> bool {
+    *value
 }
 
 /// `--hold-policy learned`'s terms as the record keeps them (humantime text).
@@ -501,5 +513,19 @@ mod tests {
             written.starts_with(r#"{"mode":"node","holdDuration":"20m","maxHold":"2h""#),
             "{written}"
         );
+        // Records written before the stamp setting existed had stamps on.
+        assert!(settings.held_until_annotation);
+        assert!(!written.contains("heldUntilAnnotation"), "{written}");
+        let off = Settings {
+            held_until_annotation: false,
+            ..settings
+        };
+        let written = serde_json::to_string(&off).unwrap();
+        assert!(
+            written.contains(r#""heldUntilAnnotation":false"#),
+            "{written}"
+        );
+        let read: Settings = serde_json::from_str(&written).unwrap();
+        assert!(!read.held_until_annotation);
     }
 }

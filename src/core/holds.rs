@@ -25,7 +25,8 @@ pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
 pub const MARKED: &str = "node-holder.dev/held=true";
 /// Annotation with the time (RFC 3339, whole seconds) until which, at the
 /// least, node-holder holds the node: the leader writes it on every node it
-/// holds and rewrites it before it passes while the hold goes on
+/// holds and rewrites it at its first pass after the stamp is reached while
+/// the hold goes on
 /// ([`needs_stamp`](super::plan)); a release removes it with the holds.
 pub const HELD_UNTIL_ANNOTATION: &str = "node-holder.dev/held-until";
 

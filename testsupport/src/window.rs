@@ -444,14 +444,14 @@ async fn marked_metadata(nodes: &Api<Node>) -> Vec<kube::core::PartialObjectMeta
 /// restart) is what tells a hold from a release and one process from the
 /// next.
 pub fn node_holder_patch_log(cp: &ControlPlane) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
-    patch_log(cp, |event| !is_stamp(event))
+    patch_log(cp, false)
 }
 
 /// When the API server received node-holder's PATCHes of node `name` that
 /// only rewrote its `node-holder.dev/held-until` (successful or not), in
 /// order.
 pub fn node_holder_stamps(cp: &ControlPlane, name: &str) -> Vec<(Timestamp, u16)> {
-    patch_log(cp, is_stamp).remove(name).unwrap_or_default()
+    patch_log(cp, true).remove(name).unwrap_or_default()
 }
 
 /// Whether an audit event's JSON Patch (logged at Request level for
@@ -475,31 +475,17 @@ pub fn is_stamp(event: &Value) -> bool {
     !ops.is_empty() && ops.iter().all(stamp)
 }
 
-/// node-holder's node PATCHes whose audit event passes `keep`, by node.
-fn patch_log(
-    cp: &ControlPlane,
-    keep: impl Fn(&Value) -> bool,
-) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
+/// node-holder's node PATCHes, stamps only or none of them, by node
+/// (read by [`crate::measure::audit::node_holder_patches`]).
+fn patch_log(cp: &ControlPlane, stamps: bool) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
     let mut by_node: BTreeMap<String, Vec<(Timestamp, u16)>> = BTreeMap::new();
-    for e in cp.audit_events().unwrap() {
-        if e["verb"] == "patch"
-            && e["stage"] == "ResponseComplete"
-            && e["objectRef"]["resource"] == "nodes"
-            && e["user"]["username"] == testenv::NODE_HOLDER_USER
-            && keep(&e)
-        {
-            by_node
-                .entry(e["objectRef"]["name"].as_str().unwrap().to_string())
-                .or_default()
-                .push((
-                    e["requestReceivedTimestamp"]
-                        .as_str()
-                        .unwrap()
-                        .parse()
-                        .unwrap(),
-                    e["responseStatus"]["code"].as_u64().unwrap() as u16,
-                ));
-        }
+    let patches = crate::measure::audit::node_holder_patches(cp, &["nodes"]).unwrap();
+    for patch in patches.into_iter().filter(|p| p.stamp == stamps) {
+        let code = u16::try_from(patch.code).unwrap();
+        by_node
+            .entry(patch.name)
+            .or_default()
+            .push((patch.at, code));
     }
     for patches in by_node.values_mut() {
         patches.sort();
