@@ -52,6 +52,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use testenv::{ClusterOptions, Disruption, KarpenterCluster};
 
@@ -164,12 +165,34 @@ impl Prepared {
         recorder
             .wait_claims_gone(DRAIN_LIMIT + Duration::from_secs(600))
             .await?;
+        let record = match &self.holder {
+            Some(_) => node_holder_record(&admin).await?,
+            None => None,
+        };
         drop(self.holder);
         let mut trace = recorder.stop();
         trace.interrupted = interrupted;
         trace.end = end;
+        if let Some(data) = record {
+            let names: Vec<&str> = arms.iter().map(|a| a.name.as_str()).collect();
+            trace.records.insert(names.join(","), data);
+        }
         Ok(trace)
     }
+}
+
+/// node-holder's record as it is now: what its windows and learned holds
+/// ended the day with.
+async fn node_holder_record(
+    admin: &kube::Client,
+) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+    let config_maps: Api<ConfigMap> =
+        Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
+    let record = config_maps
+        .get_opt("node-holder-window")
+        .await
+        .context("reading node-holder's record")?;
+    Ok(record.and_then(|c| c.data))
 }
 
 /// One `node-holder serve` for every node-holder arm (`arms::serve_args`),

@@ -39,6 +39,12 @@ pub struct Trace {
     pub load: Vec<(f64, f64)>,
     /// When the day's work was over and the steady pods were let go.
     pub end: f64,
+    /// node-holder's record (ConfigMap `node-holder-window`'s data) as each
+    /// cluster's install left it when its last node was gone, by the
+    /// cluster's arms (`nf-2m,nl-5m`): each group's window and, with the
+    /// learned hold, the gaps it learned from.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub records: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Trace {
@@ -64,6 +70,7 @@ impl Trace {
             trace.pods.extend(part.pods);
             trace.interrupted.extend(part.interrupted);
             trace.load.extend(part.load);
+            trace.records.extend(part.records);
             trace.end = trace.end.max(part.end);
         }
         trace.load.sort_by(|a, b| a.0.total_cmp(&b.0));
