@@ -101,6 +101,12 @@ impl LearnedHold {
     /// The hold for a group with `history`.
     pub fn choose(&self, history: &History) -> Choice {
         let gaps: Vec<Duration> = history.gaps().collect();
+        self.choose_from(&gaps)
+    }
+
+    /// The hold for the idle `gaps` seen (the last [`KEPT_GAPS`] of them at
+    /// least `floor`, as [`History`] keeps them).
+    pub fn choose_from(&self, gaps: &[Duration]) -> Choice {
         if gaps.len() < MIN_GAPS {
             return Choice {
                 hold: self
@@ -117,7 +123,7 @@ impl LearnedHold {
         );
         let mut best = (self.floor, f64::INFINITY);
         for hold in candidates {
-            let cost = self.mean_cost(&gaps, hold);
+            let cost = self.mean_cost(gaps, hold);
             if cost < best.1 || (cost == best.1 && hold < best.0) {
                 best = (hold, cost);
             }

@@ -37,6 +37,7 @@
 
 pub mod arms;
 pub mod days;
+pub mod model;
 pub mod recorder;
 pub mod report;
 pub mod trace;
