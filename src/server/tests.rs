@@ -174,3 +174,109 @@ async fn the_admin_port_says_healthy_ready_only_when_ready_and_serves_openmetric
     assert!(text.contains("node_holder_build_info"), "{text}");
     assert!(text.trim_end().ends_with("# EOF"), "{text}");
 }
+
+/// The fixture review with `edit` applied, as a body.
+fn review_with(edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut review: serde_json::Value = serde_json::from_str(REVIEW).unwrap();
+    edit(&mut review);
+    review.to_string()
+}
+
+/// The AdmissionReview's `response` of the webhook's answer to `body`.
+async fn response_to(body: String) -> serde_json::Value {
+    let post = request(Method::POST, "/mutate", "application/json", &body);
+    let (status, text) = answer(webhook(&state()), post).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the API server expects a review back: {text}"
+    );
+    let review: serde_json::Value = serde_json::from_str(&text).unwrap();
+    review["response"].clone()
+}
+
+#[tokio::test]
+async fn a_body_over_seven_mebibytes_is_refused_with_413() {
+    let huge = review_with(|r| {
+        r["request"]["object"]["metadata"]["annotations"] =
+            serde_json::json!({"blob": "x".repeat(MAX_BODY_BYTES)});
+    });
+    let post = request(Method::POST, "/mutate", "application/json", &huge);
+    let (status, text) = answer(webhook(&state()), post).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+}
+
+#[tokio::test]
+async fn other_kinds_and_operations_are_allowed_untouched() {
+    let pod = review_with(|r| {
+        r["request"]["kind"]["kind"] = "Pod".into();
+        r["request"]["resource"]["resource"] = "pods".into();
+        r["request"]["object"] =
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+    });
+    let update = review_with(|r| r["request"]["operation"] = "UPDATE".into());
+    let delete = review_with(|r| r["request"]["operation"] = "DELETE".into());
+    for body in [pod, update, delete] {
+        let response = response_to(body).await;
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response.get("patch").is_none(), "{response}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_create_without_its_object_is_answered_as_an_invalid_request() {
+    let sent: serde_json::Value = serde_json::from_str(REVIEW).unwrap();
+    let response = response_to(review_with(|r| {
+        r["request"]["object"] = serde_json::Value::Null;
+    }))
+    .await;
+    assert_eq!(response["uid"], sent["request"]["uid"]);
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["reason"], "InvalidRequest");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("without its object"), "{response}");
+}
+
+/// A rate over an absent series is no alert at all: every label value
+/// node-holder knows in advance is exposed at 0 before its first event.
+#[tokio::test]
+async fn labelled_counters_show_their_known_label_values_at_zero_from_the_start() {
+    let metrics = Metrics::default().encode().unwrap();
+    let mut zeros: Vec<String> = Vec::new();
+    for code in [200, 400, 408, 413, 415, 500, 503] {
+        zeros.push(format!(
+            "node_holder_webhook_requests_total{{code=\"{code}\"}} 0"
+        ));
+    }
+    for code in [0, 403, 409, 422, 429, 500, 503] {
+        zeros.push(format!(
+            "node_holder_patch_errors_total{{code=\"{code}\"}} 0"
+        ));
+    }
+    for reason in [
+        "plain-http",
+        "timeout",
+        "no-client-certificate",
+        "client-certificate-rejected",
+        "certificate-rejected",
+        "incompatible-client",
+        "not-tls",
+        "other",
+    ] {
+        zeros.push(format!(
+            "node_holder_tls_handshake_errors_total{{reason=\"{reason}\"}} 0"
+        ));
+    }
+    for kind in crate::controller::FailureKind::ALL {
+        zeros.push(format!(
+            "node_holder_pass_failures_total{{kind=\"{}\"}} 0",
+            kind.label()
+        ));
+    }
+    for line in &zeros {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing from\n{metrics}"
+        );
+    }
+}
