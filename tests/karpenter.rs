@@ -986,15 +986,18 @@ async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work()
     )
     .await;
     assert!(carries_hold(&a, &busy).await, "{busy} released with {idle}");
+
+    // The work stops now, well within the busy node's hold from wave-2's
+    // bind (wave-2 came 35 s after wave-1's end, whose hold the idle node's
+    // release just ended): the busy node goes a hold after that, while
+    // Karpenter consolidates the idle one.
+    let ending = Timestamp::now();
+    a.end_wave("wave-2").await;
     a.until("the idle node consolidated", KARPENTER_ROUND, async |a| {
         a.nodes_deleted().contains_key(&idle)
     })
     .await;
     assert!(!a.nodes_deleted().contains_key(&busy));
-
-    // The work stops: the busy node goes a hold after that.
-    let ending = Timestamp::now();
-    a.end_wave("wave-2").await;
     a.until("the busy node released", KARPENTER_ROUND * 2, async |a| {
         !carries_hold(a, &busy).await
     })
