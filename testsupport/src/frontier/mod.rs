@@ -56,7 +56,7 @@ pub const LAUNCH_COSTS: [f64; 3] = [60.0, 300.0, 900.0];
 
 /// The clairvoyant optimum of `day` at launch cost `launch`, with the
 /// bench's [`BOOT`] and [`RELEASE`].
-pub fn optimum_at(day: &days::Day, launch: f64) -> Optimum {
+pub fn optimum_at(day: &days::Day, launch: f64) -> Priced {
     optimum(
         &day.demand(),
         Costs {
@@ -134,14 +134,15 @@ fn levels(steps: &Steps) -> Vec<Level> {
     levels
 }
 
-/// The clairvoyant schedule's cost for a day's demand.
+/// What a day of nodes cost: the clairvoyant schedule's
+/// ([`optimum`]), or a keep-alive's in the model ([`model::keep_alive`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Optimum {
+pub struct Priced {
     pub launches: usize,
     pub node_seconds: f64,
 }
 
-impl Optimum {
+impl Priced {
     /// Node-seconds plus launches at `launch` node-seconds each.
     pub fn total(&self, launch: f64) -> f64 {
         total(self.node_seconds, self.launches, launch)
@@ -155,7 +156,7 @@ pub fn total(node_seconds: f64, launches: usize, launch: f64) -> f64 {
 
 /// The clairvoyant optimum of the demand `steps` (in time order; every
 /// level ends at zero by the last step).
-pub fn optimum(steps: &Steps, costs: Costs) -> Optimum {
+pub fn optimum(steps: &Steps, costs: Costs) -> Priced {
     let limit = costs.restart();
     let mut launches = 0;
     let mut node_seconds = 0.0;
@@ -171,7 +172,7 @@ pub fn optimum(steps: &Steps, costs: Costs) -> Optimum {
             }
         }
     }
-    Optimum {
+    Priced {
         launches,
         node_seconds,
     }

@@ -17,7 +17,7 @@
 //! decomposition is the model's simplification: the real scheduler does not
 //! always put a new pod on the node a level would.)
 
-use super::{Costs, Steps};
+use super::{Costs, Priced, Steps};
 
 /// One idle gap of one demand level: when the level fell idle and for how
 /// long (infinite: it was never needed again).
@@ -85,19 +85,6 @@ pub fn levels(steps: &Steps) -> Levels {
     out.gaps.extend(last_gaps);
     out.gaps.sort_by(|a, b| a.start.total_cmp(&b.start));
     out
-}
-
-/// What a keep-alive cost on a day, in the model.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Priced {
-    pub launches: usize,
-    pub node_seconds: f64,
-}
-
-impl Priced {
-    pub fn total(&self, launch: f64) -> f64 {
-        super::total(self.node_seconds, self.launches, launch)
-    }
 }
 
 /// The day's cost when each idle node is kept for `hold(gap, seen)`

@@ -40,7 +40,7 @@ impl DayRuns<'_> {
     }
 
     /// The clairvoyant optimum of each seed's day at the default launch cost.
-    fn optimum(&self) -> Vec<super::Optimum> {
+    fn optimum(&self) -> Vec<super::Priced> {
         self.runs
             .iter()
             .map(|(d, _)| optimum_at(d, DEFAULT_LAUNCH))
