@@ -195,18 +195,13 @@ fn holds_on(node: &Node, status: &Status) -> Vec<HoldOnNode> {
 /// (`--group-hold-duration`, or the learned one), else `--hold-duration`;
 /// `--max-hold` when that is shorter.
 fn node_hold(status: &Status, settings: &Settings, group: &str) -> std::time::Duration {
-    let learned = status
-        .learned_holds
-        .iter()
-        .find(|l| l.group == group)
-        .map(|l| std::time::Duration::from_secs(l.hold_seconds));
-    let hold = settings
-        .group_hold_durations
-        .get(group)
-        .copied()
-        .or(learned)
-        .unwrap_or(settings.hold_duration);
-    settings.max_hold.map_or(hold, |max| max.min(hold))
+    let cfg = settings.window_config();
+    let mut cfg = cfg.for_group(group).into_owned();
+    // `status` lists the learned hold of the groups that learn theirs.
+    if let Some(learned) = status.learned_holds.iter().find(|l| l.group == group) {
+        cfg.hold = std::time::Duration::from_secs(learned.hold_seconds);
+    }
+    cfg.node_hold()
 }
 
 /// Until when node-holder holds the node: its window's deadline (its

@@ -969,8 +969,8 @@ async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work()
     let work_at = Timestamp::now();
     let idle = first.iter().find(|n| **n != busy).unwrap().clone();
 
-    // The idle node's hold ends at its creation + hold; the busy node's,
-    // counted from wave-2's work, is still on then.
+    // The idle node's hold ends a hold after its last work (wave-1's); the
+    // busy node's, counted from wave-2's work, is still on then.
     a.until("the idle node released", KARPENTER_ROUND, async |a| {
         !carries_hold(a, &idle).await
     })

@@ -270,10 +270,20 @@ async fn with_the_stamp_off_no_held_until_is_written_and_an_old_one_goes() {
     // "left" was new at the leader's first pass (created just before it
     // started, within the hold), so the window held it all along: its one
     // PATCH is the stamp's removal, not a release and a hold again.
-    let left_patches = node_holder_patch_log(&cp)
-        .remove("left")
-        .unwrap_or_default();
-    assert_eq!(left_patches.len(), 1, "{left_patches:?}");
+    // (The audit event trails the response a little.)
+    let left_patches = || {
+        node_holder_patch_log(&cp)
+            .remove("left")
+            .unwrap_or_default()
+    };
+    eventually_logging(
+        "the removal's audit event",
+        Duration::from_secs(10),
+        &served,
+        || std::future::ready(!left_patches().is_empty()),
+    )
+    .await;
+    assert_eq!(left_patches().len(), 1, "{:?}", left_patches());
     for name in ["left", "new-1"] {
         let node = nodes.get(name).await.unwrap();
         assert!(held(&node), "{name}");

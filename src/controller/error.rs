@@ -120,11 +120,9 @@ impl fmt::Display for PassError {
     }
 }
 
-impl std::error::Error for PassError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.error.source()
-    }
-}
+/// Its display is the whole chain already: no source, so that a caller's
+/// `{:#}` does not print the chain twice.
+impl std::error::Error for PassError {}
 
 #[cfg(test)]
 mod tests {
@@ -160,6 +158,14 @@ mod tests {
         );
         let other = PassError::from(anyhow::anyhow!("the node watch ended"));
         assert_eq!(other.kind(), FailureKind::Other);
+        // As `release` run by hand prints a failed pass: the chain once.
+        let printed = format!("{:#}", anyhow::Error::from(api(503)).context("release"));
+        assert!(
+            printed.starts_with("release: writing something: "),
+            "{printed}"
+        );
+        assert_eq!(printed.matches("writing something").count(), 1, "{printed}");
+        assert_eq!(printed.matches("ApiError").count(), 1, "{printed}");
     }
 
     #[test]

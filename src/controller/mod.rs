@@ -286,10 +286,14 @@ impl WindowTask {
 
     /// Takes up the window where the record left it: the window, a release
     /// request not yet handled, and one handled but not recorded as done.
+    /// A record whose settings are not this leader's counts as unsaved, so
+    /// the first pass writes the settings `status`, `release` and `hold`
+    /// read (after a restart with other flags).
     fn restore(&mut self, record: record::Record) {
         self.windows = record.window.clone();
         self.added = record.budgets.clone();
-        self.saved = record.exists.then_some((record.window, record.budgets));
+        let settings_current = record.settings.as_ref() == Some(&self.config.settings());
+        self.saved = (record.exists && settings_current).then_some((record.window, record.budgets));
         let done = record.release_done_at;
         self.release_request = record
             .release_request

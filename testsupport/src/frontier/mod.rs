@@ -91,22 +91,23 @@ pub type Steps = [(f64, i64)];
 
 /// The idle gaps and stretches of one demand level.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Level {
+pub(crate) struct Level {
     /// Seconds the level is demanded.
     busy: f64,
     /// The first stretch started (the level is in use at all).
     started: bool,
     /// When the level last fell idle, if it is idle now.
     idle_since: Option<f64>,
-    /// The idle gaps between one stretch and the next, in order.
-    gaps: Vec<f64>,
+    /// The idle gaps between one stretch and the next, in order: when
+    /// each began and how long it was.
+    gaps: Vec<(f64, f64)>,
     /// When the level was last raised: the start of the current stretch.
     raised_at: f64,
 }
 
 /// The demand levels of a day: for each `k`, the stretches in which at least
 /// `k` nodes are needed. `steps` must be in time order.
-fn levels(steps: &Steps) -> Vec<Level> {
+pub(crate) fn levels(steps: &Steps) -> Vec<Level> {
     let mut levels: Vec<Level> = Vec::new();
     let mut count: usize = 0;
     for &(at, change) in steps {
@@ -118,7 +119,7 @@ fn levels(steps: &Steps) -> Vec<Level> {
             }
             let level = &mut levels[count];
             if let Some(since) = level.idle_since.take() {
-                level.gaps.push(at - since);
+                level.gaps.push((since, at - since));
             }
             level.started = true;
             level.raised_at = at;
@@ -163,7 +164,7 @@ pub fn optimum(steps: &Steps, costs: Costs) -> Priced {
     for level in levels(steps).iter().filter(|l| l.started) {
         launches += 1;
         node_seconds += level.busy + costs.boot + costs.release;
-        for &gap in &level.gaps {
+        for &(_, gap) in &level.gaps {
             if gap < limit {
                 node_seconds += gap;
             } else {

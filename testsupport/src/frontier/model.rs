@@ -41,48 +41,26 @@ pub struct Levels {
     pub gaps: Vec<Gap>,
 }
 
-/// The levels of the demand `steps` (in time order).
+/// The levels of the demand `steps` (in time order), as the optimum splits
+/// them.
 pub fn levels(steps: &Steps) -> Levels {
-    let mut raised_at: Vec<f64> = Vec::new();
-    let mut idle_since: Vec<Option<f64>> = Vec::new();
     let mut out = Levels::default();
-    let mut count = 0usize;
-    for &(at, change) in steps {
-        let target = i64::try_from(count)
-            .unwrap_or(i64::MAX)
-            .saturating_add(change)
-            .max(0);
-        let target = usize::try_from(target).unwrap_or(0);
-        while count < target {
-            if raised_at.len() <= count {
-                raised_at.push(at);
-                idle_since.push(None);
-                out.used += 1;
-            }
-            if let Some(since) = idle_since[count].take() {
-                out.gaps.push(Gap {
-                    level: count + 1,
-                    start: since,
-                    length: at - since,
-                });
-            }
-            raised_at[count] = at;
-            count += 1;
+    for (k, level) in super::levels(steps).iter().enumerate() {
+        if !level.started {
+            continue;
         }
-        while count > target {
-            count -= 1;
-            out.busy += at - raised_at[count];
-            idle_since[count] = Some(at);
+        out.used += 1;
+        out.busy += level.busy;
+        let finished = level.gaps.iter().map(|&(start, length)| (start, length));
+        let last = level.idle_since.map(|since| (since, f64::INFINITY));
+        for (start, length) in finished.chain(last) {
+            out.gaps.push(Gap {
+                level: k + 1,
+                start,
+                length,
+            });
         }
     }
-    let last_gaps = idle_since.into_iter().enumerate().filter_map(|(k, since)| {
-        Some(Gap {
-            level: k + 1,
-            start: since?,
-            length: f64::INFINITY,
-        })
-    });
-    out.gaps.extend(last_gaps);
     out.gaps.sort_by(|a, b| a.start.total_cmp(&b.start));
     out
 }
