@@ -218,10 +218,11 @@ fn t95(df: usize) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const COSTS: Costs = Costs {
+    /// The costs the frontier's unit tests price with.
+    pub(crate) const COSTS: Costs = Costs {
         launch: 60.0,
         boot: 30.0,
         release: 10.0,

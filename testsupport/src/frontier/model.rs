@@ -116,12 +116,7 @@ pub fn keep_alive(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const COSTS: Costs = Costs {
-        launch: 60.0,
-        boot: 30.0,
-        release: 10.0,
-    };
+    use crate::frontier::tests::COSTS;
 
     #[test]
     fn levels_list_every_gap_with_the_last_one_open() {
