@@ -51,7 +51,7 @@ pub fn levels(steps: &Steps) -> Levels {
         }
         out.used += 1;
         out.busy += level.busy;
-        let finished = level.gaps.iter().map(|&(start, length)| (start, length));
+        let finished = level.gaps.iter().copied();
         let last = level.idle_since.map(|since| (since, f64::INFINITY));
         for (start, length) in finished.chain(last) {
             out.gaps.push(Gap {
