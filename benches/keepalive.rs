@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use node_holder::core::learned::LearnedHold;
+use node_holder::core::learned::{KEPT_GAPS, LearnedHold};
 
 use common::frontier::days::Day;
 use common::frontier::model::{self, Gap, Levels};
@@ -68,30 +68,62 @@ where
 /// One policy: its name and the hold it picks from the gaps seen.
 type Policy = (String, Box<dyn Fn(&Gap, &[Gap]) -> f64>);
 
-/// node-holder's learned hold at `launch`, `fallback` until it has seen
-/// enough gaps, fed the gaps as `History` keeps them (at least the floor,
-/// the last 20).
-fn learned(launch: f64, fallback: f64) -> impl Fn(&Gap, &[Gap]) -> f64 {
+/// node-holder's learned hold in `node` scope at `launch` (its default
+/// floor and ceiling), `fallback` until it has seen enough gaps. It learns
+/// what `NodeGaps` tells it: every level gap of `day` once it has ended (the
+/// work came back to the node, or a launch matched it), and one that has
+/// not ended within the ceiling as longer than it, after `yesterday`'s
+/// (shifted a day back): the history a node-holder that ran the day before
+/// keeps in its record.
+fn learned(
+    launch: f64,
+    fallback: f64,
+    day: &[Gap],
+    yesterday: &[Gap],
+) -> impl Fn(&Gap, &[Gap]) -> f64 + 'static {
     let terms = LearnedHold {
         launch_cost: Duration::from_secs_f64(launch),
         floor: Duration::from_secs(60),
         ceiling: Duration::from_secs(1800),
         fallback: Duration::from_secs_f64(fallback),
     };
-    move |_: &Gap, seen: &[Gap]| {
-        let kept: Vec<Duration> = seen
+    let ceiling = terms.ceiling.as_secs_f64();
+    let day_back = |g: &Gap| Gap {
+        start: g.start - 86_400.0,
+        length: g.length.min(86_400.0),
+        ..*g
+    };
+    let gaps: Vec<Gap> = yesterday
+        .iter()
+        .map(day_back)
+        .chain(day.iter().copied())
+        .collect();
+    move |gap: &Gap, _: &[Gap]| {
+        // (when it was known, how long) of every gap known by now.
+        let mut known: Vec<(f64, f64)> = gaps
             .iter()
-            .filter(|g| g.length >= terms.floor.as_secs_f64())
-            .map(|g| Duration::from_secs_f64(g.length))
+            .filter_map(|g| {
+                if g.start + g.length <= gap.start {
+                    Some((g.start + g.length, g.length))
+                } else {
+                    let waited = gap.start - g.start;
+                    (waited > ceiling).then_some((g.start + ceiling, waited))
+                }
+            })
+            .filter(|&(_, length)| length >= terms.floor.as_secs_f64())
             .collect();
-        let last = &kept[kept
-            .len()
-            .saturating_sub(node_holder::core::learned::KEPT_GAPS)..];
-        terms.choose_from(last).hold.as_secs_f64()
+        known.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let last: Vec<Duration> = known[known.len().saturating_sub(KEPT_GAPS)..]
+            .iter()
+            .map(|&(_, length)| Duration::from_secs_f64(length))
+            .collect();
+        terms.choose_from(&last).hold.as_secs_f64()
     }
 }
 
-fn policies(launch: f64) -> Vec<Policy> {
+/// The policies priced on a day with `levels`, `yesterday` those of another
+/// day like it.
+fn policies(launch: f64, levels: &Levels, yesterday: &Levels) -> Vec<Policy> {
     let mut policies: Vec<Policy> = KNOBS
         .iter()
         .map(|&h| {
@@ -105,53 +137,72 @@ fn policies(launch: f64) -> Vec<Policy> {
         format!("ski-rental {launch}s"),
         Box::new(move |_: &Gap, _: &[Gap]| launch),
     ));
-    policies.push((
-        "learned (fallback 10m)".into(),
-        Box::new(learned(launch, 600.0)),
-    ));
-    policies.push((
-        "learned (fallback = launch)".into(),
-        Box::new(learned(launch, launch)),
-    ));
+    let today = &levels.gaps;
+    for (name, fallback, before) in [
+        ("learned (fallback 10m)", 600.0, &[][..]),
+        ("learned (fallback = launch)", launch, &[][..]),
+        (
+            "learned, with yesterday's history",
+            600.0,
+            &yesterday.gaps[..],
+        ),
+    ] {
+        policies.push((
+            name.into(),
+            Box::new(learned(launch, fallback, today, before)),
+        ));
+    }
     policies
 }
 
 /// Total ÷ optimum of each policy, and of the best fixed knob in hindsight,
 /// averaged over the seeds of each day.
 fn sweep(seeds: u64, reaction: f64, launch: f64) -> Result<()> {
-    let policies = policies(launch);
     println!("\n## Model, launch = {launch} s, reaction = {reaction} s, seeds 1-{seeds}\n");
     let mut header = "| policy |".to_string();
     for day in DAYS {
         header.push_str(&format!(" {day} |"));
     }
     println!("{header}\n|---|---|---|---|---|");
-    let mut rows: Vec<(String, Vec<f64>)> = policies
-        .iter()
-        .map(|(name, _)| (name.clone(), Vec::new()))
-        .collect();
-    rows.push(("best fixed knob in hindsight".into(), Vec::new()));
-    rows.push(("the best knob of another day like it".into(), Vec::new()));
+    let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     for day_name in DAYS {
-        let mut sums = vec![0.0; rows.len()];
+        let mut sums: Vec<(String, f64)> = Vec::new();
         for seed in 1..=seeds {
             let day = Day::generate(day_name, seed)?;
             let (levels, costs, best) = priced_day(&day, reaction, launch);
-            for (i, (_, policy)) in policies.iter().enumerate() {
-                let priced = model::keep_alive(&levels, costs, |gap, seen| policy(gap, seen));
-                sums[i] += priced.total(launch) / best;
-            }
-            let (hindsight, _) = best_knob(&levels, costs, launch);
-            sums[policies.len()] += hindsight / best;
-            // Learned on another day like it (seed + 1000): what a hold
-            // learned over yesterday's gaps would be today.
+            // Another day like it (seed + 1000): yesterday.
             let other = Day::generate(day_name, seed + 1000)?;
             let (other_levels, other_costs, _) = priced_day(&other, reaction, launch);
+            let mut ratios: Vec<(String, f64)> = policies(launch, &levels, &other_levels)
+                .iter()
+                .map(|(name, policy)| {
+                    let priced = model::keep_alive(&levels, costs, |gap, seen| policy(gap, seen));
+                    (name.clone(), priced.total(launch) / best)
+                })
+                .collect();
+            let (hindsight, _) = best_knob(&levels, costs, launch);
+            ratios.push(("best fixed knob in hindsight".into(), hindsight / best));
+            // What the best knob of yesterday costs today.
             let (_, knob) = best_knob(&other_levels, other_costs, launch);
             let priced = model::keep_alive(&levels, costs, |_, _| knob);
-            sums[policies.len() + 1] += priced.total(launch) / best;
+            ratios.push((
+                "the best knob of another day like it".into(),
+                priced.total(launch) / best,
+            ));
+            if sums.is_empty() {
+                sums = ratios.iter().map(|(name, _)| (name.clone(), 0.0)).collect();
+            }
+            for (sum, (_, ratio)) in sums.iter_mut().zip(ratios) {
+                sum.1 += ratio;
+            }
         }
-        for (row, sum) in rows.iter_mut().zip(sums) {
+        if rows.is_empty() {
+            rows = sums
+                .iter()
+                .map(|(name, _)| (name.clone(), Vec::new()))
+                .collect();
+        }
+        for (row, (_, sum)) in rows.iter_mut().zip(sums) {
             row.1.push(sum / seeds as f64);
         }
     }

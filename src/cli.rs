@@ -311,8 +311,10 @@ pub struct WindowArgs {
     /// `fixed`: `--hold-duration`. `learned`: the hold, between
     /// `--hold-floor` and `--hold-ceiling`, that costs least over the idle
     /// gaps the group has shown (each held idle second against
-    /// `--launch-cost` for each launch when the hold runs out first);
-    /// `--hold-duration` until a group has shown 3 gaps. A group in
+    /// `--launch-cost` for each launch when the hold runs out first; in
+    /// `node` scope the gaps of its nodes, a node gone counting until the
+    /// group's next launch); `--hold-duration` until a group has shown 3
+    /// gaps. A group in
     /// `--group-hold-duration` keeps the hold given there.
     #[arg(long, env = "NODE_HOLDER_HOLD_POLICY", value_enum, default_value_t = HoldLength::Fixed)]
     pub hold_policy: HoldLength,

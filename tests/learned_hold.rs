@@ -2,7 +2,8 @@
 //! idle gaps a group shows between its new nodes (shortest after quiet
 //! spells, longer in a busy stretch, priced against `--launch-cost`), what
 //! it learned is kept in the record across a new leader, and `status` and a
-//! metric say the hold and why.
+//! metric say the hold and why. In `node` scope the gaps are the nodes':
+//! a node that went away counts until the group's next launch.
 
 use testsupport as common;
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use common::window::{
-    Cluster, create, eventually_logging, fast, metric, sigkill, sleep_until, strs,
+    Cluster, all_held, create, eventually_logging, fast, metric, sigkill, sleep_until, strs, window,
 };
 use common::{Served, operator, succeeded};
 
@@ -123,5 +124,96 @@ async fn the_learned_hold_shortens_after_quiet_spells_lengthens_in_a_busy_stretc
     assert_eq!(
         record["settings"]["learnedHold"]["launchCost"], "20s",
         "{record}"
+    );
+}
+
+/// How many gone nodes wait in the record for a launch to match them.
+async fn gone_waiting(c: &Cluster) -> usize {
+    window(&c.records).await["history"]["goneIdleSince"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// Waits until a pass has seen `names` (it holds them).
+async fn seen(c: &Cluster, served: &Served, names: &[&str]) {
+    eventually_logging(
+        "the new nodes held",
+        Duration::from_secs(30),
+        served,
+        || all_held(&c.nodes, names),
+    )
+    .await;
+}
+
+/// Deletes `names` and waits until the record counts them gone.
+async fn gone(c: &Cluster, served: &Served, names: &[&str], waiting: usize) {
+    for name in names {
+        c.nodes.delete(name, &Default::default()).await.unwrap();
+    }
+    eventually_logging(
+        &format!("{waiting} gone nodes waiting for a launch"),
+        Duration::from_secs(30),
+        served,
+        || async { gone_waiting(c).await == waiting },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn in_node_scope_a_launch_after_a_node_went_away_is_its_gap_and_one_that_never_comes_a_long_one()
+ {
+    let c = Cluster::start().await;
+    common::install_node_holder_rbac(&c.cp).await;
+    common::install_nodeclaim_rbac(&c.cp).await;
+    let mut flags = learned_flags();
+    flags.push("--scope=node".into());
+    let served = common::serve(&c.cp, &strs(&flags)).await;
+    // Without Karpenter no work is seen: a node is idle from its creation.
+    // One node stays all along: the group is never without one, and its
+    // own gaps are never seen; each other node goes, and the next comes
+    // 12 s after the last one was created.
+    create(&c.nodes, "steady", &[], &[]).await;
+    let mut at = Timestamp::now();
+    create(&c.nodes, "busy-0", &[], &[]).await;
+    seen(&c, &served, &["steady", "busy-0"]).await;
+    for n in 1..=3 {
+        gone(&c, &served, &[&format!("busy-{}", n - 1)], 1).await;
+        let name = format!("busy-{n}");
+        at = node_after(&c, &name, at, 12).await;
+        seen(&c, &served, &[&name]).await;
+    }
+    let busy = hold_after(&c, &served, 3).await;
+    assert!(
+        (5..=20).contains(&busy),
+        "a hold over the 12 s gaps: {busy}s"
+    );
+
+    // Quiet: six nodes go and no launch comes within the 20 s ceiling.
+    for n in 0..6 {
+        create(&c.nodes, &format!("quiet-{n}"), &[], &[]).await;
+    }
+    let quiet: Vec<String> = (0..6).map(|n| format!("quiet-{n}")).collect();
+    let mut names: Vec<&str> = quiet.iter().map(String::as_str).collect();
+    seen(&c, &served, &names).await;
+    names.push("busy-3");
+    gone(&c, &served, &names, 7).await;
+    let quiet_hold = hold_after(&c, &served, 10).await;
+    let record = window(&c.records).await;
+    let gaps: Vec<u64> = record["history"]["gapSeconds"]
+        .as_array()
+        .map(|gaps| gaps.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default();
+    assert!(
+        gaps.len() == 10
+            && gaps[..3].iter().all(|g| (5..=20).contains(g))
+            && gaps[3..].iter().all(|g| *g > 20),
+        "three busy gaps, then seven gone nodes no launch matched: {record}"
+    );
+    assert_eq!(quiet_hold, 4, "back to the floor: {record}");
+    assert_eq!(gone_waiting(&c).await, 0, "all counted");
+    let text = succeeded(&operator(&c.cp, &["status"]));
+    assert!(
+        text.contains("holding 4s: 0 of the last 10 gaps were no longer"),
+        "{text}"
     );
 }

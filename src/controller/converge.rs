@@ -35,7 +35,8 @@ impl WindowTask {
                 .map(|(_, patch)| patch)
         };
         let marked = metas().filter(|node| is_marked(*node)).count() as i64;
-        let wake_at = planner.wake(metas());
+        let expiry = self.windows.next_expiry(cfg);
+        let wake_at = [planner.wake(metas()), expiry].into_iter().flatten().min();
         let (hold_total, release_total, stamp_total) = (hold.len(), release.len(), stamp.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
         let (_, stamp_failures) = self.apply(Action::Stamp, patches(stamp), stamp_total).await;

@@ -46,6 +46,7 @@ use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
+use crate::core::learned::{NodeGaps, NodeSeen};
 use crate::core::node::NodeMeta;
 use crate::core::pace::Pacing;
 use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
@@ -171,6 +172,8 @@ struct WindowTask {
     hold_unconfirmed: Option<Timestamp>,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
+    /// `node` scope with the learned hold: what each node did last pass.
+    node_gaps: NodeGaps,
     failures: u32,
     /// What the patches did, node by node, when someone asked (`release`
     /// and `hold` without a leader print it).
@@ -224,6 +227,7 @@ impl WindowTask {
             hold_request: None,
             hold_unconfirmed: None,
             announced: HashSet::new(),
+            node_gaps: NodeGaps::default(),
             failures: 0,
             report: None,
         }
@@ -233,6 +237,7 @@ impl WindowTask {
     async fn lead(&mut self) -> Result<()> {
         let record = self.store.load().await?;
         self.restore(record);
+        self.node_gaps = NodeGaps::default();
         let NodeWatch {
             store: nodes,
             mut feed,
@@ -350,6 +355,7 @@ impl WindowTask {
         self.apply_requests(now);
         self.follow_work(&snapshot, now);
         self.observe(&snapshot, now);
+        self.learn_nodes(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;

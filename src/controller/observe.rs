@@ -67,6 +67,28 @@ impl WindowTask {
         }
     }
 
+    /// In `node` scope with the learned hold, counts what each node in scope
+    /// did since the last pass in its group's history.
+    pub(super) fn learn_nodes(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
+        let cfg = &self.config.window;
+        if cfg.mode != Mode::Node || cfg.learned.is_none() {
+            return;
+        }
+        let seen: Vec<NodeSeen> = snapshot
+            .iter()
+            .filter(|node| node.in_scope())
+            .map(|node| NodeSeen {
+                name: node.name(),
+                group: cfg.groups.group_of(&**node),
+                created: node.created(),
+                // Work "in the future" (clock skew) counts as now.
+                last_work: self.node_work(node.name()).map(|at| at.min(now)),
+            })
+            .collect();
+        let changes = self.node_gaps.pass(seen);
+        self.windows.learn_nodes(changes, now, cfg);
+    }
+
     /// In `node` mode with `--window-follows-work`, when work last landed on
     /// `node` (its hold runs from then).
     pub(super) fn node_work(&self, node: &str) -> Option<Timestamp> {

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::learned::{Choice, History};
+use super::learned::{Choice, History, NodeChange};
 use super::node::NodeFields;
 use super::pace::Pacing;
 use super::window::{ManualHold, ManualHoldOutcome, Mode, Observed, Window, WindowConfig};
@@ -220,6 +220,35 @@ impl Windows {
             moved |= window.follow_work(at, &cfg);
         }
         moved
+    }
+
+    /// Counts what the nodes did since the last pass (`node` scope with the
+    /// learned hold; see [`super::learned::NodeGaps`]) in their groups'
+    /// histories, and the gone nodes no launch matched in time.
+    pub fn learn_nodes(
+        &mut self,
+        changes: impl IntoIterator<Item = (String, NodeChange)>,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) {
+        for (group, change) in changes {
+            if learns(&group, cfg) {
+                self.window_mut(&group).learn_node(Some(change), now, cfg);
+            }
+        }
+        self.unlabelled.learn_node(None, now, cfg);
+        for w in self.groups.values_mut() {
+            w.learn_node(None, now, cfg);
+        }
+    }
+
+    /// When a gone node waiting for a launch passes the ceiling (see
+    /// [`super::learned::History::expire_gone`]): a pass must count it.
+    pub fn next_expiry(&self, cfg: &WindowConfig) -> Option<Timestamp> {
+        let learned = cfg.learned.as_ref().filter(|_| cfg.mode == Mode::Node)?;
+        self.iter()
+            .filter_map(|(_, w)| w.history().next_expiry(learned))
+            .min()
     }
 
     /// Drops the labelled groups that have no node, hold nothing and have
@@ -462,6 +491,46 @@ mod tests {
         assert_eq!(w.deadline("general"), Some(t(10)));
         assert!(!w.follow_work("batch", [t(1)], &cfg), "no such window");
         assert!(w.window("batch").is_none());
+    }
+
+    #[test]
+    fn in_node_scope_the_groups_learn_their_nodes_gaps_and_not_the_groups() {
+        use crate::core::learned::{NodeGaps, NodeSeen};
+        let mut cfg = cfg();
+        cfg.mode = Mode::Node;
+        cfg.learned = Some(crate::core::learned::LearnedHold {
+            launch_cost: Duration::from_secs(15 * 60),
+            floor: Duration::from_secs(60),
+            ceiling: Duration::from_secs(30 * 60),
+            fallback: Duration::from_secs(10 * 60),
+        });
+        let mut w = Windows::default();
+        let mut gaps = NodeGaps::default();
+        let seen = |name, created| NodeSeen {
+            name,
+            group: "gpu",
+            created: t(created),
+            last_work: None,
+        };
+        // A node every 5 minutes, each gone before the next: the group's
+        // new nodes are 5 minutes apart, and so are its nodes' gaps.
+        for m in [0, 5, 10, 15] {
+            let name = ["a", "b", "c", "d"][usize::try_from(m / 5).unwrap()];
+            for nodes in [vec![seen(name, m)], vec![]] {
+                let at = t(m);
+                w.observe_all(nodes.iter().map(|n| (n.group, n.created)), at, &cfg);
+                let changes = gaps.pass(nodes);
+                w.learn_nodes(changes, at, &cfg);
+            }
+        }
+        let json = serde_json::to_value(&w).unwrap();
+        assert_eq!(
+            json["groups"]["gpu"]["history"]["gapSeconds"],
+            serde_json::json!([300, 300, 300]),
+            "{json}"
+        );
+        assert_eq!(w.config_for("gpu", &cfg).hold, Duration::from_secs(5 * 60));
+        assert_eq!(w.next_expiry(&cfg), Some(t(45) + Duration::from_secs(1)));
     }
 
     #[test]

@@ -749,9 +749,14 @@ mod tests {
         });
         let mut w = Window::default();
         w.observe(t(0), t(0), &learning);
-        // Gaps of 3 minutes, cheaper to hold through than a 5-minute launch.
-        for at in [-9, -6, -3, 0] {
-            w.learn(t(at), &learning);
+        // Nodes idle 3 minutes before work came back: cheaper to hold
+        // through than a 5-minute launch.
+        for at in [-6, -3, 0] {
+            let change = crate::core::learned::NodeChange::Worked {
+                since: t(at - 3),
+                at: t(at),
+            };
+            w.learn_node(Some(change), t(0), &learning);
         }
         let windows = Windows::from(w);
         let hold = windows

@@ -22,7 +22,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::groups::Grouping;
-use super::learned::{History, LearnedHold};
+use super::learned::{History, LearnedHold, NodeChange};
 use super::pace::{Pace, Pacing};
 
 /// What an open window holds.
@@ -314,10 +314,28 @@ impl Window {
         &self.history
     }
 
-    /// Counts work at `at` in the group's history, with the learned hold.
+    /// Counts the group's work at `at` in its history, with the learned
+    /// hold in `cluster` scope (in `node` scope the gaps are the nodes':
+    /// see [`Window::learn_node`]).
     pub fn learn(&mut self, at: Timestamp, cfg: &WindowConfig) {
-        if let Some(learned) = &cfg.learned {
+        if let Some(learned) = &cfg.learned
+            && cfg.mode == Mode::Cluster
+        {
             self.history.work(at, learned.floor);
+        }
+    }
+
+    /// Counts what one of the group's nodes did in its history, with the
+    /// learned hold in `node` scope; then counts the gone nodes no launch
+    /// matched within the ceiling by `now`.
+    pub fn learn_node(&mut self, change: Option<NodeChange>, now: Timestamp, cfg: &WindowConfig) {
+        if let Some(learned) = &cfg.learned
+            && cfg.mode == Mode::Node
+        {
+            if let Some(change) = change {
+                self.history.node(change, learned);
+            }
+            self.history.expire_gone(now, learned);
         }
     }
 
