@@ -148,12 +148,20 @@ async fn bad_input_gets_a_clear_client_error_and_the_server_keeps_serving() {
     }
     // Still serving, and the failures were logged with their reason.
     assert_eq!(post_json(&served, node_create("after")).await.status, 200);
-    let refusals = served
+    let refusals: Vec<serde_json::Value> = served
         .log_lines()
         .into_iter()
         .filter(|l| l["message"] == "webhook request refused")
-        .count();
-    assert_eq!(refusals, 7, "{}", served.log());
+        .collect();
+    assert_eq!(refusals.len(), 7, "{}", served.log());
+    // What was refused is a field of its own, not only in `detail`.
+    assert!(
+        refusals
+            .iter()
+            .any(|l| l["error"] == "not JSON" && l["content_type"] == "text/plain"),
+        "{}",
+        served.log()
+    );
 }
 
 /// A client that declares a body over the limit and asks whether to send it
@@ -191,7 +199,11 @@ async fn a_declared_body_over_the_limit_gets_413_before_any_100_continue() {
     let refused = served
         .log_lines()
         .into_iter()
-        .filter(|l| l["message"] == "webhook request refused" && l["error"] == "body too large")
+        .filter(|l| {
+            l["message"] == "webhook request refused"
+                && l["error"] == "body too large"
+                && l["content_length"] == declared
+        })
         .count();
     assert_eq!(refused, 20, "{}", served.log());
 }

@@ -46,17 +46,42 @@ impl WebhookError {
             WebhookError::Serialise(_) => "serialising the AdmissionReview failed",
         }
     }
+
+    /// The declared body length, for the log line of a body too large.
+    fn content_length(&self) -> Option<u64> {
+        match self {
+            WebhookError::BodyTooLarge { length } => Some(*length),
+            _ => None,
+        }
+    }
+
+    /// The Content-Type sent, for the log line of a body not said to be JSON.
+    fn content_type(&self) -> Option<&str> {
+        match self {
+            WebhookError::NotJson { content_type } => Some(content_type),
+            _ => None,
+        }
+    }
 }
 
 /// The status, with the reason as the body; the client's errors logged as
-/// warnings, node-holder's own as errors.
+/// warnings, node-holder's own as errors. The log line carries what was
+/// refused as fields of its own (`content_length`, `content_type`) when
+/// there is one, for queries that do not parse `detail`.
 impl IntoResponse for WebhookError {
     fn into_response(self) -> Response {
         let status = self.status();
+        let (length, content_type) = (self.content_length(), self.content_type());
         if status.is_server_error() {
             tracing::error!(error = self.label(), detail = %self, "webhook request failed");
         } else {
-            tracing::warn!(error = self.label(), detail = %self, "webhook request refused");
+            tracing::warn!(
+                error = self.label(),
+                detail = %self,
+                content_length = length,
+                content_type,
+                "webhook request refused"
+            );
         }
         (status, format!("{self}\n")).into_response()
     }
