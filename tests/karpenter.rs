@@ -1003,11 +1003,20 @@ async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work()
     })
     .await;
     let released = Timestamp::now();
-    // Karpenter de-duplicates a node's pod events to one in 10 s.
-    let floor = ending.max(work_at) + hold - Duration::from_secs(10);
+    // Held a hold past its last work as Karpenter stamped it: wave-2's
+    // bind, or its end (Karpenter stamps one event in 10 s, and a pod
+    // deleted before Karpenter reads it may leave no stamp at all).
+    let last = a
+        .last_pod_event(&busy)
+        .await
+        .expect("Karpenter stamped the busy node's work");
     assert!(
-        released >= floor,
-        "released at {released}, held until {floor} at least"
+        last + Duration::from_secs(10) >= work_at,
+        "the stamp is wave-2's work: {last}, bound at {work_at}, ended at {ending}"
+    );
+    assert!(
+        released >= last + hold,
+        "released at {released}, held until {last} + {hold:?} at least"
     );
     a.until("the busy node consolidated", KARPENTER_ROUND, async |a| {
         a.nodes_deleted().contains_key(&busy)

@@ -198,12 +198,21 @@ impl Counts {
     }
 }
 
+/// How many tests of one binary run at once, unless `RUST_TEST_THREADS`
+/// says otherwise. Most end-to-end tests wait (for real holds to run out,
+/// for Karpenter's rounds) far more than they compute, so on 2 cores four
+/// at a time halve the suite's time; every test waits for conditions, not
+/// for fixed times, so a busier machine makes them slower, not wrong.
+const TEST_THREADS: &str = "4";
+
 /// Runs `cargo test` over every binary (a failing one does not stop the
 /// rest), echoing its output and adding up each binary's results.
 fn cargo_test(counts: &mut Counts) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let threads = std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| TEST_THREADS.into());
     let mut child = Command::new(&cargo)
         .args(CARGO_TEST)
+        .env("RUST_TEST_THREADS", threads)
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cargo}"))?;
