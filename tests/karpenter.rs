@@ -1121,3 +1121,77 @@ async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
     // Nobody took the entry off: it ended by itself.
     assert_eq!(common::split_budgets(&pool_budgets(&a).await), (owner, 1));
 }
+
+/// What `status -o json` says of the unlabelled group's learned hold:
+/// (seconds, why), once it has learned (not on its fallback).
+fn learned_hold(a: &Autoscaled) -> Option<(u64, String)> {
+    let text = succeeded(&operator(a.cp(), &["status", "-o", "json"]));
+    let status: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let hold = &status["learnedHolds"][0];
+    let why = hold["why"].as_str()?;
+    if why.contains("seen so far") {
+        return None;
+    }
+    Some((hold["holdSeconds"].as_u64()?, why.to_string()))
+}
+
+/// `--scope node --hold-policy learned` with the real Karpenter: waves that
+/// come back within half a minute teach each node a gap worth holding over
+/// (a launch counts as 30 s); a new process goes on with what was learned;
+/// a wave whose nodes then see no work again for the ceiling teaches that
+/// holding no longer pays, and the hold falls to the floor.
+#[tokio::test]
+async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_restart_and_shortens_after_a_quiet_spell()
+ {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    common::install_node_holder_rbac(a.cp()).await;
+    common::install_nodeclaim_rbac(a.cp()).await;
+    let flags = [
+        "--scope=node",
+        "--window-follows-work",
+        "--hold-policy=learned",
+        "--hold-duration=60s",
+        "--launch-cost=30s",
+        "--hold-floor=5s",
+        "--hold-ceiling=40s",
+    ];
+    let mut served = install_node_holder(&a, &flags).await;
+
+    // Busy: three waves of two pods, each 15 s after the last ended.
+    for n in 0..3 {
+        let wave = format!("busy-{n}");
+        a.wave(&wave, 2).await;
+        a.end_wave(&wave).await;
+        if n < 2 {
+            sleep_until(Timestamp::now() + Duration::from_secs(15)).await;
+        }
+    }
+    a.until("a hold learned", KARPENTER_ROUND, async |a| {
+        learned_hold(a).is_some()
+    })
+    .await;
+    let (busy, why) = learned_hold(&a).unwrap();
+    assert!(
+        busy > 5 && busy <= 40,
+        "held over the gaps: {busy}s ({why})"
+    );
+
+    // A new process reads what was learned from the record.
+    common::window::sigkill(&mut served);
+    let restarted = install_node_holder(&a, &flags).await;
+    a.until("the new leader's hold", KARPENTER_ROUND, async |_| {
+        common::window::metric(&restarted, "node_holder_window_hold_seconds").await
+            == Some(busy as f64)
+    })
+    .await;
+
+    // Quiet: a wider wave, and then no work. Each of its nodes is let go
+    // after its hold, Karpenter removes it, and no launch comes within the
+    // ceiling: gaps longer than any hold, and the floor pays best.
+    a.wave("last", 6).await;
+    a.end_wave("last").await;
+    a.until("the floor learned", KARPENTER_ROUND * 4, async |a| {
+        learned_hold(a).is_some_and(|(hold, _)| hold == 5)
+    })
+    .await;
+}
