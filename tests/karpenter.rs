@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -1137,9 +1138,12 @@ fn learned_hold(a: &Autoscaled) -> Option<(u64, String)> {
 
 /// `--scope node --hold-policy learned` with the real Karpenter: waves that
 /// come back within half a minute teach each node a gap worth holding over
-/// (a launch counts as 30 s); a new process goes on with what was learned;
-/// a wave whose nodes then see no work again for the ceiling teaches that
-/// holding no longer pays, and the hold falls to the floor.
+/// (a launch counts as 25 s); a new process goes on with what was learned;
+/// a wider wave whose nodes then see no work again for the ceiling teaches
+/// that holding no longer pays, and the hold falls to the floor. (Holding
+/// `h` over gaps of `g <= h` costs `g` a node; over one never closed, `h`
+/// plus a launch. With four busy gaps of 15-20 s and ten that never close,
+/// the floor, 5 s, costs 30 a gap, a hold of 15 s 32.7.)
 #[tokio::test]
 async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_restart_and_shortens_after_a_quiet_spell()
  {
@@ -1151,7 +1155,7 @@ async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_r
         "--window-follows-work",
         "--hold-policy=learned",
         "--hold-duration=60s",
-        "--launch-cost=30s",
+        "--launch-cost=25s",
         "--hold-floor=5s",
         "--hold-ceiling=40s",
     ];
@@ -1176,8 +1180,15 @@ async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_r
         "held over the gaps: {busy}s ({why})"
     );
 
-    // A new process reads what was learned from the record.
+    // A new process reads what was learned from the record (registered
+    // anew: the old registration names the dead process's port).
     common::window::sigkill(&mut served);
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(a.client.clone());
+    let registration = common::webhook_configuration(0, Vec::new()).metadata.name;
+    webhooks
+        .delete(&registration.unwrap(), &DeleteParams::default())
+        .await
+        .unwrap();
     let restarted = install_node_holder(&a, &flags).await;
     a.until("the new leader's hold", KARPENTER_ROUND, async |_| {
         common::window::metric(&restarted, "node_holder_window_hold_seconds").await
@@ -1188,7 +1199,7 @@ async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_r
     // Quiet: a wider wave, and then no work. Each of its nodes is let go
     // after its hold, Karpenter removes it, and no launch comes within the
     // ceiling: gaps longer than any hold, and the floor pays best.
-    a.wave("last", 6).await;
+    a.wave("last", 10).await;
     a.end_wave("last").await;
     a.until("the floor learned", KARPENTER_ROUND * 4, async |a| {
         learned_hold(a).is_some_and(|(hold, _)| hold == 5)

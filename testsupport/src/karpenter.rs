@@ -157,13 +157,19 @@ impl Autoscaled {
         .await;
     }
 
-    /// The NodeClaims that exist, by name.
-    pub async fn claim_names(&self) -> BTreeSet<String> {
+    /// The NodeClaims that exist.
+    async fn claims(&self) -> Vec<DynamicObject> {
         self.claims
             .list(&ListParams::default())
             .await
             .unwrap()
             .items
+    }
+
+    /// The NodeClaims that exist, by name.
+    pub async fn claim_names(&self) -> BTreeSet<String> {
+        self.claims()
+            .await
             .into_iter()
             .filter_map(|c| c.metadata.name)
             .collect()
@@ -203,11 +209,8 @@ impl Autoscaled {
     /// Whether every NodeClaim whose node is in `nodes` is gone or Karpenter
     /// has set its `Consolidatable` condition (its `consolidateAfter` ran out).
     pub async fn consolidatable_or_gone(&self, nodes: &BTreeSet<String>) -> bool {
-        self.claims
-            .list(&ListParams::default())
+        self.claims()
             .await
-            .unwrap()
-            .items
             .iter()
             .filter(|c| {
                 c.data["status"]["nodeName"]
@@ -220,11 +223,8 @@ impl Autoscaled {
     /// The `lastPodEventTime` Karpenter stamped on the NodeClaim of `node`
     /// (a pod bound to it or finished on it, one stamp in 10 s at most).
     pub async fn last_pod_event(&self, node: &str) -> Option<Timestamp> {
-        self.claims
-            .list(&ListParams::default())
+        self.claims()
             .await
-            .unwrap()
-            .items
             .iter()
             .find(|c| c.data["status"]["nodeName"] == node)?
             .data["status"]["lastPodEventTime"]
