@@ -20,16 +20,35 @@ const REASON: &str = "payments rollout";
 /// `serve` with a 2 s window: nodes created now are held for it and
 /// released after it, so that only a manual hold holds them later.
 async fn serve_short_window(cp: &ControlPlane) -> Served {
-    common::serve(
-        cp,
-        &[
-            "--hold-duration=2s",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-            "--lease-duration=3s",
-        ],
-    )
-    .await
+    serve_short_window_with(cp, &[]).await
+}
+
+/// [`serve_short_window`] with `extra` flags.
+async fn serve_short_window_with(cp: &ControlPlane, extra: &[&str]) -> Served {
+    let mut flags = vec![
+        "--hold-duration=2s",
+        "--coalesce-idle=200ms",
+        "--coalesce-max=1s",
+        "--lease-duration=3s",
+    ];
+    flags.extend_from_slice(extra);
+    common::serve(cp, &flags).await
+}
+
+/// The nodes of `names` that carry `node-holder.dev/held-until`.
+async fn stamped(nodes: &Api<Node>, names: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in names {
+        let node = nodes.get(name).await.unwrap();
+        if node
+            .metadata
+            .annotations
+            .is_some_and(|a| a.contains_key("node-holder.dev/held-until"))
+        {
+            out.push(name.to_string());
+        }
+    }
+    out
 }
 
 /// Creates `names` and waits until their window has come and gone: no node
@@ -177,6 +196,11 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
     assert!(out.contains("no live leader: holding here"), "{out}");
     assert!(out.contains("held 2 node(s) here"), "{out}");
     assert_eq!(marked(&nodes).await, ["a", "b"]);
+    assert_eq!(
+        stamped(&nodes, &["a", "b"]).await,
+        ["a", "b"],
+        "stamped, as the leader would"
+    );
     let status = status_json(&cp);
     assert_eq!(status["manual"]["by"], ADMIN_USER, "{status}");
 
@@ -190,4 +214,40 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
         "{out}"
     );
     assert_eq!(status_json(&cp)["manual"]["reason"], REASON);
+}
+
+/// A hold run by hand follows the settings the last leader recorded: with
+/// `--held-until-annotation=false` there, it writes no stamp. And a leader
+/// started with settings other than the record's writes its own at its
+/// first pass, though the window does not change.
+#[tokio::test]
+async fn a_manual_hold_run_by_hand_follows_the_recorded_stamp_setting_which_a_new_leader_rewrites()
+{
+    let cp = ControlPlane::start().await.unwrap();
+    let served = serve_short_window_with(&cp, &["--held-until-annotation=false"]).await;
+    let nodes = nodes_past_their_window(&cp, &served, &["a", "b"]).await;
+    drop(served);
+
+    let out = succeeded(&operator(&cp, &["hold", "--for", "1h", "--reason", REASON]));
+    assert!(out.contains("held 2 node(s) here"), "{out}");
+    assert_eq!(marked(&nodes).await, ["a", "b"]);
+    assert!(
+        stamped(&nodes, &["a", "b"]).await.is_empty(),
+        "the record says no stamps"
+    );
+    let recorded = |status: &serde_json::Value| status["settings"]["heldUntilAnnotation"].clone();
+    assert_eq!(recorded(&status_json(&cp)), false);
+
+    // A leader with stamps on (the default) writes its settings at once,
+    // and stamps the nodes the manual hold holds.
+    let served = serve_short_window(&cp).await;
+    eventually_logging(
+        "the new leader's settings recorded, the held nodes stamped",
+        Duration::from_secs(30),
+        &served,
+        || async {
+            recorded(&status_json(&cp)).is_null() && stamped(&nodes, &["a", "b"]).await.len() == 2
+        },
+    )
+    .await;
 }

@@ -40,6 +40,7 @@ pub mod days;
 pub mod model;
 pub mod recorder;
 pub mod report;
+pub mod sweep;
 pub mod trace;
 pub mod workload;
 
