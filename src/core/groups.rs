@@ -233,19 +233,19 @@ impl Windows {
     ) {
         for (group, change) in changes {
             if learns(&group, cfg) {
-                self.window_mut(&group).learn_node(Some(change), now, cfg);
+                self.window_mut(&group).learn_node(change, cfg);
             }
         }
-        self.unlabelled.learn_node(None, now, cfg);
+        self.unlabelled.expire_gone(now, cfg);
         for w in self.groups.values_mut() {
-            w.learn_node(None, now, cfg);
+            w.expire_gone(now, cfg);
         }
     }
 
     /// When a gone node waiting for a launch passes the ceiling (see
     /// [`super::learned::History::expire_gone`]): a pass must count it.
     pub fn next_expiry(&self, cfg: &WindowConfig) -> Option<Timestamp> {
-        let learned = cfg.learned.as_ref().filter(|_| cfg.mode == Mode::Node)?;
+        let learned = super::window::node_learning(cfg)?;
         self.iter()
             .filter_map(|(_, w)| w.history().next_expiry(learned))
             .min()

@@ -756,7 +756,7 @@ mod tests {
                 since: t(at - 3),
                 at: t(at),
             };
-            w.learn_node(Some(change), t(0), &learning);
+            w.learn_node(change, &learning);
         }
         let windows = Windows::from(w);
         let hold = windows

@@ -326,15 +326,17 @@ impl Window {
     }
 
     /// Counts what one of the group's nodes did in its history, with the
-    /// learned hold in `node` scope; then counts the gone nodes no launch
-    /// matched within the ceiling by `now`.
-    pub fn learn_node(&mut self, change: Option<NodeChange>, now: Timestamp, cfg: &WindowConfig) {
-        if let Some(learned) = &cfg.learned
-            && cfg.mode == Mode::Node
-        {
-            if let Some(change) = change {
-                self.history.node(change, learned);
-            }
+    /// learned hold in `node` scope.
+    pub fn learn_node(&mut self, change: NodeChange, cfg: &WindowConfig) {
+        if let Some(learned) = node_learning(cfg) {
+            self.history.node(change, learned);
+        }
+    }
+
+    /// Counts the gone nodes no launch matched within the ceiling by `now`,
+    /// with the learned hold in `node` scope.
+    pub fn expire_gone(&mut self, now: Timestamp, cfg: &WindowConfig) {
+        if let Some(learned) = node_learning(cfg) {
             self.history.expire_gone(now, learned);
         }
     }
@@ -522,6 +524,11 @@ impl Window {
 }
 
 /// `t + d`, saturating at the end of time instead of failing.
+/// The learned hold's terms, when `node` scope learns its nodes' gaps.
+pub(super) fn node_learning(cfg: &WindowConfig) -> Option<&LearnedHold> {
+    cfg.learned.as_ref().filter(|_| cfg.mode == Mode::Node)
+}
+
 fn plus(t: Timestamp, d: Duration) -> Timestamp {
     // Only spans with calendar units can fail; a Duration saturates.
     t.saturating_add(d).unwrap_or(Timestamp::MAX)
