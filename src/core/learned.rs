@@ -33,6 +33,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::plus;
+
 /// How many of a group's last gaps are remembered.
 pub const KEPT_GAPS: usize = 50;
 /// How many of a group's gone nodes wait to be matched to a launch.
@@ -94,16 +96,15 @@ impl History {
     /// the ceiling are remembered as gaps as long as they have waited
     /// (longer than any hold). Returns how many.
     pub fn expire_gone(&mut self, now: Timestamp, terms: &LearnedHold) -> usize {
-        let ceiling = terms.ceiling.max(terms.floor);
+        let ceiling = terms.longest();
         let expired = self
             .gone_idle_since
-            .partition_point(|&since| plus_or_max(since, ceiling) < now);
+            .partition_point(|&since| plus(since, ceiling) < now);
         let waited: Vec<Timestamp> = self.gone_idle_since.drain(..expired).collect();
         // Kept in whole seconds: at least a second past the ceiling, so
         // that no hold in the bounds counts as having covered it.
-        let longer = ceiling.saturating_add(Duration::from_secs(1));
         for since in &waited {
-            self.remember(*since, now.max(plus_or_max(*since, longer)), terms.floor);
+            self.remember(*since, now.max(terms.past_ceiling(*since)), terms.floor);
         }
         waited.len()
     }
@@ -111,12 +112,7 @@ impl History {
     /// When [`History::expire_gone`] next has something to count: a second
     /// past the ceiling of the oldest gone node waiting.
     pub fn next_expiry(&self, terms: &LearnedHold) -> Option<Timestamp> {
-        let ceiling = terms.ceiling.max(terms.floor);
-        let oldest = *self.gone_idle_since.first()?;
-        Some(plus_or_max(
-            oldest,
-            ceiling.saturating_add(Duration::from_secs(1)),
-        ))
+        Some(terms.past_ceiling(*self.gone_idle_since.first()?))
     }
 
     /// Moves the last work to `at` if later; returns the one before.
@@ -154,14 +150,6 @@ impl History {
     pub fn is_empty(&self) -> bool {
         self.last_work.is_none() && self.gap_seconds.is_empty() && self.gone_idle_since.is_empty()
     }
-}
-
-/// `t + d`, or the latest time there is.
-fn plus_or_max(t: Timestamp, d: Duration) -> Timestamp {
-    jiff::SignedDuration::try_from(d)
-        .ok()
-        .and_then(|d| t.checked_add(d).ok())
-        .unwrap_or(Timestamp::MAX)
 }
 
 /// What one node in `node` scope did between two passes, as [`NodeGaps`]
@@ -298,6 +286,18 @@ pub enum Why {
 }
 
 impl LearnedHold {
+    /// The longest hold it may choose: the ceiling, or the floor if that is
+    /// higher.
+    fn longest(&self) -> Duration {
+        self.ceiling.max(self.floor)
+    }
+
+    /// A second past [`LearnedHold::longest`] after `since`: the least a gap
+    /// that no hold covered is remembered as, and when one from `since` is
+    /// known to be such a gap.
+    fn past_ceiling(&self, since: Timestamp) -> Timestamp {
+        plus(since, self.longest().saturating_add(Duration::from_secs(1)))
+    }
     /// The hold for a group with `history`.
     pub fn choose(&self, history: &History) -> Choice {
         let gaps: Vec<Duration> = history.gaps().collect();
@@ -309,13 +309,11 @@ impl LearnedHold {
     pub fn choose_from(&self, gaps: &[Duration]) -> Choice {
         if gaps.len() < MIN_GAPS {
             return Choice {
-                hold: self
-                    .fallback
-                    .clamp(self.floor, self.ceiling.max(self.floor)),
+                hold: self.fallback.clamp(self.floor, self.longest()),
                 why: Why::TooFewGaps { have: gaps.len() },
             };
         }
-        let ceiling = self.ceiling.max(self.floor);
+        let ceiling = self.longest();
         let candidates = std::iter::once(self.floor).chain(
             gaps.iter()
                 .copied()

@@ -15,3 +15,13 @@ pub mod plan;
 pub mod requests;
 pub mod selector;
 pub mod window;
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+/// `t + d`, or the latest time there is: the core's one sum of a time and
+/// a span (only spans with calendar units can fail; a `Duration` saturates).
+pub(crate) fn plus(t: Timestamp, d: Duration) -> Timestamp {
+    t.saturating_add(d).unwrap_or(Timestamp::MAX)
+}

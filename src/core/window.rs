@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::groups::Grouping;
 use super::learned::{History, LearnedHold, NodeChange};
 use super::pace::{Pace, Pacing};
+use super::plus;
 
 /// What an open window holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -527,11 +528,6 @@ impl Window {
 /// The learned hold's terms, when `node` scope learns its nodes' gaps.
 pub(super) fn node_learning(cfg: &WindowConfig) -> Option<&LearnedHold> {
     cfg.learned.as_ref().filter(|_| cfg.mode == Mode::Node)
-}
-
-fn plus(t: Timestamp, d: Duration) -> Timestamp {
-    // Only spans with calendar units can fail; a Duration saturates.
-    t.saturating_add(d).unwrap_or(Timestamp::MAX)
 }
 
 #[cfg(test)]
