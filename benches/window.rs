@@ -41,20 +41,18 @@ use testsupport as common;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
-use jiff::Timestamp;
+use anyhow::{Result, bail};
 
 use common::Served;
 use common::fleet::{self, cloud_node, cloud_node_name};
 use common::measure::audit;
 use common::measure::machine::Machine;
 use common::measure::metadata::MetadataSize;
-use common::measure::node_holder::{NodeHolderMetrics, wait_first_pass};
-use common::measure::observer::{self, MARKER_SELECTOR, Observe, Observer};
-use common::measure::process::{self, ProcMemory};
-use common::measure::rss::RssSampler;
-use common::scale::cluster::{Cluster, created};
-use common::scale::{self, Hold, Probes, Release, Run, Serving, Start};
+use common::measure::observer::Observe;
+use common::measure::process::ProcMemory;
+use common::scale::cluster::Cluster;
+use common::scale::phases::Sizes;
+use common::scale::{self, Run, Serving};
 
 /// Nodes in the cluster before the window opens (`NODE_HOLDER_BENCH_NODES`
 /// overrides it, to see how memory scales).
@@ -108,13 +106,21 @@ async fn run() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let create_secs = create_fleet(&cluster).await?;
-    let (serving, start) = serve(&mut cluster, observe).await?;
-    let hold = hold(&mut cluster, &serving).await?;
+    let sizes = Sizes {
+        nodes: *NODES,
+        hold: *HOLD,
+        release_slack: *RELEASE_SLACK,
+        churn_nodes: CHURN_NODES,
+        settle: SETTLE,
+        sample: SAMPLE,
+    };
+    let (serving, start) = scale::phases::serve(&mut cluster, observe, &sizes).await?;
+    let hold = scale::phases::hold(&mut cluster, &serving, &sizes).await?;
     let probes = match hold.time {
-        Some(_) => Some(probes(&mut cluster, &serving, &hold).await?),
+        Some(_) => Some(scale::phases::probes(&mut cluster, &serving, &hold, &sizes).await?),
         None => None,
     };
-    let release = release(&mut cluster, &serving, probes.is_some()).await?;
+    let release = scale::phases::release(&mut cluster, &serving, probes.is_some(), &sizes).await?;
     let Serving {
         served, observer, ..
     } = serving;
@@ -191,188 +197,6 @@ async fn create_fleet(cluster: &Cluster) -> Result<f64> {
     );
     tokio::time::sleep_until(ready_at.into()).await;
     Ok(create_secs)
-}
-
-/// Step 2, node-holder: started, leading, idle with no window; the held
-/// count followed from then on.
-async fn serve(cluster: &mut Cluster, observe: Observe) -> Result<(Serving, Start)> {
-    let before = cluster.checkpoint("before serve").await?;
-    let t = Instant::now();
-    let hold_arg = format!("--hold-duration={}s", HOLD.as_secs());
-    let served = common::serve(&cluster.cp, &[hold_arg.as_str()]).await;
-    let pid = served.child.id();
-    println!(
-        "\n`node-holder serve` ready in {:.2} s (pid {pid}); admin port {}",
-        t.elapsed().as_secs_f64(),
-        served.admin_port
-    );
-    let limit = Duration::from_secs(60);
-    let first_pass = wait_first_pass(&served, limit, Duration::from_millis(50)).await?;
-    println!(
-        "leading, first pass done {:.2} s after start",
-        first_pass.duration_since(t).as_secs_f64()
-    );
-    let sampler = RssSampler::start(pid, SAMPLE);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    check_no_window(cluster).await?;
-    let idle = ProcMemory::read(pid)?;
-    let cpu_idle = process::cpu(pid)?;
-    println!(
-        "idle, {} nodes watched, no window: {idle}; CPU so far {cpu_idle:.2?}",
-        *NODES
-    );
-    let observer = Observer::start(observe, cluster.nodes.clone(), cluster.own.clone()).await?;
-    let ready = cluster.checkpoint("before the new node").await?;
-    let nh = NodeHolderMetrics::scrape(&served).await?;
-    let serving = Serving {
-        served,
-        pid,
-        sampler,
-        observer,
-    };
-    let start = Start {
-        before,
-        ready,
-        nh,
-        idle,
-        cpu_idle,
-    };
-    Ok((serving, start))
-}
-
-/// No node is held and no window is open before any new node.
-async fn check_no_window(cluster: &Cluster) -> Result<()> {
-    let held_before = observer::count_held(&cluster.nodes, &cluster.own).await?;
-    ensure!(
-        held_before == 0,
-        "{held_before} nodes held before any new node: the setup nodes opened a window"
-    );
-    let record = cluster.window_record().await?;
-    ensure!(
-        record.get("open").is_none(),
-        "a window is open before any new node: {record}"
-    );
-    Ok(())
-}
-
-/// Step 3a, one new node opens the window: everything is held.
-async fn hold(cluster: &mut Cluster, serving: &Serving) -> Result<Hold> {
-    let start_wall = Timestamp::now();
-    let hold_start = Instant::now();
-    let opened_at = created(&cluster.create_node("scale-up-0").await?)?;
-    let target = *NODES + 1;
-    let limit = *HOLD + Duration::from_secs(5);
-    let held = serving.observer.wait_for(target, limit).await;
-    let time = held.map(|at| at.duration_since(hold_start));
-    match time {
-        Some(d) => println!(
-            "\nHOLD: all {target} nodes carry {MARKER_SELECTOR} {:.2} s after the new node's create \
-             (created {opened_at}, window until {})",
-            d.as_secs_f64(),
-            opened_at + *HOLD
-        ),
-        None => println!(
-            "\nHOLD: NOT all held within {limit:?}: {} of {target} at most",
-            serving.observer.max_seen()
-        ),
-    }
-    tokio::time::sleep(SETTLE).await;
-    let end_wall = Timestamp::now();
-    let cpu = process::cpu(serving.pid)?;
-    let settled = cluster.checkpoint("hold settled").await?;
-    let nh = NodeHolderMetrics::scrape(&serving.served).await?;
-    let rss_kb = serving.sampler.max_between(hold_start, Instant::now());
-    Ok(Hold {
-        start_wall,
-        end_wall,
-        time,
-        settled,
-        nh,
-        cpu,
-        rss_kb,
-    })
-}
-
-/// Step 3b, probes while the window is open (only when it holds
-/// everything): unrelated label changes, then one more new node.
-async fn probes(cluster: &mut Cluster, serving: &Serving, hold: &Hold) -> Result<Probes> {
-    let t = Instant::now();
-    let names = (0..CHURN_NODES).map(|i| cloud_node_name(i * 97 % *NODES));
-    cluster.change_unrelated_labels(names.collect()).await?;
-    tokio::time::sleep(SETTLE).await;
-    let churn_end_wall = Timestamp::now();
-    let churned = cluster.checkpoint("churn probe settled").await?;
-    let nh3 = NodeHolderMetrics::scrape(&serving.served).await?;
-    let churn_secs = t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    let extender = cluster.create_node("scale-up-1").await?;
-    let held = serving
-        .observer
-        .wait_for(*NODES + 2, Duration::from_secs(15));
-    let extend_time = held.await.map(|at| at.duration_since(t));
-    tokio::time::sleep(SETTLE).await;
-    let extend_end_wall = Timestamp::now();
-    let extended = cluster.checkpoint("extend probe settled").await?;
-    let nh4 = NodeHolderMetrics::scrape(&serving.served).await?;
-    let passes = "node_holder_reconcile_duration_seconds_count";
-    let applied = "node_holder_holds_applied_total";
-    Ok(Probes {
-        churn_secs,
-        churn_window: (hold.end_wall, churn_end_wall),
-        churn_api: churned.since(&hold.settled),
-        churn_passes: nh3.get(passes) - hold.nh.get(passes),
-        extend_window: (churn_end_wall, extend_end_wall),
-        extend_time,
-        extend_api: extended.since(&churned),
-        extender_created: created(&extender)?,
-        extend_applied: nh4.get(applied) - nh3.get(applied),
-    })
-}
-
-/// Step 3c, the window closes: every hold goes.
-async fn release(cluster: &mut Cluster, serving: &Serving, probed: bool) -> Result<Release> {
-    let phase = Instant::now();
-    let deadline = cluster.window_deadline().await?;
-    let until_deadline = deadline.duration_since(Timestamp::now()).as_secs_f64();
-    println!("window deadline {deadline} (in {until_deadline:.1} s); waiting for the release...");
-    let before = cluster.checkpoint("before the release").await?;
-    let cpu_before = process::cpu(serving.pid)?;
-    let limit = Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or_default()
-        + *RELEASE_SLACK;
-    let released = serving.observer.wait_for(0, limit).await;
-    let released_wall = Timestamp::now();
-    let time = released.map(|_| released_wall.duration_since(deadline).as_secs_f64());
-    let target = if probed { *NODES + 2 } else { *NODES + 1 };
-    match time {
-        Some(secs) => println!(
-            "RELEASE: no node carries {MARKER_SELECTOR} {secs:.2} s after the deadline ({target} nodes released)"
-        ),
-        None => println!(
-            "RELEASE: NOT all released within {limit:?} ({} still held)",
-            serving.observer.current()
-        ),
-    }
-    tokio::time::sleep(SETTLE).await;
-    let end_wall = Timestamp::now();
-    let settled = cluster.checkpoint("release settled").await?;
-    let nh = NodeHolderMetrics::scrape(&serving.served).await?;
-    let cpu_end = process::cpu(serving.pid)?;
-    let end_memory = ProcMemory::read(serving.pid)?;
-    let rss_kb = serving.sampler.max_between(phase, Instant::now());
-    Ok(Release {
-        deadline,
-        before,
-        settled,
-        nh,
-        time,
-        target,
-        end_wall,
-        cpu_before,
-        cpu_end,
-        end_memory,
-        rss_kb,
-    })
 }
 
 /// Steps 4 and 5: node-holder's requests, the logs, the nodes' metadata,

@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod logs;
+pub mod phases;
 pub mod requests;
 pub mod summary;
 
