@@ -1,6 +1,5 @@
 //! `cargo xtask test` runs everything CI runs; `cargo xtask demo` runs the local demo.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
@@ -8,6 +7,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod suite;
+
+use suite::{CARGO_TEST, Counts};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -116,7 +118,11 @@ fn test() -> Result<()> {
     })?;
     let listed = step("listing every test", list_tests)?;
     let mut counts = Counts::default();
-    let result = step("cargo test", || cargo_test(&mut counts));
+    let result = step("building the tests", suite::jobs).and_then(|jobs| {
+        step("running every test binary", || {
+            suite::run(jobs, &mut counts)
+        })
+    });
     eprintln!("xtask: finished in {:.0?}", total.elapsed());
     close(listed, &counts, result)
 }
@@ -146,10 +152,6 @@ fn close(listed: u64, counts: &Counts, result: Result<()>) -> Result<()> {
     Ok(())
 }
 
-/// The arguments every `cargo test` run shares: the whole workspace, the
-/// locked dependencies, and no stop at the first failing binary.
-const CARGO_TEST: [&str; 4] = ["test", "--workspace", "--locked", "--no-fail-fast"];
-
 /// How many tests the workspace has, doc tests included: `cargo test --
 /// --list` prints one `NAME: test` line each (benchmarks are `: benchmark`).
 fn list_tests() -> Result<u64> {
@@ -169,66 +171,6 @@ fn list_tests() -> Result<u64> {
         .count();
     eprintln!("xtask: {listed} tests");
     Ok(u64::try_from(listed)?)
-}
-
-#[derive(Default)]
-struct Counts {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
-}
-
-impl Counts {
-    /// Adds one binary's `test result: ok. N passed; M failed; K ignored; ...`.
-    fn add(&mut self, summary: &str) {
-        for part in summary.split(['.', ';']) {
-            let mut words = part.split_whitespace();
-            let (Some(Ok(n)), Some(what)) = (words.next().map(str::parse::<u64>), words.next())
-            else {
-                continue;
-            };
-            let slot = match what {
-                "passed" => &mut self.passed,
-                "failed" => &mut self.failed,
-                "ignored" => &mut self.ignored,
-                _ => continue,
-            };
-            *slot = slot.saturating_add(n);
-        }
-    }
-}
-
-/// How many tests of one binary run at once, unless `RUST_TEST_THREADS`
-/// says otherwise. Most end-to-end tests wait (for real holds to run out,
-/// for Karpenter's rounds) far more than they compute, so on 2 cores four
-/// at a time halve the suite's time; every test waits for conditions, not
-/// for fixed times, so a busier machine makes them slower, not wrong.
-const TEST_THREADS: &str = "4";
-
-/// Runs `cargo test` over every binary (a failing one does not stop the
-/// rest), echoing its output and adding up each binary's results.
-fn cargo_test(counts: &mut Counts) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let threads = std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| TEST_THREADS.into());
-    let mut child = Command::new(&cargo)
-        .args(CARGO_TEST)
-        .env("RUST_TEST_THREADS", threads)
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {cargo}"))?;
-    let stdout = child.stdout.take().context("cargo test's stdout")?;
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(summary) = line.strip_prefix("test result: ") {
-            counts.add(summary);
-        }
-    }
-    let status = child.wait()?;
-    if !status.success() {
-        bail!("`cargo test` exited with {status}");
-    }
-    Ok(())
 }
 
 fn step<T>(name: &str, run: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -1,0 +1,278 @@
+//! How `cargo xtask test` runs the tests: every test binary of the
+//! workspace (and the doc tests), two binaries at once, the longest first,
+//! each binary four tests at once; every `test result:` line counted.
+//!
+//! `cargo test` runs its binaries one after another, so while the
+//! real-Karpenter tests wait out Karpenter's rounds for eight minutes the
+//! rest of the suite waits behind them. Running the binaries themselves lets
+//! the two cores work on two of them.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// The arguments every `cargo test` run shares: the whole workspace and the
+/// locked dependencies.
+pub const CARGO_TEST: [&str; 3] = ["test", "--workspace", "--locked"];
+
+/// How many test binaries run at once. Most end-to-end tests wait (for real
+/// holds to run out, for Karpenter's rounds) far more than they compute.
+const BINARIES_AT_ONCE: usize = 2;
+
+/// How many tests of one binary run at once, unless `RUST_TEST_THREADS` says
+/// otherwise; every test waits for conditions, not for fixed times, so a
+/// busier machine makes them slower, not wrong.
+const TEST_THREADS: &str = "4";
+
+/// Binaries started first, longest first (by their last measured times):
+/// the rest then fill the other lane. Only an order: a name missing here
+/// runs all the same.
+const LONGEST_FIRST: &[&str] = &["karpenter"];
+
+/// Tests that passed, failed and were ignored, from every binary's
+/// `test result: ok. N passed; M failed; K ignored; ...` line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+impl Counts {
+    /// Adds one `test result:` summary (what follows the prefix).
+    pub fn add(&mut self, summary: &str) {
+        for part in summary.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            let (Some(Ok(n)), Some(what)) = (words.next().map(str::parse::<u64>), words.next())
+            else {
+                continue;
+            };
+            let slot = match what {
+                "passed" => &mut self.passed,
+                "failed" => &mut self.failed,
+                "ignored" => &mut self.ignored,
+                _ => continue,
+            };
+            *slot = slot.saturating_add(n);
+        }
+    }
+
+    /// Adds every `test result:` line of a binary's output.
+    fn add_output(&mut self, stdout: &str) {
+        for line in stdout.lines() {
+            if let Some(summary) = line.strip_prefix("test result: ") {
+                self.add(summary);
+            }
+        }
+    }
+}
+
+/// One thing to run: a test binary in its package's directory (as `cargo
+/// test` runs it), or `cargo test --doc`.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    dir: PathBuf,
+}
+
+/// Builds every test binary and returns them with the doc tests, in the
+/// order they start.
+pub fn jobs() -> Result<Vec<Job>> {
+    let cargo = cargo();
+    let output = Command::new(&cargo)
+        .args(CARGO_TEST)
+        .args(["--no-run", "--message-format=json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {cargo}"))?;
+    if !output.status.success() {
+        bail!("`cargo test --no-run` exited with {}", output.status);
+    }
+    let mut jobs = binaries(&String::from_utf8_lossy(&output.stdout))?;
+    order(&mut jobs);
+    jobs.push(Job {
+        name: "doc tests".into(),
+        program: cargo.into(),
+        args: ["test", "--workspace", "--locked", "--doc"]
+            .map(String::from)
+            .into(),
+        dir: ".".into(),
+    });
+    Ok(jobs)
+}
+
+/// The test binaries in cargo's JSON messages: each compiled artifact with
+/// the test profile and an executable.
+fn binaries(messages: &str) -> Result<Vec<Job>> {
+    let mut jobs = Vec::new();
+    for line in messages.lines().filter(|l| l.starts_with('{')) {
+        let message: Value = serde_json::from_str(line).context("a cargo JSON message")?;
+        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+            continue;
+        }
+        let Some(executable) = message["executable"].as_str() else {
+            continue;
+        };
+        let manifest = message["manifest_path"]
+            .as_str()
+            .context("an artifact without its manifest_path")?;
+        let dir = PathBuf::from(manifest)
+            .parent()
+            .context("a manifest_path without a directory")?
+            .to_path_buf();
+        let target = message["target"]["name"].as_str().unwrap_or("?");
+        let kind = message["target"]["kind"][0].as_str().unwrap_or("?");
+        jobs.push(Job {
+            name: format!("{kind} {target} ({})", dir.display()),
+            program: executable.into(),
+            args: Vec::new(),
+            dir,
+        });
+    }
+    Ok(jobs)
+}
+
+/// The binaries [`LONGEST_FIRST`] names go first, in its order; the rest
+/// keep cargo's.
+fn order(jobs: &mut [Job]) {
+    let rank = |job: &Job| {
+        LONGEST_FIRST
+            .iter()
+            .position(|name| job.name.starts_with(&format!("test {name} ")))
+            .unwrap_or(LONGEST_FIRST.len())
+    };
+    jobs.sort_by_key(rank);
+}
+
+/// Runs every job, [`BINARIES_AT_ONCE`] at a time; a failing one does not
+/// stop the rest. Each binary's output is printed whole when it ends, with
+/// its time. Errs when any exited unsuccessfully.
+pub fn run(jobs: Vec<Job>, counts: &mut Counts) -> Result<()> {
+    let threads = std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| TEST_THREADS.into());
+    let queue = Mutex::new(VecDeque::from(jobs));
+    let results = Mutex::new((Counts::default(), Vec::<String>::new()));
+    std::thread::scope(|scope| {
+        for _ in 0..BINARIES_AT_ONCE {
+            scope.spawn(|| {
+                while let Some(job) = next(&queue) {
+                    let outcome = run_one(&job, &threads);
+                    let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+                    match outcome {
+                        Ok(output) => {
+                            results
+                                .0
+                                .add_output(&String::from_utf8_lossy(&output.stdout));
+                            if !output.status.success() {
+                                results
+                                    .1
+                                    .push(format!("{} exited with {}", job.name, output.status));
+                            }
+                        }
+                        Err(err) => results.1.push(format!("{}: {err:#}", job.name)),
+                    }
+                }
+            });
+        }
+    });
+    let (ran, failures) = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    *counts = ran;
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(())
+}
+
+fn next(queue: &Mutex<VecDeque<Job>>) -> Option<Job> {
+    queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+}
+
+/// Runs one job to its end and prints its output whole, with its time.
+fn run_one(job: &Job, threads: &str) -> Result<Output> {
+    let started = Instant::now();
+    let output = Command::new(&job.program)
+        .args(&job.args)
+        .current_dir(&job.dir)
+        .env("RUST_TEST_THREADS", threads)
+        .env("CARGO_MANIFEST_DIR", &job.dir)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", job.program.display()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "xtask: {} ({:.0?})", job.name, started.elapsed())?;
+    out.write_all(&output.stdout)?;
+    std::io::stderr().lock().write_all(&output.stderr)?;
+    Ok(output)
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_add_up() {
+        let mut counts = Counts::default();
+        counts.add_output(
+            "running 3 tests\ntest a ... ok\n\
+             test result: ok. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n\
+             test result: FAILED. 0 passed; 0 failed; 4 ignored; 0 measured\n",
+        );
+        assert_eq!(
+            counts,
+            Counts {
+                passed: 2,
+                failed: 1,
+                ignored: 4
+            }
+        );
+    }
+
+    #[test]
+    fn test_binaries_are_read_from_cargo_messages_the_longest_first() {
+        let artifact = |kind: &str, name: &str, test: bool, exe: Option<&str>| {
+            serde_json::json!({
+                "reason": "compiler-artifact",
+                "manifest_path": "/w/p/Cargo.toml",
+                "target": {"kind": [kind], "name": name},
+                "profile": {"test": test},
+                "executable": exe,
+            })
+            .to_string()
+        };
+        let messages = [
+            artifact("lib", "p", true, Some("/w/t/p-1")),
+            artifact("lib", "p", false, None),
+            artifact("test", "window", true, Some("/w/t/window-2")),
+            artifact("test", "karpenter", true, Some("/w/t/karpenter-3")),
+            artifact("bin", "p", false, Some("/w/t/p")),
+            r#"{"reason":"build-finished","success":true}"#.into(),
+        ]
+        .join("\n");
+        let mut jobs = binaries(&messages).expect("the messages parse");
+        order(&mut jobs);
+        let names: Vec<_> = jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "test karpenter (/w/p)",
+                "lib p (/w/p)",
+                "test window (/w/p)"
+            ]
+        );
+        assert!(
+            jobs.iter()
+                .all(|j| j.dir.as_path() == std::path::Path::new("/w/p"))
+        );
+    }
+}
