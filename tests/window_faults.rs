@@ -1,7 +1,8 @@
 //! The hold window through faults and variants, against the real API server:
 //! a SIGKILL mid-window (restarted before and after the deadline), the
 //! backstop for nodes the webhook missed, `node` scope, a label-selector
-//! scope, the maxHold cap, and two replicas with a failover.
+//! scope, the maxHold cap, two replicas with a failover, and a leader whose
+//! Lease another took (its passes fail as `not_leading` and act not).
 //!
 //! When a hold is released is read from the API server's audit log: the time
 //! it received node-holder's PATCH (microseconds), compared with deadlines
@@ -588,4 +589,53 @@ async fn a_leader_whose_lease_was_taken_over_acts_no_more_until_it_leads_again()
         all_held(&nodes, &["old-1", "new-1"])
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_was_taken_fails_its_passes_as_not_leading_before_its_renewal_notices()
+{
+    let Cluster { cp, nodes, .. } = Cluster::start().await;
+    old_nodes(&nodes, &["old-1"], &[], secs(2)).await;
+    // A 120 s Lease is renewed 40 s before it ends: for 80 s after it leads,
+    // the lease manager believes it leads, and only the pass's own check of
+    // the Lease can find out otherwise. No webhook: only the backstop holds.
+    let mut args = fast("2s", &[]);
+    args.retain(|arg| !arg.starts_with("--lease-duration"));
+    args.push("--lease-duration=120s".into());
+    let served = serve(&cp, &strs(&args)).await;
+    eventually("leading", secs(10), || async {
+        metric(&served, "node_holder_leader").await == Some(1.0)
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(
+        cp.admin_client().await.unwrap(),
+        testenv::NODE_HOLDER_NAMESPACE,
+    );
+    leases
+        .patch(
+            record::NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "renewTime": MicroTime(Timestamp::now()),
+                "leaseDurationSeconds": 600,
+            }})),
+        )
+        .await
+        .unwrap();
+    create(&nodes, "new-1", &[], &[]).await;
+    let failed = r#"node_holder_pass_failures_total{kind="not_leading"}"#;
+    eventually_logging(
+        "a pass failed as not leading",
+        secs(20),
+        &served,
+        || async { metric(&served, failed).await.is_some_and(|n| n >= 1.0) },
+    )
+    .await;
+    assert_eq!(
+        metric(&served, "node_holder_leader").await,
+        Some(1.0),
+        "the lease manager noticed before the pass did: the test raced its renewal"
+    );
+    never_patched(&cp, &["old-1", "new-1"]);
 }
