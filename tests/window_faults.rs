@@ -546,26 +546,9 @@ async fn a_leader_whose_lease_was_taken_over_acts_no_more_until_it_leads_again()
     })
     .await;
 
-    // Another replica takes the Lease over, as one may after an API server
-    // outage longer than the Lease; the lease manager of the old leader only
-    // notices at its next renewal (a third of the 3 s lease before its end).
-    let leases: Api<Lease> = Api::namespaced(
-        cp.admin_client().await.unwrap(),
-        testenv::NODE_HOLDER_NAMESPACE,
-    );
-    let taken = Timestamp::now();
-    leases
-        .patch(
-            record::NAME,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "holderIdentity": "another-replica",
-                "renewTime": MicroTime(taken),
-                "leaseDurationSeconds": 60,
-            }})),
-        )
-        .await
-        .unwrap();
+    // The lease manager of the old leader only notices at its next renewal
+    // (a third of the 3 s lease before its end).
+    let taken = another_replica_takes_the_lease(&cp, 60).await;
     create(&nodes, "new-1", &[], &[]).await;
     // The pass for new-1 comes 200 ms later (coalescing), before the lease
     // manager's renewal in most runs: it must not act. Watched until the old
@@ -607,22 +590,7 @@ async fn a_leader_whose_lease_was_taken_fails_its_passes_as_not_leading_before_i
         metric(&served, "node_holder_leader").await == Some(1.0)
     })
     .await;
-    let leases: Api<Lease> = Api::namespaced(
-        cp.admin_client().await.unwrap(),
-        testenv::NODE_HOLDER_NAMESPACE,
-    );
-    leases
-        .patch(
-            record::NAME,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "holderIdentity": "another-replica",
-                "renewTime": MicroTime(Timestamp::now()),
-                "leaseDurationSeconds": 600,
-            }})),
-        )
-        .await
-        .unwrap();
+    another_replica_takes_the_lease(&cp, 600).await;
     create(&nodes, "new-1", &[], &[]).await;
     let failed = r#"node_holder_pass_failures_total{kind="not_leading"}"#;
     eventually_logging(
@@ -638,4 +606,27 @@ async fn a_leader_whose_lease_was_taken_fails_its_passes_as_not_leading_before_i
         "the lease manager noticed before the pass did: the test raced its renewal"
     );
     never_patched(&cp, &["old-1", "new-1"]);
+}
+
+/// Another replica takes the Lease over for `seconds`, as one may after an
+/// API server outage longer than the Lease; returns when.
+async fn another_replica_takes_the_lease(cp: &ControlPlane, seconds: u32) -> Timestamp {
+    let leases: Api<Lease> = Api::namespaced(
+        cp.admin_client().await.unwrap(),
+        testenv::NODE_HOLDER_NAMESPACE,
+    );
+    let taken = Timestamp::now();
+    leases
+        .patch(
+            record::NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "renewTime": MicroTime(taken),
+                "leaseDurationSeconds": seconds,
+            }})),
+        )
+        .await
+        .unwrap();
+    taken
 }
