@@ -27,6 +27,9 @@ pub struct Arm {
     /// node-holder in `--scope node`, following the work: each node held
     /// from its own last work (a per-node keep-alive).
     pub per_node: bool,
+    /// The NodePool consolidates only empty nodes (`WhenEmpty`), so that no
+    /// pod is moved onto a node node-holder holds.
+    pub when_empty: bool,
 }
 
 impl Arm {
@@ -38,6 +41,7 @@ impl Arm {
             follows_work: false,
             learned: None,
             per_node: false,
+            when_empty: false,
         }
     }
 
@@ -49,6 +53,7 @@ impl Arm {
             follows_work: false,
             learned: None,
             per_node: false,
+            when_empty: false,
         }
     }
 
@@ -80,6 +85,19 @@ impl Arm {
         }
     }
 
+    /// The per-node keep-alive with its pool at `WhenEmpty`: Karpenter's
+    /// Underutilized consolidation moves long-lived pods onto nodes that
+    /// node-holder holds (a held node is no candidate, but it is a
+    /// destination, where a node under `consolidateAfter` is neither), so
+    /// the next wave finds them full; this arm measures that cost.
+    fn per_node_when_empty(hold: u64) -> Arm {
+        Arm {
+            name: format!("niw-{}", knob(hold)),
+            when_empty: true,
+            ..Arm::per_node(hold)
+        }
+    }
+
     /// The per-node keep-alive with the learned hold at node-holder's
     /// default terms (as `nl-5m`).
     fn per_node_learning() -> Arm {
@@ -91,11 +109,16 @@ impl Arm {
     }
 
     /// Its NodePool's disruption: Karpenter's defaults
-    /// (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`) with the arm's
-    /// `consolidateAfter`.
+    /// (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`; `WhenEmpty` for a
+    /// [`Arm::when_empty`] arm) with the arm's `consolidateAfter`.
     pub fn disruption(&self) -> Disruption {
+        let policy = if self.when_empty {
+            "WhenEmpty"
+        } else {
+            "WhenEmptyOrUnderutilized"
+        };
         Disruption {
-            consolidation_policy: "WhenEmptyOrUnderutilized".into(),
+            consolidation_policy: policy.into(),
             consolidate_after: format!("{}s", self.consolidate_after),
             budgets: json!([{"nodes": "10%"}]),
         }
@@ -113,7 +136,7 @@ impl Arm {
             .chain(following)
             .chain([Arm::learning()])
             .chain(per_node)
-            .chain([Arm::per_node_learning()])
+            .chain([Arm::per_node_learning(), Arm::per_node_when_empty(300)])
             .collect()
     }
 }
