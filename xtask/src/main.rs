@@ -1,6 +1,6 @@
 //! `cargo xtask test` runs everything CI runs; `cargo xtask demo` runs the local demo.
 
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod suite;
 
-use suite::{CARGO_TEST, Counts};
+use suite::Counts;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -116,7 +116,7 @@ fn test() -> Result<()> {
             "warnings",
         ])
     })?;
-    let listed = step("listing every test", list_tests)?;
+    let listed = step("listing every test", suite::list)?;
     let mut counts = Counts::default();
     let result = step("building the tests", suite::jobs).and_then(|jobs| {
         step("running every test binary", || {
@@ -150,27 +150,6 @@ fn close(listed: u64, counts: &Counts, result: Result<()>) -> Result<()> {
         bail!("no test ran");
     }
     Ok(())
-}
-
-/// How many tests the workspace has, doc tests included: `cargo test --
-/// --list` prints one `NAME: test` line each (benchmarks are `: benchmark`).
-fn list_tests() -> Result<u64> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = Command::new(&cargo)
-        .args(CARGO_TEST)
-        .args(["--", "--list"])
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {cargo}"))?;
-    if !output.status.success() {
-        bail!("`cargo test -- --list` exited with {}", output.status);
-    }
-    let listed = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.ends_with(": test"))
-        .count();
-    eprintln!("xtask: {listed} tests");
-    Ok(u64::try_from(listed)?)
 }
 
 fn step<T>(name: &str, run: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// The arguments every `cargo test` run shares: the whole workspace and the
 /// locked dependencies.
-pub const CARGO_TEST: [&str; 3] = ["test", "--workspace", "--locked"];
+const CARGO_TEST: [&str; 3] = ["test", "--workspace", "--locked"];
 
 /// How many test binaries run at once. Most end-to-end tests wait (for real
 /// holds to run out, for Karpenter's rounds) far more than they compute.
@@ -91,30 +91,52 @@ pub struct Job {
     dir: PathBuf,
 }
 
+/// How many tests the workspace has, doc tests included: `cargo test --
+/// --list` prints one `NAME: test` line each (benchmarks are `: benchmark`).
+pub fn list() -> Result<u64> {
+    let listed = cargo_test(&["--", "--list"])?
+        .lines()
+        .filter(|line| line.ends_with(": test"))
+        .count();
+    eprintln!("xtask: {listed} tests");
+    Ok(u64::try_from(listed)?)
+}
+
 /// Builds every test binary and returns them with the doc tests, in the
 /// order they start.
 pub fn jobs() -> Result<Vec<Job>> {
-    let cargo = cargo();
-    let output = Command::new(&cargo)
-        .args(CARGO_TEST)
-        .args(["--no-run", "--message-format=json-render-diagnostics"])
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {cargo}"))?;
-    if !output.status.success() {
-        bail!("`cargo test --no-run` exited with {}", output.status);
-    }
-    let mut jobs = binaries(&String::from_utf8_lossy(&output.stdout))?;
+    let messages = cargo_test(&["--no-run", "--message-format=json-render-diagnostics"])?;
+    let mut jobs = binaries(&messages)?;
     order(&mut jobs);
     jobs.push(Job {
         name: "doc tests".into(),
-        program: cargo.into(),
+        program: cargo().into(),
         args: ["test", "--workspace", "--locked", "--doc"]
             .map(String::from)
             .into(),
         dir: ".".into(),
     });
     Ok(jobs)
+}
+
+/// `cargo test` with [`CARGO_TEST`] and `args`: its standard output, or an
+/// error when it fails (its standard error goes to ours).
+fn cargo_test(args: &[&str]) -> Result<String> {
+    let cargo = cargo();
+    let output = Command::new(&cargo)
+        .args(CARGO_TEST)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {cargo}"))?;
+    if !output.status.success() {
+        bail!(
+            "`cargo test {}` exited with {}",
+            args.join(" "),
+            output.status
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The test binaries in cargo's JSON messages: each compiled artifact with
