@@ -15,6 +15,9 @@ use super::days::Day;
 use super::trace::{Outcome, Trace};
 use super::{LAUNCH_COSTS, mean_ci95, optimum_at};
 
+/// Karpenter's defaults, the first arm each is paired against.
+const DEFAULT_ARM: &str = "ka-0s";
+
 /// The launch cost the paired differences are priced at: 5 node-minutes.
 const DEFAULT_LAUNCH: f64 = 300.0;
 
@@ -179,37 +182,53 @@ fn arm_row(text: &mut String, arm: &str, day: &DayRuns<'_>) -> Result<()> {
 }
 
 /// Each arm's total cost at the default launch cost against Karpenter's
-/// default and against the best `consolidateAfter` of the day, per seed.
+/// default and against the best `consolidateAfter` of the day, per seed:
+/// against those of the two that played (a run of some arms may have
+/// neither).
 fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     let total = |arm: &str| day.per_seed(arm, |_, o| o.total(DEFAULT_LAUNCH));
     let best = arms
         .iter()
         .filter(|a| a.hold.is_none())
         .min_by(|a, b| mean(&total(&a.name)).total_cmp(&mean(&total(&b.name))))
-        .map(|a| a.name.clone())
-        .unwrap_or_default();
+        .map(|a| a.name.as_str());
+    let mut bases = Vec::new();
+    if arms.iter().any(|a| a.name == DEFAULT_ARM) {
+        bases.push((
+            format!("Karpenter's default (`{DEFAULT_ARM}`)"),
+            DEFAULT_ARM,
+        ));
+    }
+    if let Some(best) = best {
+        bases.push((
+            format!("the day's best `consolidateAfter` (`{best}`)"),
+            best,
+        ));
+    }
+    if bases.is_empty() {
+        return Ok(());
+    }
+    let (said, names): (Vec<String>, Vec<&str>) = bases.into_iter().unzip();
     writeln!(
         text,
         "\nTotal cost at 5 node-minutes a launch, paired per seed, in % (mean ± 95% CI): \
-         against Karpenter's default (`ka-0s`) and the day's best `consolidateAfter` (`{best}`).\n"
+         against {}.\n",
+        said.join(" and ")
     )?;
-    writeln!(text, "| arm | vs ka-0s | vs {best} |")?;
-    writeln!(text, "| --- | --- | --- |")?;
+    let columns: Vec<String> = names.iter().map(|n| format!("vs {n}")).collect();
+    writeln!(text, "| arm | {} |", columns.join(" | "))?;
+    writeln!(text, "|{}", " --- |".repeat(names.len() + 1))?;
     for arm in arms {
-        let against = |base: &str| -> Vec<f64> {
-            total(&arm.name)
+        let against = |base: &str| -> String {
+            let differences: Vec<f64> = total(&arm.name)
                 .iter()
                 .zip(total(base))
                 .map(|(a, b)| 100.0 * (a - b) / b)
-                .collect()
+                .collect();
+            ci(&differences, 1)
         };
-        writeln!(
-            text,
-            "| {} | {} | {} |",
-            arm.name,
-            ci(&against("ka-0s"), 1),
-            ci(&against(&best), 1)
-        )?;
+        let cells: Vec<String> = names.iter().map(|base| against(base)).collect();
+        writeln!(text, "| {} | {} |", arm.name, cells.join(" | "))?;
     }
     Ok(())
 }
@@ -291,4 +310,42 @@ fn draw_points(
         ("sans-serif", 13).into_font(),
     )])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kept trace of the cron day (seed 2, every `ka-*` and `ni*` arm).
+    fn kept_trace() -> (Day, Result<Trace>) {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/frontier-traces/cron-seed2-node-gaps.json"
+        );
+        let text = std::fs::read_to_string(path).expect("the kept trace");
+        let trace: Trace = serde_json::from_str(&text).expect("a trace");
+        (Day::generate(&trace.day, trace.seed).unwrap(), Ok(trace))
+    }
+
+    fn report(arms: &[&str]) -> String {
+        let arms: Vec<Arm> = Arm::all()
+            .into_iter()
+            .filter(|a| arms.contains(&a.name.as_str()))
+            .collect();
+        let out = tempfile::tempdir().unwrap();
+        write(out.path(), &arms, &[kept_trace()]).unwrap();
+        std::fs::read_to_string(out.path().join("report.md")).unwrap()
+    }
+
+    #[test]
+    fn arms_are_paired_against_the_default_and_the_best_knob_that_played() {
+        let all = report(&["ka-0s", "ka-5m", "ni-5m"]);
+        assert!(all.contains("| arm | vs ka-0s | vs ka-5m |"), "{all}");
+        let no_default = report(&["ka-5m", "ni-5m"]);
+        assert!(no_default.contains("| arm | vs ka-5m |"), "{no_default}");
+        assert!(no_default.contains("| ni-5m |"), "{no_default}");
+        let no_knob = report(&["ni-5m", "nil-5m"]);
+        assert!(!no_knob.contains("paired per seed"), "{no_knob}");
+        assert!(no_knob.contains("| nil-5m |"), "{no_knob}");
+    }
 }
