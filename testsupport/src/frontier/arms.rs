@@ -98,6 +98,16 @@ impl Arm {
         }
     }
 
+    /// The learned per-node keep-alive with its pool at `WhenEmpty` (as
+    /// `niw-5m` is to `ni-5m`).
+    fn per_node_learning_when_empty() -> Arm {
+        Arm {
+            name: "nilw-5m".into(),
+            when_empty: true,
+            ..Arm::per_node_learning()
+        }
+    }
+
     /// The per-node keep-alive with the learned hold at node-holder's
     /// default terms (as `nl-5m`).
     fn per_node_learning() -> Arm {
@@ -136,7 +146,11 @@ impl Arm {
             .chain(following)
             .chain([Arm::learning()])
             .chain(per_node)
-            .chain([Arm::per_node_learning(), Arm::per_node_when_empty(300)])
+            .chain([
+                Arm::per_node_learning(),
+                Arm::per_node_when_empty(300),
+                Arm::per_node_learning_when_empty(),
+            ])
             .collect()
     }
 }
