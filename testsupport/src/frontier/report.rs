@@ -184,7 +184,7 @@ fn arm_row(text: &mut String, arm: &str, day: &DayRuns<'_>) -> Result<()> {
 /// Each arm's total cost at the default launch cost against Karpenter's
 /// default and against the best `consolidateAfter` of the day, per seed:
 /// against those of the two that played (a run of some arms may have
-/// neither).
+/// neither), once when the default is the best.
 fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     let total = |arm: &str| day.per_seed(arm, |_, o| o.total(DEFAULT_LAUNCH));
     let best = arms
@@ -199,7 +199,7 @@ fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
             DEFAULT_ARM,
         ));
     }
-    if let Some(best) = best {
+    if let Some(best) = best.filter(|&best| best != DEFAULT_ARM) {
         bases.push((
             format!("the day's best `consolidateAfter` (`{best}`)"),
             best,
@@ -344,6 +344,11 @@ mod tests {
         let no_default = report(&["ka-5m", "ni-5m"]);
         assert!(no_default.contains("| arm | vs ka-5m |"), "{no_default}");
         assert!(no_default.contains("| ni-5m |"), "{no_default}");
+        let default_best = report(&["ka-0s", "ka-10m", "ni-5m"]);
+        assert!(
+            default_best.contains("| arm | vs ka-0s |\n"),
+            "{default_best}"
+        );
         let no_knob = report(&["ni-5m", "nil-5m"]);
         assert!(!no_knob.contains("paired per seed"), "{no_knob}");
         assert!(no_knob.contains("| nil-5m |"), "{no_knob}");
