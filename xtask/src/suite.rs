@@ -17,9 +17,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-/// The arguments every `cargo test` run shares: the whole workspace and the
-/// locked dependencies.
-const CARGO_TEST: [&str; 3] = ["test", "--workspace", "--locked"];
+/// The arguments every `cargo test` run shares: the whole workspace, the
+/// locked dependencies, and no stop at the first failing package or binary
+/// (the listing and the doc tests run through cargo; the binaries through
+/// [`run`], which does not stop either).
+const CARGO_TEST: [&str; 4] = ["test", "--workspace", "--locked", "--no-fail-fast"];
 
 /// How many test binaries run at once. Most end-to-end tests wait (for real
 /// holds to run out, for Karpenter's rounds) far more than they compute.
@@ -108,15 +110,22 @@ pub fn jobs() -> Result<Vec<Job>> {
     let messages = cargo_test(&["--no-run", "--message-format=json-render-diagnostics"])?;
     let mut jobs = binaries(&messages)?;
     order(&mut jobs);
-    jobs.push(Job {
+    jobs.push(doc_tests());
+    Ok(jobs)
+}
+
+/// `cargo test --doc`, which runs every package's doc tests.
+fn doc_tests() -> Job {
+    Job {
         name: "doc tests".into(),
         program: cargo().into(),
-        args: ["test", "--workspace", "--locked", "--doc"]
-            .map(String::from)
-            .into(),
+        args: CARGO_TEST
+            .iter()
+            .chain(&["--doc"])
+            .map(|a| a.to_string())
+            .collect(),
         dir: ".".into(),
-    });
-    Ok(jobs)
+    }
 }
 
 /// `cargo test` with [`CARGO_TEST`] and `args`: its standard output, or an
@@ -274,6 +283,15 @@ mod tests {
         assert_eq!(
             package_name("xtask 0.0.0 (path+file:///w/p/xtask)"),
             "xtask"
+        );
+    }
+
+    #[test]
+    fn a_failing_package_stops_neither_the_listing_nor_the_doc_tests() {
+        assert!(CARGO_TEST.contains(&"--no-fail-fast"));
+        assert_eq!(
+            doc_tests().args,
+            ["test", "--workspace", "--locked", "--no-fail-fast", "--doc"]
         );
     }
 
