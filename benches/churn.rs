@@ -10,14 +10,16 @@
 //!   10m (`nh-*`), the same holds with `--window-follows-work` (`nf-*`), and
 //!   the learned hold at its default terms, following the work (`nl-5m`);
 //!   the per-node keep-alive (`--scope node --window-follows-work`) with
-//!   fixed holds of 2m and 5m (`ni-*`) and learned (`nil-5m`).
+//!   fixed holds of 2m and 5m (`ni-*`) and learned (`nil-5m`); with the pool
+//!   at `WhenEmpty`, Karpenter alone at 0s, 30s, 2m and 5m (`kaw-*`), the
+//!   per-node 5m hold (`niw-5m`) and the learned one (`nilw-5m`).
 //!   `NODE_HOLDER_BENCH_ARMS=ka-,ni-` plays only the arms so named.
-//!   Every arm is a NodePool of its own, its pods pinned to it; the `ka` and
-//!   `nh` arms share one cluster (one control plane, one Karpenter), the `nf`
-//!   and `nl` arms a second (one node-holder install per cluster), and both play
-//!   on one clock, so every arm sees exactly the same work at the same
-//!   instants on the same machine load. The knobs are the same fixed grid on
-//!   every day, tuned on none.
+//!   Every arm is a NodePool of its own, its pods pinned to it; each
+//!   node-holder configuration has a cluster of its own (one install per
+//!   cluster), Karpenter's own arms share the first (`nh`'s, or that of the
+//!   first configuration that plays), and all play on one clock, so every
+//!   arm sees exactly the same work at the same instants on the same machine
+//!   load. The knobs are the same fixed grid on every day, tuned on none.
 //! - **days**: `compressed` (8 waves 30-200 s apart), `cron` (a Job every 5
 //!   minutes with a little jitter: idle gaps between the 2m and 5m knobs),
 //!   `poisson` (a busy and a quiet phase of random arrivals) and `working`
@@ -251,14 +253,20 @@ async fn play(client: &kube::Client, day: &Day, arms: &[Arm], started: Instant) 
 }
 
 /// `NODE_HOLDER_BENCH_TRACES=DIR`: the report of the raw traces a run left
-/// in `DIR` (`<day>-seed<N>.json`), without playing anything.
+/// in `DIR` (`<day>-seed<N>*.json`), without playing anything. Traces of one
+/// seed of a day from separate runs are one run (each arm from the first
+/// file, by name, that played it).
 fn report_traces(dir: &Path, out: &Path) -> Result<()> {
-    let mut results = Vec::new();
+    let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
         let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
+        if path.extension().is_some_and(|e| e == "json") {
+            paths.push(path);
         }
+    }
+    paths.sort();
+    let mut results = Vec::new();
+    for path in paths {
         let text = std::fs::read_to_string(&path)?;
         let trace: Trace =
             serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;

@@ -45,6 +45,17 @@ impl Arm {
         }
     }
 
+    /// Karpenter alone with its pool at `WhenEmpty`: the native setting an
+    /// operator would compare with `niw-`, where no pod is moved to fill a
+    /// node and only empty nodes are removed.
+    fn karpenter_when_empty(after: u64) -> Arm {
+        Arm {
+            name: format!("kaw-{}", knob(after)),
+            when_empty: true,
+            ..Arm::karpenter(after)
+        }
+    }
+
     fn node_holder(hold: u64) -> Arm {
         Arm {
             name: format!("nh-{}", knob(hold)),
@@ -137,11 +148,13 @@ impl Arm {
     /// The same grid on every day: nothing tuned per day or per arm.
     pub fn all() -> Vec<Arm> {
         let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
+        let karpenter_when_empty = [0, 30, 120, 300].map(Arm::karpenter_when_empty);
         let holder = [120, 300, 600].map(Arm::node_holder);
         let following = [120, 300, 600].map(Arm::following_work);
         let per_node = [120, 300].map(Arm::per_node);
         karpenter
             .into_iter()
+            .chain(karpenter_when_empty)
             .chain(holder)
             .chain(following)
             .chain([Arm::learning()])
@@ -157,18 +170,30 @@ impl Arm {
 
 /// The arms of each node-holder configuration (following the work or not,
 /// in node scope or not), for a cluster each: two installs in one cluster
-/// would strip each other's holds.
+/// would strip each other's holds. Karpenter's own arms join the first of
+/// them (node-holder's selector leaves their pools alone), or make a
+/// cluster of their own when no node-holder arm plays.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
-    [(false, false), (true, false), (true, true)]
+    let karpenter: Vec<Arm> = arms.iter().filter(|a| a.hold.is_none()).cloned().collect();
+    let mut clusters: Vec<Vec<Arm>> = [(false, false), (true, false), (true, true)]
         .iter()
         .map(|&(follows, per_node)| {
             arms.iter()
+                .filter(|a| a.hold.is_some())
                 .filter(|a| a.follows_work == follows && a.per_node == per_node)
                 .cloned()
                 .collect()
         })
         .filter(|part: &Vec<Arm>| !part.is_empty())
-        .collect()
+        .collect();
+    if clusters.is_empty() {
+        clusters.push(Vec::new());
+    }
+    if let Some(first) = clusters.first_mut() {
+        first.splice(0..0, karpenter);
+    }
+    clusters.retain(|part| !part.is_empty());
+    clusters
 }
 
 /// `30s`, `2m`: a knob as Karpenter and node-holder write it.
@@ -218,4 +243,66 @@ pub fn serve_args(arms: &[Arm]) -> Vec<String> {
         args.push("--scope=node".to_string());
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(prefixes: &[&str]) -> Vec<Arm> {
+        Arm::all()
+            .into_iter()
+            .filter(|a| prefixes.iter().any(|p| a.name.starts_with(p)))
+            .collect()
+    }
+
+    fn names(clusters: &[Vec<Arm>]) -> Vec<Vec<&str>> {
+        clusters
+            .iter()
+            .map(|c| c.iter().map(|a| a.name.as_str()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn karpenter_arms_share_the_first_node_holder_cluster() {
+        let clusters = by_cluster(&named(&["kaw-", "niw-", "nilw-"]));
+        assert_eq!(
+            names(&clusters),
+            [["kaw-0s", "kaw-30s", "kaw-2m", "kaw-5m", "niw-5m", "nilw-5m"]]
+        );
+        let all = by_cluster(&Arm::all());
+        assert_eq!(all.len(), 3, "{:?}", names(&all));
+        assert!(all[0].iter().take(10).all(|a| a.hold.is_none()));
+        assert!(all[1..].iter().flatten().all(|a| a.hold.is_some()));
+    }
+
+    #[test]
+    fn karpenter_arms_alone_make_one_cluster_without_node_holder() {
+        let clusters = by_cluster(&named(&["ka-"]));
+        assert_eq!(clusters.len(), 1);
+        assert_eq!(clusters[0].len(), 6);
+        assert!(by_cluster(&[]).is_empty());
+    }
+
+    #[test]
+    fn node_holder_selects_only_its_own_pools() {
+        let args = serve_args(&named(&["kaw-", "niw-", "nilw-"]));
+        assert_eq!(
+            args[0],
+            "--node-selector=karpenter.sh/nodepool in (niw-5m,nilw-5m)"
+        );
+        assert!(args.contains(&"--group-hold-duration=niw-5m=300s".to_string()));
+        assert!(args.contains(&"--scope=node".to_string()));
+    }
+
+    #[test]
+    fn when_empty_arms_consolidate_only_empty_nodes() {
+        for arm in Arm::all() {
+            let policy = arm.disruption().consolidation_policy;
+            let expected = arm.name.starts_with("kaw-")
+                || arm.name.starts_with("niw-")
+                || arm.name.starts_with("nilw-");
+            assert_eq!(policy == "WhenEmpty", expected, "{}", arm.name);
+        }
+    }
 }

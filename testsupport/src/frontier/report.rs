@@ -32,14 +32,17 @@ struct DayRuns<'a> {
 impl DayRuns<'_> {
     /// Over the seeds, `f` of each run's outcome of `arm`.
     fn per_seed(&self, arm: &str, f: impl Fn(&Day, &Outcome) -> f64) -> Vec<f64> {
-        self.runs.iter().map(|(d, o)| f(d, &o[arm])).collect()
+        self.runs
+            .iter()
+            .filter_map(|(d, o)| Some(f(d, o.get(arm)?)))
+            .collect()
     }
 
     /// Whether `arm` ran the day on every seed.
     fn played(&self, arm: &str) -> bool {
         self.runs
             .iter()
-            .all(|(_, outcomes)| outcomes.get(arm).is_some_and(|o| o.pods > 0))
+            .all(|(_, outcomes)| outcomes.contains_key(arm))
     }
 
     /// The clairvoyant optimum of each seed's day at the default launch cost.
@@ -81,25 +84,35 @@ pub fn write(out: &Path, arms: &[Arm], results: &[(Day, Result<Trace>)]) -> Resu
     Ok(())
 }
 
+/// The runs that finished, by day. Runs of one seed of a day (the same
+/// planned day) played by separate bench runs are one run: each arm's
+/// outcome from the run that played it.
 fn by_day<'a>(arms: &[Arm], results: &'a [(Day, Result<Trace>)]) -> Vec<DayRuns<'a>> {
     let mut days: Vec<DayRuns<'a>> = Vec::new();
     for (day, trace) in results {
         let Ok(trace) = trace else { continue };
-        let outcomes = arms
+        let outcomes: BTreeMap<String, Outcome> = arms
             .iter()
             .map(|arm| (arm.name.clone(), Outcome::of(trace, &arm.name)))
+            .filter(|(_, outcome)| outcome.pods > 0)
             .collect();
         let load = trace.load.iter().map(|l| l.1);
-        match days.iter_mut().find(|d| d.name == day.name) {
-            Some(found) => {
-                found.runs.push((day, outcomes));
-                found.load.extend(load);
-            }
-            None => days.push(DayRuns {
+        let Some(found) = days.iter_mut().find(|d| d.name == day.name) else {
+            days.push(DayRuns {
                 name: day.name,
                 runs: vec![(day, outcomes)],
                 load: load.collect(),
-            }),
+            });
+            continue;
+        };
+        found.load.extend(load);
+        match found.runs.iter_mut().find(|(d, _)| d.seed == day.seed) {
+            Some((_, seen)) => {
+                for (arm, outcome) in outcomes {
+                    seen.entry(arm).or_insert(outcome);
+                }
+            }
+            None => found.runs.push((day, outcomes)),
         }
     }
     days
@@ -318,10 +331,13 @@ mod tests {
 
     /// A kept trace of the cron day (seed 2, every `ka-*` and `ni*` arm).
     fn kept_trace() -> (Day, Result<Trace>) {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/frontier-traces/cron-seed2-node-gaps.json"
-        );
+        kept("cron-seed2-node-gaps.json")
+    }
+
+    fn kept(name: &str) -> (Day, Result<Trace>) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/frontier-traces")
+            .join(name);
         let text = std::fs::read_to_string(path).expect("the kept trace");
         let trace: Trace = serde_json::from_str(&text).expect("a trace");
         (Day::generate(&trace.day, trace.seed).unwrap(), Ok(trace))
@@ -352,5 +368,23 @@ mod tests {
         let no_knob = report(&["ni-5m", "nil-5m"]);
         assert!(!no_knob.contains("paired per seed"), "{no_knob}");
         assert!(no_knob.contains("| nil-5m |"), "{no_knob}");
+    }
+
+    #[test]
+    fn runs_of_one_seed_are_one_run_with_the_arms_of_each() {
+        let arms: Vec<Arm> = Arm::all()
+            .into_iter()
+            .filter(|a| ["ka-0s", "ni-5m", "niw-5m"].contains(&a.name.as_str()))
+            .collect();
+        let results = [kept_trace(), kept("cron-seed2-when-empty.json")];
+        let days = by_day(&arms, &results);
+        assert_eq!(days.len(), 1);
+        assert_eq!(days[0].runs.len(), 1, "one seed, one run");
+        for arm in ["ka-0s", "ni-5m", "niw-5m"] {
+            assert!(days[0].played(arm), "{arm}");
+        }
+        let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s");
+        let kept = &days[0].runs[0].1["ka-0s"];
+        assert_eq!(kept.launches, first.launches, "the first run's ka-0s");
     }
 }

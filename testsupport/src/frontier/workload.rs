@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -87,10 +89,48 @@ pub async fn wait_jobs_done(
             return Ok(failed_per_arm(&listed, arms));
         }
         if Instant::now() > deadline {
-            bail!("{running} Jobs still running {limit:?} after the day's end");
+            let stuck = stuck(client, &listed).await;
+            bail!("{running} Jobs still running {limit:?} after the day's end: {stuck}");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// Per arm, its Jobs not finished and the phases of its pods: what a run
+/// that did not end was waiting for.
+async fn stuck(client: &kube::Client, jobs: &[Job]) -> String {
+    let mut per_arm: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for job in jobs.iter().filter(|j| !finished(j)) {
+        *per_arm
+            .entry(arm_of(&job.metadata))
+            .or_default()
+            .entry("Jobs".into())
+            .or_default() += 1;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    match pods.list(&ListParams::default().labels(ARM_LABEL)).await {
+        Ok(list) => {
+            for pod in list.items {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                let phase = format!("{} pods", phase.as_deref().unwrap_or("unknown"));
+                *per_arm
+                    .entry(arm_of(&pod.metadata))
+                    .or_default()
+                    .entry(phase)
+                    .or_default() += 1;
+            }
+        }
+        Err(err) => return format!("{per_arm:?} (pods not listed: {err})"),
+    }
+    format!("{per_arm:?}")
+}
+
+/// The arm an object's `bench-arm` label names, or its name `<arm>-<n>`.
+fn arm_of(meta: &ObjectMeta) -> String {
+    let label = meta.labels.as_ref().and_then(|l| l.get(ARM_LABEL));
+    let name = meta.name.as_deref().unwrap_or("");
+    let from_name = name.rsplit_once('-').map_or(name, |(arm, _)| arm);
+    label.map_or_else(|| from_name.to_string(), Clone::clone)
 }
 
 /// The failed pods of each arm's Jobs.
