@@ -1,13 +1,14 @@
 //! The scale benches' fleets: many Nodes named and labelled as a cloud's
 //! nodes are (metadata only, no spec or status), created from the admin's
-//! client several at a time; and the NodePools they belong to.
+//! client several at a time; the NodePools they belong to, and the
+//! NodeClaims Karpenter would keep for them.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testenv::Disruption;
 
@@ -100,4 +101,66 @@ pub async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
         }
     }
     bail!("NodePool {name} could not be created")
+}
+
+/// Karpenter's NodeClaim `name` of `pool` for `node`, as Karpenter leaves
+/// it once the node has joined and work has landed on it: its status names
+/// the node and the last pod event (`lastPodEventTime`).
+pub fn node_claim(name: &str, pool: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": pool}},
+        "spec": {
+            "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": testenv::NODE_CLASS},
+            "requirements": []
+        }
+    }))?)
+}
+
+/// Stamps `at` as the last work on the node of each claim in `claims`
+/// (`(claim, node)`), `in_flight` status PATCHes at a time: what Karpenter
+/// writes when a pod binds to the node or finishes on it.
+pub async fn stamp_work(
+    api: &Api<DynamicObject>,
+    claims: &[(String, String)],
+    at: jiff::Timestamp,
+    in_flight: usize,
+) -> Result<()> {
+    let at = at.to_string();
+    let mut results = futures::stream::iter(claims)
+        .map(|(claim, node)| {
+            let status = json!({"status": {"nodeName": node, "lastPodEventTime": at}});
+            async move {
+                api.patch_status(claim, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+            }
+        })
+        .buffer_unordered(in_flight);
+    while let Some(result) = results.next().await {
+        result.context("stamping a NodeClaim's last work")?;
+    }
+    Ok(())
+}
+
+/// Creates the NodeClaim `claim(i)` of every `i` below `count`, `in_flight`
+/// creates at a time.
+pub async fn create_claims(
+    api: &Api<DynamicObject>,
+    count: usize,
+    in_flight: usize,
+    claim: impl Fn(usize) -> Result<DynamicObject>,
+) -> Result<()> {
+    let claim = &claim;
+    let mut results = futures::stream::iter(0..count)
+        .map(|i| async move {
+            api.create(&PostParams::default(), &claim(i)?)
+                .await
+                .context("creating a NodeClaim")
+        })
+        .buffer_unordered(in_flight);
+    while let Some(result) = results.next().await {
+        result?;
+    }
+    Ok(())
 }

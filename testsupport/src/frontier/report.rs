@@ -195,7 +195,8 @@ fn arm_row(text: &mut String, arm: &str, day: &DayRuns<'_>) -> Result<()> {
 }
 
 /// Each arm's total cost at the default launch cost against Karpenter's
-/// default and against the best `consolidateAfter` of the day, per seed:
+/// default and against the day's best arm of Karpenter alone (any
+/// `consolidateAfter`, either policy), per seed:
 /// against those of the two that played (a run of some arms may have
 /// neither), once when the default is the best.
 fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
@@ -214,7 +215,7 @@ fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     }
     if let Some(best) = best.filter(|&best| best != DEFAULT_ARM) {
         bases.push((
-            format!("the day's best `consolidateAfter` (`{best}`)"),
+            format!("the day's best Karpenter-alone arm (`{best}`)"),
             best,
         ));
     }

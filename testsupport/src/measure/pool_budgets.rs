@@ -5,11 +5,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
-/// Pools whose last budget is node-holder's.
+/// Pools whose last budget is node-holder's: `nodes: "0"` for the reasons
+/// `Underutilized` and `Empty`, whatever `schedule` and `duration` end it by
+/// itself.
 pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
-    let ours = json!({"nodes": "0", "reasons": ["Underutilized", "Empty"]});
+    let reasons = json!(["Underutilized", "Empty"]);
+    let ours = |budget: &Value| budget["nodes"] == "0" && budget["reasons"] == reasons;
     Ok(pools
         .list(&ListParams::default())
         .await?
@@ -19,7 +22,7 @@ pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
             p.data["spec"]["disruption"]["budgets"]
                 .as_array()
                 .and_then(|b| b.last())
-                == Some(&ours)
+                .is_some_and(ours)
         })
         .count())
 }
