@@ -96,7 +96,7 @@ async fn run() -> Result<()> {
     };
     tokio::time::sleep(HOLD + Duration::from_millis(1500)).await;
     // 2. node-holder.
-    let (served, idle_rss) = start_serve(&cp, node_count, follows).await?;
+    let served = start_serve(&cp, node_count, follows).await?;
     ensure!(
         carrying(&pools).await? == 0,
         "a pool is held before any new node"
@@ -107,7 +107,20 @@ async fn run() -> Result<()> {
         .inspect_err(|_| eprintln!("node-holder serve's log:\n{}", served.log()))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     // 4. Writes and memory.
-    let patches = audit::node_holder_patches(&cp, &["nodepools", "nodes"])?;
+    report(&cp, &served, &window, pool_count)?;
+    drop(served);
+    Ok(())
+}
+
+/// node-holder's writes within the window (from the audit log), its peak
+/// RSS, and the targets.
+fn report(
+    cp: &ControlPlane,
+    served: &common::Served,
+    window: &Window,
+    pool_count: usize,
+) -> Result<()> {
+    let patches = audit::node_holder_patches(cp, &["nodepools", "nodes"])?;
     let (from, to) = (
         window.hold_wall,
         window.release_wall + Duration::from_secs(3),
@@ -119,11 +132,7 @@ async fn run() -> Result<()> {
         "writes: {pool_writes} NodePool PATCHes, {node_writes} Node PATCHes (no webhook here: the new node is held \
          by its pool's budget, never by annotation)"
     );
-    println!(
-        "serve RSS: idle {:.1} MiB, peak {:.1} MiB",
-        mib(idle_rss),
-        mib(peak_rss)
-    );
+    println!("serve RSS: peak {:.1} MiB", mib(peak_rss));
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
     println!(
         "targets: hold < 2 s {}, release < 2 s {}, writes = 2 x pools {}",
@@ -131,7 +140,6 @@ async fn run() -> Result<()> {
         met(window.release_time < TARGET),
         met(pool_writes == 2 * pool_count)
     );
-    drop(served);
     Ok(())
 }
 
@@ -177,12 +185,12 @@ async fn create_claims(
 }
 
 /// `node-holder serve --hold-mechanism budget`, after its first pass over
-/// every node; its idle RSS (KiB).
+/// every node (its start-up and idle RSS printed).
 async fn start_serve(
     cp: &ControlPlane,
     node_count: usize,
     follows: bool,
-) -> Result<(common::Served, u64)> {
+) -> Result<common::Served> {
     common::install_nodepool_rbac(cp).await;
     let t = Instant::now();
     let hold = format!("--hold-duration={}s", HOLD.as_secs());
@@ -206,7 +214,7 @@ async fn start_serve(
         startup.as_secs_f64(),
         mib(idle_rss)
     );
-    Ok((served, idle_rss))
+    Ok(served)
 }
 
 /// The window of one new node, as the pools showed it.
