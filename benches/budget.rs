@@ -171,7 +171,7 @@ async fn create_claims(
     let api = testenv::node_claims(admin);
     let t = Instant::now();
     let claim = |i| fleet::node_claim(&format!("claim-{i:06}"), &pool_name(i % pool_count));
-    fleet::create_claims(&api, node_count, CREATE_IN_FLIGHT, claim).await?;
+    fleet::create(&api, node_count, CREATE_IN_FLIGHT, claim).await?;
     let pairs: Vec<(String, String)> = (0..node_count)
         .map(|i| (format!("claim-{i:06}"), format!("node-{i:06}")))
         .collect();

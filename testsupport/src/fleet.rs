@@ -3,12 +3,17 @@
 //! client several at a time; the NodePools they belong to, and the
 //! NodeClaims Karpenter would keep for them.
 
+use std::fmt::Debug;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams, TypeMeta};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use testenv::Disruption;
 
@@ -64,20 +69,23 @@ pub fn pool_node(name: &str, pool: &str) -> Node {
     )
 }
 
-/// Creates `node(i)` for every `i` below `count`, `in_flight` creates at a
-/// time.
-pub async fn create(
-    nodes: &Api<Node>,
+/// Creates `object(i)` (a Node, a NodeClaim) for every `i` below `count`,
+/// `in_flight` creates at a time.
+pub async fn create<K>(
+    api: &Api<K>,
     count: usize,
     in_flight: usize,
-    node: impl Fn(usize) -> Node,
-) -> Result<()> {
-    let node = &node;
+    object: impl Fn(usize) -> K,
+) -> Result<()>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let object = &object;
     let mut results = futures::stream::iter(0..count)
-        .map(|i| async move { nodes.create(&PostParams::default(), &node(i)).await })
+        .map(|i| async move { api.create(&PostParams::default(), &object(i)).await })
         .buffer_unordered(in_flight);
     while let Some(result) = results.next().await {
-        result.context("creating a node")?;
+        result.context("creating one of the fleet's objects")?;
     }
     Ok(())
 }
@@ -103,19 +111,25 @@ pub async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
     bail!("NodePool {name} could not be created")
 }
 
-/// Karpenter's NodeClaim `name` of `pool` for `node`, as Karpenter leaves
-/// it once the node has joined and work has landed on it: its status names
-/// the node and the last pod event (`lastPodEventTime`).
-pub fn node_claim(name: &str, pool: &str) -> Result<DynamicObject> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodeClaim",
-        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": pool}},
-        "spec": {
+/// Karpenter's NodeClaim `name` of `pool`, without status: [`stamp_work`]
+/// writes its node and its last work, as Karpenter does once the node has
+/// joined.
+pub fn node_claim(name: &str, pool: &str) -> DynamicObject {
+    DynamicObject {
+        types: Some(TypeMeta {
+            api_version: "karpenter.sh/v1".into(),
+            kind: "NodeClaim".into(),
+        }),
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("karpenter.sh/nodepool".to_string(), pool.to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: json!({"spec": {
             "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": testenv::NODE_CLASS},
             "requirements": []
-        }
-    }))?)
+        }}),
+    }
 }
 
 /// Stamps `at` as the last work on the node of each claim in `claims`
@@ -139,28 +153,6 @@ pub async fn stamp_work(
         .buffer_unordered(in_flight);
     while let Some(result) = results.next().await {
         result.context("stamping a NodeClaim's last work")?;
-    }
-    Ok(())
-}
-
-/// Creates the NodeClaim `claim(i)` of every `i` below `count`, `in_flight`
-/// creates at a time.
-pub async fn create_claims(
-    api: &Api<DynamicObject>,
-    count: usize,
-    in_flight: usize,
-    claim: impl Fn(usize) -> Result<DynamicObject>,
-) -> Result<()> {
-    let claim = &claim;
-    let mut results = futures::stream::iter(0..count)
-        .map(|i| async move {
-            api.create(&PostParams::default(), &claim(i)?)
-                .await
-                .context("creating a NodeClaim")
-        })
-        .buffer_unordered(in_flight);
-    while let Some(result) = results.next().await {
-        result?;
     }
     Ok(())
 }
