@@ -31,10 +31,11 @@ pub fn deployment(arm: &str, part: &str, replicas: i32, cpu: &str) -> Result<Dep
 }
 
 /// A Job `<arm>-<n>` of `pods` pods running `run_for`, pinned to the arm's
-/// pool.
+/// pool; the Job and its pods carry the arm's label.
 pub fn job(arm: &str, n: usize, pods: i32, run_for: Duration) -> Result<Job> {
     let mut object =
         serde_json::to_value(testenv::filler_job(&format!("{arm}-{n}"), pods, run_for))?;
+    object["metadata"]["labels"][ARM_LABEL] = json!(arm);
     let template = &mut object["spec"]["template"];
     template["metadata"]["labels"][ARM_LABEL] = json!(arm);
     testenv::in_pool(&mut template["spec"], arm);
@@ -125,12 +126,10 @@ async fn stuck(client: &kube::Client, jobs: &[Job]) -> String {
     format!("{per_arm:?}")
 }
 
-/// The arm an object's `bench-arm` label names, or its name `<arm>-<n>`.
+/// The arm an object's `bench-arm` label names.
 fn arm_of(meta: &ObjectMeta) -> String {
     let label = meta.labels.as_ref().and_then(|l| l.get(ARM_LABEL));
-    let name = meta.name.as_deref().unwrap_or("");
-    let from_name = name.rsplit_once('-').map_or(name, |(arm, _)| arm);
-    label.map_or_else(|| from_name.to_string(), Clone::clone)
+    label.map_or_else(|| "no arm".to_string(), Clone::clone)
 }
 
 /// The failed pods of each arm's Jobs.

@@ -5,14 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::{Value, json};
 
-/// Pools whose last budget is node-holder's: `nodes: "0"` for the reasons
-/// `Underutilized` and `Empty`, whatever `schedule` and `duration` end it by
-/// itself.
+/// Pools whose last budget is node-holder's self-ending entry
+/// ([`crate::is_node_holders_budget`]).
 pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
-    let reasons = json!(["Underutilized", "Empty"]);
-    let ours = |budget: &Value| budget["nodes"] == "0" && budget["reasons"] == reasons;
     Ok(pools
         .list(&ListParams::default())
         .await?
@@ -22,7 +18,7 @@ pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
             p.data["spec"]["disruption"]["budgets"]
                 .as_array()
                 .and_then(|b| b.last())
-                .is_some_and(ours)
+                .is_some_and(crate::is_node_holders_budget)
         })
         .count())
 }
