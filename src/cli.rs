@@ -13,11 +13,10 @@ use crate::core::budget::Mechanism;
 use crate::core::groups::Grouping;
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset};
-use crate::core::learned::LearnedHold;
 use crate::core::names::{is_label_value, is_qualified_name};
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
-use crate::core::window::{Mode, WindowConfig};
+use crate::core::window::WindowConfig;
 use crate::telemetry::LogFormat;
 
 /// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
@@ -235,8 +234,7 @@ pub struct PolicyArgs {
     /// Empty]}` to every Karpenter NodePool in scope (one PATCH a pool; stops
     /// consolidation, lets drift go on) and take exactly that entry off when
     /// it closes; the webhook still holds each new node until its pool
-    /// carries the budget. `budget` needs `--scope cluster` and no
-    /// `--release-pace`.
+    /// carries the budget. `budget` needs no `--release-pace`.
     #[arg(long, env = "NODE_HOLDER_HOLD_MECHANISM", value_enum, default_value_t = Mechanism::Annotation)]
     pub hold_mechanism: Mechanism,
 
@@ -249,8 +247,8 @@ pub struct PolicyArgs {
 /// How long holds last.
 #[derive(Debug, Clone, Args)]
 pub struct WindowArgs {
-    /// How long each new node holds: in `cluster` scope the window lasts until
-    /// the last new node's creation plus this (`90s`, `20m`, `2h`; at most a
+    /// How long each new node holds: the window lasts until the last new
+    /// node's creation plus this (`90s`, `20m`, `2h`; at most a
     /// year).
     #[arg(long, env = "NODE_HOLDER_HOLD_DURATION", default_value = "20m", value_parser = humantime::parse_duration)]
     pub hold_duration: Duration,
@@ -260,16 +258,7 @@ pub struct WindowArgs {
     #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
-    /// `cluster`: while the window is open every node in scope carries the
-    /// hold; `node`: only new nodes are held, each for the hold duration
-    /// from its creation. With `--window-follows-work` a per-node
-    /// keep-alive, as Karpenter's `consolidateAfter`: every node in scope
-    /// (old ones too) is held from its last work for the hold duration.
-    #[arg(long, env = "NODE_HOLDER_SCOPE", value_enum, default_value_t = Mode::Cluster)]
-    pub scope: Mode,
-
-    /// `cluster` scope: when a window closes by itself, take the holds off in
-    /// steps, oldest nodes first (`10%/1m`: a tenth of the held nodes a
+    /// When a window closes by itself, take the holds off in steps, oldest nodes first (`10%/1m`: a tenth of the held nodes a
     /// minute; `5/30s`: five nodes every 30 seconds); unset: all at once. A
     /// new node holds everything again; `release` takes them all off at once.
     #[arg(long, env = "NODE_HOLDER_RELEASE_PACE")]
@@ -278,8 +267,7 @@ pub struct WindowArgs {
     /// One window per value of this node label (`karpenter.sh/nodepool`): a
     /// new node opens and extends only the window of its value, which holds
     /// only the nodes with that value; nodes without the label share one
-    /// more window. In `node` scope the groups keep their own hold
-    /// (`--group-hold-duration`, or learned). A manual hold holds them all.
+    /// more window. A manual hold holds them all.
     /// Unset: one window for every node.
     #[arg(long, env = "NODE_HOLDER_WINDOW_PER_LABEL", value_parser = parse_label_key)]
     pub window_per_label: Option<String>,
@@ -296,52 +284,13 @@ pub struct WindowArgs {
     )]
     pub group_hold_duration: Vec<(String, Duration)>,
 
-    /// `cluster` scope: work landing on held nodes keeps their window open,
-    /// as a new node does: each pod bound to a held node, or finished on it,
-    /// holds its group until then plus the hold (capped by `--max-hold`).
-    /// `node` scope: each node is held until its own last work plus the
-    /// hold. The signal is Karpenter's `lastPodEventTime` on each NodeClaim
+    /// Work landing on held nodes keeps their window open, as a new node
+    /// does: each pod bound to a held node, or finished on it, holds its
+    /// group until then plus the hold (capped by `--max-hold`). The signal is Karpenter's `lastPodEventTime` on each NodeClaim
     /// (one watch on NodeClaims); without Karpenter holds follow new nodes
     /// only.
     #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
     pub window_follows_work: bool,
-
-    /// How long each group holds after its last work (in `node` scope, each
-    /// node after its own).
-    /// `fixed`: `--hold-duration`. `learned`: the hold, between
-    /// `--hold-floor` and `--hold-ceiling`, that costs least over the idle
-    /// gaps the group has shown (each held idle second against
-    /// `--launch-cost` for each launch when the hold runs out first; in
-    /// `node` scope the gaps of its nodes, a node gone counting until the
-    /// group's next launch); `--hold-duration` until a group has shown 3
-    /// gaps. A group in
-    /// `--group-hold-duration` keeps the hold given there.
-    #[arg(long, env = "NODE_HOLDER_HOLD_POLICY", value_enum, default_value_t = HoldLength::Fixed)]
-    pub hold_policy: HoldLength,
-
-    /// `--hold-policy learned`: what a launch costs beyond its node-seconds
-    /// (boot, image pulls, warm-up), in node-time: `5m` counts a launch as
-    /// five minutes of one idle node.
-    #[arg(long, env = "NODE_HOLDER_LAUNCH_COST", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub launch_cost: Duration,
-
-    /// `--hold-policy learned`: the shortest hold it chooses; shorter idle
-    /// gaps are held anyway and not learned from.
-    #[arg(long, env = "NODE_HOLDER_HOLD_FLOOR", default_value = "1m", value_parser = humantime::parse_duration)]
-    pub hold_floor: Duration,
-
-    /// `--hold-policy learned`: the longest hold it chooses.
-    #[arg(long, env = "NODE_HOLDER_HOLD_CEILING", default_value = "30m", value_parser = humantime::parse_duration)]
-    pub hold_ceiling: Duration,
-}
-
-/// How long a group holds after its last work (`--hold-policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum HoldLength {
-    /// `--hold-duration`, always.
-    Fixed,
-    /// Chosen per group from its idle gaps and `--launch-cost`.
-    Learned,
 }
 
 /// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
@@ -752,38 +701,15 @@ impl WindowArgs {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
-            mode: self.scope,
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_duration.iter().cloned().collect(),
-            learned: (self.hold_policy == HoldLength::Learned).then_some(LearnedHold {
-                launch_cost: self.launch_cost,
-                floor: self.hold_floor,
-                ceiling: self.hold_ceiling,
-                fallback: self.hold_duration,
-            }),
         }
     }
 }
 
 // The core's enums as flag values: their words and help live here, so that
 // the pure core does not depend on clap.
-
-impl ValueEnum for Mode {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Mode::Cluster, Mode::Node]
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use clap::builder::PossibleValue;
-        Some(match self {
-            Mode::Cluster => PossibleValue::new("cluster")
-                .help("Every node in scope carries the hold while the window is open"),
-            Mode::Node => PossibleValue::new("node")
-                .help("Only new nodes are held, each until its own creation + hold"),
-        })
-    }
-}
 
 impl ValueEnum for Mechanism {
     fn value_variants<'a>() -> &'a [Self] {
@@ -829,13 +755,6 @@ mod value_tests {
     /// `Display` and the record (serde) use.
     #[test]
     fn the_core_enums_flag_words_round_trip() {
-        assert_eq!(Mode::from_str("node", false), Ok(Mode::Node));
-        assert_eq!(Mode::from_str("cluster", false), Ok(Mode::Cluster));
-        for mode in Mode::value_variants() {
-            let word = mode.to_possible_value().unwrap().get_name().to_string();
-            assert_eq!(word, mode.to_string());
-            assert_eq!(serde_json::to_value(mode).unwrap(), word.as_str());
-        }
         for mechanism in Mechanism::value_variants() {
             let word = mechanism
                 .to_possible_value()

@@ -10,11 +10,8 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::cli::{ExplainArgs, Output};
-use crate::controller::record::Settings;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
-use crate::core::groups::UNLABELLED;
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset, held_keys, held_until_stamp, is_marked};
-use crate::core::window::Mode;
 use crate::status::{self, Status};
 
 /// Everything `explain` says about one node.
@@ -142,9 +139,7 @@ pub fn explain(node: &Node, status: &Status, events: Vec<NodeEvent>) -> Explanat
     Explanation {
         node: meta.name.clone().unwrap_or_default(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
-        until: held
-            .then(|| until(status, group.as_deref(), node))
-            .flatten(),
+        until: held.then(|| until(status, group.as_deref())).flatten(),
         held_until_annotation: held_until_stamp(meta),
         holds,
         group,
@@ -191,48 +186,20 @@ fn holds_on(node: &Node, status: &Status) -> Vec<HoldOnNode> {
         .collect()
 }
 
-/// In node scope, how long a node of `group` is held: its group's own hold
-/// (`--group-hold-duration`, or the learned one), else `--hold-duration`;
-/// `--max-hold` when that is shorter.
-fn node_hold(status: &Status, settings: &Settings, group: &str) -> std::time::Duration {
-    let cfg = settings.window_config();
-    let mut cfg = cfg.for_group(group).into_owned();
-    // `status` lists the learned hold of the groups that learn theirs.
-    if let Some(learned) = status.learned_holds.iter().find(|l| l.group == group) {
-        cfg.hold = std::time::Duration::from_secs(learned.hold_seconds);
-    }
-    cfg.node_hold()
-}
-
 /// Until when node-holder holds the node: its window's deadline (its
-/// group's), its own hold in node scope, or the manual hold's end, the
-/// latest; `None` when nothing holds it any more (the next pass releases).
-fn until(status: &Status, group: Option<&str>, node: &Node) -> Option<Until> {
-    let settings = status.settings.as_ref()?;
-    let own = match settings.mode {
-        // From its creation with its group's hold, or (following work) as
-        // late as the leader's stamp says.
-        Mode::Node => node
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .and_then(|c| {
-                let hold = node_hold(status, settings, group.unwrap_or(UNLABELLED));
-                c.0.checked_add(jiff::SignedDuration::try_from(hold).ok()?)
-                    .ok()
-            })
-            .max(held_until_stamp(&node.metadata))
-            .map(|at| (at, "its own hold (node scope)")),
-        Mode::Cluster => match group {
-            Some(g) if !g.is_empty() => status
-                .groups
-                .iter()
-                .find(|s| s.group == g)
-                .and_then(|s| s.deadline),
-            _ => status.deadline,
-        }
-        .map(|at| (at, "its window's deadline")),
-    };
+/// group's) or the manual hold's end, the later; `None` when nothing holds
+/// it any more (the next pass releases).
+fn until(status: &Status, group: Option<&str>) -> Option<Until> {
+    status.settings.as_ref()?;
+    let own = match group {
+        Some(g) if !g.is_empty() => status
+            .groups
+            .iter()
+            .find(|s| s.group == g)
+            .and_then(|s| s.deadline),
+        _ => status.deadline,
+    }
+    .map(|at| (at, "its window's deadline"));
     let manual = status
         .manual
         .as_ref()
@@ -320,10 +287,10 @@ fn held_text(e: &Explanation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::record::Settings;
     use crate::core::window::ManualHold;
     use crate::status::GroupStatus;
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
     fn at(text: &str) -> Timestamp {
         text.parse().unwrap()
@@ -348,9 +315,8 @@ mod tests {
         node
     }
 
-    fn settings(mode: Mode, per_label: Option<&str>, mechanism: Mechanism) -> Settings {
+    fn settings(per_label: Option<&str>, mechanism: Mechanism) -> Settings {
         Settings {
-            mode,
             hold_duration: std::time::Duration::from_secs(1200),
             max_hold: None,
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
@@ -361,7 +327,6 @@ mod tests {
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
             window_follows_work: false,
-            learned_hold: None,
             held_until_annotation: true,
         }
     }
@@ -373,11 +338,7 @@ mod tests {
     #[test]
     fn node_holders_hold_lasts_until_the_later_of_its_groups_window_and_the_manual_hold() {
         let mut status = Status {
-            settings: Some(settings(
-                Mode::Cluster,
-                Some(NODEPOOL_LABEL),
-                Mechanism::Annotation,
-            )),
+            settings: Some(settings(Some(NODEPOOL_LABEL), Mechanism::Annotation)),
             groups: vec![GroupStatus {
                 group: "gpu".into(),
                 open: true,
@@ -430,7 +391,7 @@ mod tests {
     #[test]
     fn a_hold_node_holder_did_not_list_is_someone_elses_and_has_no_end() {
         let status = Status {
-            settings: Some(settings(Mode::Cluster, None, Mechanism::Annotation)),
+            settings: Some(settings(None, Mechanism::Annotation)),
             deadline: Some(at("2026-11-22T12:20:00Z")),
             ..Status::default()
         };
@@ -451,10 +412,11 @@ mod tests {
     }
 
     #[test]
-    fn node_scope_holds_a_node_for_its_own_hold_and_a_pool_budget_counts_as_node_holders() {
+    fn a_pool_budget_counts_as_node_holders() {
         let status = Status {
-            settings: Some(settings(Mode::Node, None, Mechanism::Budget)),
+            settings: Some(settings(None, Mechanism::Budget)),
             nodepool_budgets: vec!["general".into()],
+            deadline: Some(at("2026-11-22T12:20:00Z")),
             ..Status::default()
         };
         let e = explain(
@@ -465,10 +427,7 @@ mod tests {
         assert_eq!(e.pool_budget.as_deref(), Some("general"));
         assert_eq!(
             e.until.map(|u| (u.at, u.why)),
-            Some((
-                at("2026-11-22T12:20:00Z"),
-                "its own hold (node scope)".into()
-            ))
+            Some((at("2026-11-22T12:20:00Z"), "its window's deadline".into()))
         );
         let other = explain(
             &node(&[(NODEPOOL_LABEL, "other")], &[]),
@@ -477,51 +436,5 @@ mod tests {
         );
         assert_eq!(other.pool_budget, None);
         assert!(render_text(&other, at("2026-11-22T12:10:00Z")).contains("Held:     no\n"));
-
-        // Following work, the leader's stamp says the node's own hold runs
-        // later than its creation + hold.
-        let worked = node(
-            &[(NODEPOOL_LABEL, "general")],
-            &[("node-holder.dev/held-until", "2026-11-22T12:31:00Z")],
-        );
-        let e = explain(&worked, &status, Vec::new());
-        assert_eq!(e.until.map(|u| u.at), Some(at("2026-11-22T12:31:00Z")));
-    }
-
-    /// In node scope a node is held for its group's hold (the operator's
-    /// or the learned one), at most `--max-hold`, not for the flag's.
-    #[test]
-    fn node_scope_counts_the_groups_own_hold() {
-        let pool = [(NODEPOOL_LABEL, "gpu"), MARKED];
-        let mut settings = settings(Mode::Node, Some(NODEPOOL_LABEL), Mechanism::Annotation);
-        settings.group_hold_durations = BTreeMap::from([("gpu".into(), Duration::from_secs(300))]);
-        let status = |settings: &Settings, learned: Vec<status::LearnedHoldStatus>| Status {
-            settings: Some(settings.clone()),
-            learned_holds: learned,
-            ..Status::default()
-        };
-        let until = |status: &Status, labels: &[(&str, &str)]| {
-            explain(&node(labels, &[HOLD, LISTED]), status, Vec::new())
-                .until
-                .map(|u| u.at)
-        };
-        let given = status(&settings, Vec::new());
-        assert_eq!(until(&given, &pool), Some(at("2026-11-22T12:05:00Z")));
-        assert_eq!(until(&given, &[MARKED]), Some(at("2026-11-22T12:20:00Z")));
-
-        settings.group_hold_durations.clear();
-        let learned = status(
-            &settings,
-            vec![status::LearnedHoldStatus {
-                group: "gpu".into(),
-                hold_seconds: 420,
-                why: String::new(),
-            }],
-        );
-        assert_eq!(until(&learned, &pool), Some(at("2026-11-22T12:07:00Z")));
-
-        settings.max_hold = Some(Duration::from_secs(120));
-        let capped = status(&settings, learned.learned_holds.clone());
-        assert_eq!(until(&capped, &pool), Some(at("2026-11-22T12:02:00Z")));
     }
 }

@@ -150,7 +150,7 @@ pub struct WindowMetrics {
     /// Unix seconds of the window's deadline; 0 while closed.
     pub deadline: Gauge<f64, AtomicU64>,
     /// The hold the window counts new nodes (and work) with, in seconds:
-    /// `--hold-duration`, or with `--hold-policy learned` the learned hold.
+    /// `--hold-duration` (a group's own with `--group-hold-duration`).
     pub hold: Gauge<f64, AtomicU64>,
     /// Nodes carrying node-holder's hold, as the last pass saw them.
     pub held_nodes: Gauge<i64, AtomicI64>,
@@ -288,7 +288,7 @@ impl WindowMetrics {
     fn register_groups(&self, registry: &mut Registry) {
         registry.register(
             "window_hold_seconds",
-            "The hold the window counts new nodes with: --hold-duration, or the learned hold",
+            "The hold the window counts new nodes with: --hold-duration",
             self.hold.clone(),
         );
         registry.register(

@@ -11,11 +11,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Admission, HoldLength, LONGEST_HOLD, ServeArgs};
+use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::HoldPolicy;
-use crate::core::window::Mode;
 use crate::metrics::Metrics;
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
@@ -48,43 +47,6 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
     })
 }
 
-/// `--hold-policy learned`'s flags, refused by name when they make no sense.
-fn check_learned_flags(args: &ServeArgs) -> Result<()> {
-    let w = &args.window;
-    if w.hold_policy != HoldLength::Learned {
-        return Ok(());
-    }
-    if !w.window_follows_work {
-        bail!(
-            "--hold-policy learned learns from the gaps between stretches of work: it needs \
-             --window-follows-work (new nodes alone stop coming once the hold works)"
-        );
-    }
-    if w.hold_floor.is_zero() {
-        bail!("--hold-floor must be longer than 0");
-    }
-    if w.hold_floor > w.hold_ceiling {
-        bail!(
-            "--hold-floor {} is longer than --hold-ceiling {}",
-            humantime::format_duration(w.hold_floor),
-            humantime::format_duration(w.hold_ceiling)
-        );
-    }
-    for (flag, value) in [
-        ("--hold-ceiling", w.hold_ceiling),
-        ("--launch-cost", w.launch_cost),
-    ] {
-        if value > LONGEST_HOLD {
-            bail!(
-                "{flag} {} is longer than a hold may last ({})",
-                humantime::format_duration(value),
-                humantime::format_duration(LONGEST_HOLD)
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Window flags a pass could not honour, refused by name.
 fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if args.window.hold_duration.is_zero() {
@@ -102,12 +64,6 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
             );
         }
     }
-    if args.window.release_pace.is_some() && args.window.scope != Mode::Cluster {
-        bail!(
-            "--release-pace paces the release of a closed window: it needs --scope cluster (in node scope each hold ends on its own)"
-        );
-    }
-    check_learned_flags(args)?;
     let groups = &args.window.group_hold_duration;
     if let Some((group, _)) = groups
         .iter()
@@ -128,9 +84,6 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
 fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
     if args.policy.hold_mechanism != Mechanism::Budget {
         return Ok(());
-    }
-    if args.window.scope != Mode::Cluster {
-        bail!("--hold-mechanism budget holds whole NodePools: it needs --scope cluster");
     }
     if args.window.release_pace.is_some() {
         bail!(

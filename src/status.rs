@@ -63,9 +63,6 @@ pub struct Status {
     /// node-holder's budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub nodepool_budgets: Vec<String>,
-    /// With `--hold-policy learned`: each group's hold and why.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub learned_holds: Vec<LearnedHoldStatus>,
     /// node-holder's holds with no live leader for longer than
     /// `--orphaned-after` (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,17 +142,6 @@ fn overdue(
         .collect()
 }
 
-/// One group's learned hold.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LearnedHoldStatus {
-    pub group: String,
-    pub hold_seconds: u64,
-    /// "holding 7m: 8 of the last 10 gaps were no longer; a launch counts
-    /// as 5 node-minutes".
-    pub why: String,
-}
-
 /// One labelled group's window.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -230,12 +216,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .map(|group| group.counting(&held_nodes))
         .collect();
     let release_request = record.release_request.clone();
-    let learned_holds = cfg
-        .as_ref()
-        .map(|cfg| learned_holds(windows, cfg))
-        .unwrap_or_default();
     let mut status = Status {
-        learned_holds,
         open: unlabelled.open,
         opened_at: unlabelled.opened_at,
         deadline: unlabelled.deadline,
@@ -258,24 +239,6 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
     status.window_opening = window_opening(&status);
     status.release = release(&status);
     Ok(status)
-}
-
-/// Each group's learned hold and why, with `--hold-policy learned`.
-fn learned_holds(windows: &Windows, cfg: &WindowConfig) -> Vec<LearnedHoldStatus> {
-    let Some(learned) = &cfg.learned else {
-        return Vec::new();
-    };
-    windows
-        .iter()
-        .filter_map(|(group, _)| {
-            let choice = windows.choice(group, cfg)?;
-            Some(LearnedHoldStatus {
-                group: group.to_string(),
-                hold_seconds: choice.hold.as_secs(),
-                why: choice.explain(learned.launch_cost),
-            })
-        })
-        .collect()
 }
 
 /// The held nodes, by name, each with its group when windows are grouped.
@@ -425,13 +388,6 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
         window_lines(&mut line, status, now);
     }
     manual_lines(&mut line, status, now);
-    for hold in &status.learned_holds {
-        let text = match grouped_by(status) {
-            Some(_) => format!("{}: {}", groups::display(&hold.group), hold.why),
-            None => hold.why.clone(),
-        };
-        line("Hold:", text);
-    }
     if status
         .settings
         .as_ref()
@@ -495,8 +451,7 @@ fn settings_text(status: &Status) -> String {
                 per.push_str(", held by NodePool budget");
             }
             format!(
-                "{} scope, {nodes}, hold {}, {cap}{per}",
-                s.mode,
+                "{nodes}, hold {}, {cap}{per}",
                 humantime::format_duration(s.hold_duration)
             )
         },
@@ -774,7 +729,6 @@ pub fn yaml(value: &impl Serialize) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::window::Mode;
     use std::time::Duration;
 
     fn at(text: &str) -> Timestamp {
@@ -783,7 +737,6 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            mode: Mode::Cluster,
             hold_duration: Duration::from_secs(1200),
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
@@ -794,7 +747,6 @@ mod tests {
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
             window_follows_work: false,
-            learned_hold: None,
             held_until_annotation: true,
         }
     }
@@ -819,7 +771,6 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            learned_holds: Vec::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -848,7 +799,7 @@ mod tests {
         };
         assert_eq!(
             render_text(&status, now),
-            "Window:      open (cluster scope, all nodes, hold 20m, max 2h)\n\
+            "Window:      open (all nodes, hold 20m, max 2h)\n\
              Opened:      2026-11-22T12:00:00Z (10m ago)\n\
              Deadline:    2026-11-22T12:24:30Z (in 14m 30s)\n\
              Cap:         2026-11-22T14:00:00Z (in 1h 50m)\n\
@@ -883,7 +834,6 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            learned_holds: Vec::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -939,7 +889,7 @@ mod tests {
         let text = render_text(&status, now);
         assert!(
             text.starts_with(
-                "Window:      open (cluster scope, all nodes, hold 20m, max 2h)\n\
+                "Window:      open (all nodes, hold 20m, max 2h)\n\
                  Deadline:    2026-11-22T12:45:00Z (in 35m)\n\
                  Manual hold: until 2026-11-22T12:45:00Z (in 35m), by alice: payments rollout\n\
                  Manual hold: requested by bob until 2026-11-22T13:09:00Z (db failover), waiting for the leader\n"
@@ -976,7 +926,6 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            learned_holds: Vec::new(),
             orphaned: None,
             overdue: Vec::new(),
         }
@@ -999,10 +948,7 @@ mod tests {
         let status = derived(status);
         assert!(status.window_opening);
         let text = render_text(&status, at("2026-11-22T12:00:01Z"));
-        assert!(
-            text.starts_with("Window:      opening (cluster scope"),
-            "{text}"
-        );
+        assert!(text.starts_with("Window:      opening ("), "{text}");
         // A node of the closed window still held is being released, not new.
         let mut status = closed("2026-11-22T11:00:00Z");
         status.held_nodes = vec![held("old", "2026-11-22T10:59:00Z")];
@@ -1065,9 +1011,7 @@ mod tests {
         status.settings.as_mut().unwrap().node_selector = "team=GPU,Tier!=Batch".into();
         let text = render_text(&status, at("2026-11-22T12:00:00Z"));
         assert!(
-            text.starts_with(
-                "Window:      closed (cluster scope, team=GPU,Tier!=Batch, hold 20m, max 2h)\n"
-            ),
+            text.starts_with("Window:      closed (team=GPU,Tier!=Batch, hold 20m, max 2h)\n"),
             "{text}"
         );
     }
@@ -1125,7 +1069,7 @@ mod tests {
         let text = render_text(&status, now);
         assert!(
             text.starts_with(
-                "Windows:     cluster scope, all nodes, hold 20m, max 2h, one window per karpenter.sh/nodepool\n\
+                "Windows:     all nodes, hold 20m, max 2h, one window per karpenter.sh/nodepool\n\
                  \x20            GROUP            HELD   WINDOW\n\
                  \x20            (no label)       1      closed\n\
                  \x20            general-purpose  0      closed, pacing 1/1m since 2026-11-22T12:09:30Z (3 node(s) at the start): 2 keep their hold, the next step in 30s\n\

@@ -282,28 +282,16 @@ fn serve_refuses_a_group_hold_it_could_not_honour() {
     }
 }
 
-/// `--hold-policy learned` with bounds it could not honour is refused by
-/// name before `serve` needs a cluster.
+/// Window flags a pass could not honour are refused by name before `serve`
+/// needs a cluster.
 #[test]
-fn serve_refuses_a_learned_hold_with_bounds_that_make_no_sense() {
+fn serve_refuses_window_flags_it_could_not_honour() {
     let cert = "--tls-cert-file=/nonexistent/tls.crt";
-    let learned = ["--hold-policy=learned", "--window-follows-work"];
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 2] = [
         (
-            &[
-                learned[0],
-                learned[1],
-                "--hold-floor=10m",
-                "--hold-ceiling=5m",
-            ],
-            "--hold-floor 10m is longer than --hold-ceiling 5m",
+            &["--hold-duration=0s"],
+            "--hold-duration must be longer than 0",
         ),
-        (
-            &[learned[0], learned[1], "--hold-floor=0s"],
-            "--hold-floor must be longer than 0",
-        ),
-        (&[learned[0]], "needs --window-follows-work"),
-        (&["--hold-policy=sometimes"], "--hold-policy"),
         (
             &[
                 "--window-per-label=pool",

@@ -16,34 +16,26 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use node_holder::controller::record::{LearnedTerms, Record, Settings};
+use node_holder::controller::record::{Record, Settings};
 use node_holder::core::budget::{AddedBudgets, Mechanism, add, self_ending_entry};
 use node_holder::core::groups::{Grouping, Windows};
-use node_holder::core::learned::LearnedHold;
 use node_holder::core::pace::Pacing;
-use node_holder::core::window::{ManualHold, Mode, WindowConfig};
+use node_holder::core::window::{ManualHold, WindowConfig};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use testsupport::fuzz_cases;
 
 /// The configuration whose record the fuzzing starts from: grouped, paced,
-/// a group hold of its own, learned.
+/// a group hold of its own.
 fn configured() -> WindowConfig {
     let minutes = |m: u64| Duration::from_secs(m * 60);
     WindowConfig {
         hold: minutes(20),
         max_hold: Some(minutes(120)),
-        mode: Mode::Cluster,
         release_pace: Some("10%/1m".parse().unwrap()),
         groups: Grouping::per_label(Some("karpenter.sh/nodepool".into())),
         group_holds: BTreeMap::from([("gpu".to_string(), minutes(45))]),
-        learned: Some(LearnedHold {
-            launch_cost: minutes(5),
-            floor: minutes(1),
-            ceiling: minutes(30),
-            fallback: minutes(20),
-        }),
     }
 }
 
@@ -77,7 +69,6 @@ fn written() -> (Value, Value, Value) {
         },
     );
     let settings = Settings {
-        mode: cfg.mode,
         hold_duration: cfg.hold,
         max_hold: cfg.max_hold,
         holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
@@ -88,11 +79,6 @@ fn written() -> (Value, Value, Value) {
         nodepool_selector: String::new(),
         group_hold_durations: cfg.group_holds.clone(),
         window_follows_work: true,
-        learned_hold: cfg.learned.map(|l| LearnedTerms {
-            launch_cost: l.launch_cost,
-            floor: l.floor,
-            ceiling: l.ceiling,
-        }),
         held_until_annotation: false,
     };
     let budgets: AddedBudgets = BTreeMap::from([(
@@ -222,8 +208,7 @@ fn run_the_arithmetic(record: &Record, now: Timestamp) {
     let nodes = groups.iter().map(|g| (g.as_str(), now));
     let _ = windows.observe_all(nodes, now, &cfg);
     for group in &groups {
-        let _ = windows.held_until(group, now, Some(now), now, &cfg);
-        let _ = windows.choice(group, &cfg);
+        let _ = windows.held_until(group, now);
         let _ = windows.holds(group, now);
     }
     let _ = windows.latest_deadline();
@@ -235,11 +220,9 @@ fn default_config() -> WindowConfig {
     WindowConfig {
         hold: std::time::Duration::from_secs(1200),
         max_hold: None,
-        mode: Mode::Cluster,
         release_pace: None,
         groups: Default::default(),
         group_holds: Default::default(),
-        learned: None,
     }
 }
 
@@ -282,7 +265,7 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     assert!(record.window.pacing("gpu").is_some());
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
-    assert!(settings.learned_hold.is_some() && settings.release_pace.is_some());
+    assert!(settings.window_follows_work && settings.release_pace.is_some());
     assert!(
         !settings.held_until_annotation,
         "the stamps setting is kept"

@@ -297,8 +297,8 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/tls/mode': value must be one of 'certManager', 'provided'",
         ),
         (
-            vec!["--set=config.scope=galaxy"],
-            "at '/config/scope': value must be one of 'cluster', 'node'",
+            vec!["--set=config.holdMechanism=glue"],
+            "at '/config/holdMechanism': value must be one of 'annotation', 'budget'",
         ),
         (
             vec!["--set=config.holdDurration=1m"],
@@ -353,11 +353,6 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=config.groupHoldDurations.gpu=45m"],
             "needs config.windowPerLabel",
         ),
-        (vec!["--set=config.holdPolicy.mode=guess"], "holdPolicy"),
-        (
-            vec!["--set=config.holdPolicy.mode=learned"],
-            "needs config.windowFollowsWork",
-        ),
         (
             vec![
                 "--set=config.clientCA.secretName=a",
@@ -382,7 +377,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.groupHoldDurations.gpu=45m",
         "--set=config.windowFollowsWork=true",
-        "--set=config.holdPolicy.mode=learned",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -399,8 +393,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
     assert_eq!(env["NODE_HOLDER_WINDOW_FOLLOWS_WORK"], "true");
-    assert_eq!(env["NODE_HOLDER_HOLD_POLICY"], "learned");
-    assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
@@ -535,7 +527,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.shutdownGrace=1m",
         "--set=config.drainTimeout=30s",
         "--set=config.holdDuration=90s",
-        "--set=config.scope=node",
         "--set=config.apiQps=1000000",
         "--set=replicaCount=3",
         "--set=webhook.objectSelector.matchLabels.pool=batch",
@@ -545,7 +536,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 90);
     let env = env_of(&objects);
     assert_eq!(env["NODE_HOLDER_HOLD_DURATION"], "90s");
-    assert_eq!(env["NODE_HOLDER_SCOPE"], "node");
     assert_eq!(env["NODE_HOLDER_API_QPS"], "1000000");
     assert_eq!(one(&objects, "Deployment")["spec"]["replicas"], 3);
     let webhook = webhook_of(&objects);

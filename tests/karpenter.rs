@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -250,52 +249,10 @@ async fn a_hold_a_user_put_on_a_karpenter_node_outlives_node_holders_release() {
 }
 
 #[tokio::test]
-async fn in_node_scope_karpenter_removes_old_nodes_at_once_and_each_new_node_after_its_own_hold() {
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    let old = a.wave("old", 1).await;
-    let old = old.first().unwrap().clone();
-    // Old means older than the hold: a node created within the hold
-    // duration before node-holder started is as new to it as any other.
-    // The hold is long enough for Karpenter to remove the old node well
-    // inside it (consolidateAfter, up to 10 s of pod-event de-duplication,
-    // a 10 s poll and 15 s of validation), even on a loaded machine.
-    let hold = Duration::from_secs(75);
-    sleep_until(a.nodes_launched()[&old] + hold + Duration::from_secs(1)).await;
-
-    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=75s"]).await;
-    let new = a.wave("new", 1).await;
-    let new = new.first().unwrap().clone();
-    created_held(&a, &BTreeSet::from([new.clone()]));
-    let new_created = a.nodes_launched()[&new];
-    a.end_wave("old").await;
-    a.end_wave("new").await;
-
-    // The old node is not node-holder's to hold in node scope: Karpenter
-    // removes it as soon as it is empty; the new one only after its hold.
-    a.until("both nodes consolidated", KARPENTER_ROUND * 2, async |a| {
-        let deleted = a.nodes_deleted();
-        deleted.contains_key(&old) && deleted.contains_key(&new)
-    })
-    .await;
-    let deleted = a.nodes_deleted();
-    let held_until = new_created + hold;
-    assert!(
-        deleted[&old] < held_until,
-        "{deleted:?}, new node held until {held_until}"
-    );
-    assert!(
-        deleted[&new] >= held_until,
-        "{deleted:?}, new node held until {held_until}"
-    );
-}
-
-#[tokio::test]
 async fn the_hold_blocks_drift_too_until_it_ends() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     let hold = Duration::from_secs(45);
-    // Node scope: the replacement Karpenter launches for the drifted node is
-    // held on its own and does not hold the drifted one again.
-    let _served = install_node_holder(&a, &["--scope=node", "--hold-duration=45s"]).await;
+    let _served = install_node_holder(&a, &["--hold-duration=45s"]).await;
     let nodes = a.deployment("busy", 1).await;
     let drifting = nodes.first().unwrap().clone();
     let held_until: Timestamp = a.nodes_launched()[&drifting] + hold;
@@ -933,98 +890,6 @@ async fn work_landing_on_held_nodes_keeps_the_window_open_past_its_first_deadlin
     .await;
 }
 
-/// `--scope node --window-follows-work`: each node is held until its own last
-/// work (Karpenter's `lastPodEventTime`) plus the hold, a per-node keep-alive
-/// of the shape of `consolidateAfter`. Of a wave's two nodes, the one a later
-/// pod lands on stays held past its creation + hold while the idle one is
-/// released then and Karpenter consolidates it; once the later pod is gone,
-/// the busy node goes too, its hold counted from that work.
-#[tokio::test]
-async fn in_node_scope_following_work_each_node_is_held_from_its_own_last_work() {
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    common::install_node_holder_rbac(a.cp()).await;
-    common::install_nodeclaim_rbac(a.cp()).await;
-    let hold = Duration::from_secs(60);
-    let flags = [
-        "--scope=node",
-        "--hold-duration=60s",
-        "--window-follows-work",
-    ];
-    let _served = install_node_holder(&a, &flags).await;
-    let first = a.wave("wave-1", 2).await;
-    created_held(&a, &first);
-    let launched = a.nodes_launched();
-    a.end_wave("wave-1").await;
-    // Well after the nodes' creation (Karpenter stamps a node's work at
-    // most every 10 s), well before their holds end.
-    let newest = first.iter().map(|n| launched[n]).max().unwrap();
-    sleep_until(newest + Duration::from_secs(35)).await;
-    let second = a.wave("wave-2", 1).await;
-    let busy = second.first().unwrap().clone();
-    assert!(first.contains(&busy), "wave-2 ran on a held node");
-    assert_eq!(
-        a.nodes_launched().len(),
-        launched.len(),
-        "and launched none"
-    );
-    let work_at = Timestamp::now();
-    let idle = first.iter().find(|n| **n != busy).unwrap().clone();
-
-    // The idle node's hold ends a hold after its last work (wave-1's); the
-    // busy node's, counted from wave-2's work, is still on then.
-    a.until("the idle node released", KARPENTER_ROUND, async |a| {
-        !carries_hold(a, &idle).await
-    })
-    .await;
-    let now = Timestamp::now();
-    assert!(now >= launched[&idle] + hold);
-    // Past the busy node's own creation + hold too, so only its work can
-    // hold it now.
-    a.until(
-        "the busy node's creation + hold passed",
-        KARPENTER_ROUND,
-        async |_| Timestamp::now() >= launched[&busy] + hold,
-    )
-    .await;
-    assert!(carries_hold(&a, &busy).await, "{busy} released with {idle}");
-
-    // The work stops now, well within the busy node's hold from wave-2's
-    // bind (wave-2 came 35 s after wave-1's end, whose hold the idle node's
-    // release just ended): the busy node goes a hold after that, while
-    // Karpenter consolidates the idle one.
-    let ending = Timestamp::now();
-    a.end_wave("wave-2").await;
-    a.until("the idle node consolidated", KARPENTER_ROUND, async |a| {
-        a.nodes_deleted().contains_key(&idle)
-    })
-    .await;
-    assert!(!a.nodes_deleted().contains_key(&busy));
-    a.until("the busy node released", KARPENTER_ROUND * 2, async |a| {
-        !carries_hold(a, &busy).await
-    })
-    .await;
-    let released = Timestamp::now();
-    // Held a hold past its last work as Karpenter stamped it: wave-2's
-    // bind, or its end (Karpenter stamps one event in 10 s, and a pod
-    // deleted before Karpenter reads it may leave no stamp at all).
-    let last = a
-        .last_pod_event(&busy)
-        .await
-        .expect("Karpenter stamped the busy node's work");
-    assert!(
-        last + Duration::from_secs(10) >= work_at,
-        "the stamp is wave-2's work: {last}, bound at {work_at}, ended at {ending}"
-    );
-    assert!(
-        released >= last + hold,
-        "released at {released}, held until {last} + {hold:?} at least"
-    );
-    a.until("the busy node consolidated", KARPENTER_ROUND, async |a| {
-        a.nodes_deleted().contains_key(&busy)
-    })
-    .await;
-}
-
 /// Policy mode (`admission.mode: policy`): with no node-holder process at
 /// all, every node Karpenter launches is held at its CREATE by the API server
 /// itself, and Karpenter keeps the empty nodes past `consolidateAfter`; once
@@ -1121,88 +986,4 @@ async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
     }
     // Nobody took the entry off: it ended by itself.
     assert_eq!(common::split_budgets(&pool_budgets(&a).await), (owner, 1));
-}
-
-/// What `status -o json` says of the unlabelled group's learned hold:
-/// (seconds, why), once it has learned (not on its fallback).
-fn learned_hold(a: &Autoscaled) -> Option<(u64, String)> {
-    let text = succeeded(&operator(a.cp(), &["status", "-o", "json"]));
-    let status: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let hold = &status["learnedHolds"][0];
-    let why = hold["why"].as_str()?;
-    if why.contains("seen so far") {
-        return None;
-    }
-    Some((hold["holdSeconds"].as_u64()?, why.to_string()))
-}
-
-/// `--scope node --hold-policy learned` with the real Karpenter: waves that
-/// come back within half a minute teach each node a gap worth holding over
-/// (a launch counts as 25 s); a new process goes on with what was learned;
-/// a wider wave whose nodes then see no work again for the ceiling teaches
-/// that holding no longer pays, and the hold falls to the floor. (Holding
-/// `h` over gaps of `g <= h` costs `g` a node; over one never closed, `h`
-/// plus a launch. With four busy gaps of 15-20 s and ten that never close,
-/// the floor, 5 s, costs 30 a gap, a hold of 15 s 32.7.)
-#[tokio::test]
-async fn in_node_scope_the_learned_hold_lengthens_in_a_busy_stretch_survives_a_restart_and_shortens_after_a_quiet_spell()
- {
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    common::install_node_holder_rbac(a.cp()).await;
-    common::install_nodeclaim_rbac(a.cp()).await;
-    let flags = [
-        "--scope=node",
-        "--window-follows-work",
-        "--hold-policy=learned",
-        "--hold-duration=60s",
-        "--launch-cost=25s",
-        "--hold-floor=5s",
-        "--hold-ceiling=40s",
-    ];
-    let mut served = install_node_holder(&a, &flags).await;
-
-    // Busy: three waves of two pods, each 15 s after the last ended.
-    for n in 0..3 {
-        let wave = format!("busy-{n}");
-        a.wave(&wave, 2).await;
-        a.end_wave(&wave).await;
-        if n < 2 {
-            sleep_until(Timestamp::now() + Duration::from_secs(15)).await;
-        }
-    }
-    a.until("a hold learned", KARPENTER_ROUND, async |a| {
-        learned_hold(a).is_some()
-    })
-    .await;
-    let (busy, why) = learned_hold(&a).unwrap();
-    assert!(
-        busy > 5 && busy <= 40,
-        "held over the gaps: {busy}s ({why})"
-    );
-
-    // A new process reads what was learned from the record (registered
-    // anew: the old registration names the dead process's port).
-    common::window::sigkill(&mut served);
-    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(a.client.clone());
-    let registration = common::webhook_configuration(0, Vec::new()).metadata.name;
-    webhooks
-        .delete(&registration.unwrap(), &DeleteParams::default())
-        .await
-        .unwrap();
-    let restarted = install_node_holder(&a, &flags).await;
-    a.until("the new leader's hold", KARPENTER_ROUND, async |_| {
-        common::window::metric(&restarted, "node_holder_window_hold_seconds").await
-            == Some(busy as f64)
-    })
-    .await;
-
-    // Quiet: a wider wave, and then no work. Each of its nodes is let go
-    // after its hold, Karpenter removes it, and no launch comes within the
-    // ceiling: gaps longer than any hold, and the floor pays best.
-    a.wave("last", 10).await;
-    a.end_wave("last").await;
-    a.until("the floor learned", KARPENTER_ROUND * 4, async |a| {
-        learned_hold(a).is_some_and(|(hold, _)| hold == 5)
-    })
-    .await;
 }

@@ -640,8 +640,7 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
         let stderr = common::refused_start(&cert, &key, &[flag.to_string()]);
         assert!(stderr.contains(said), "{flag}: {stderr}");
     }
-    // A pace that does not parse is a usage error (exit 2); one the scope
-    // cannot honour is refused at start.
+    // A pace or a label key that does not parse is a usage error (exit 2).
     for (pace, said) in [
         ("--release-pace=fast", "expected nodes/interval"),
         ("--release-pace=0%/1m", "a percentage from 1% to 100%"),
@@ -656,18 +655,8 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
         assert_eq!(out.status.code(), Some(2), "{pace}: {stderr}");
         assert!(stderr.contains(said), "{pace}: {stderr}");
     }
-    let extra = [
-        "--release-pace=1/1m".to_string(),
-        "--scope=node".to_string(),
-    ];
-    let stderr = common::refused_start(&cert, &key, &extra);
-    assert!(stderr.contains("it needs --scope cluster"), "{stderr}");
     // The budget mechanism holds whole NodePools.
     for (extra, said) in [
-        (
-            "--scope=node",
-            "--hold-mechanism budget holds whole NodePools: it needs --scope cluster",
-        ),
         (
             "--release-pace=1/1m",
             "--release-pace takes holds off node by node: it needs --hold-mechanism annotation",

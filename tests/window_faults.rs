@@ -1,7 +1,7 @@
 //! The hold window through faults and variants, against the real API server:
 //! a SIGKILL mid-window (restarted before and after the deadline), the
-//! backstop for nodes the webhook missed, `node` scope, a label-selector
-//! scope, the maxHold cap, two replicas with a failover, and a leader whose
+//! backstop for nodes the webhook missed, a label-selector scope, the
+//! maxHold cap, two replicas with a failover, and a leader whose
 //! Lease another took (its passes fail as `not_leading` and act not).
 //!
 //! When a hold is released is read from the API server's audit log: the time
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::window::{
     Cluster, SLACK, all_held, at, carries_anything_of_node_holders, create, created, eventually,
     eventually_logging, failed_open, fast, held, leader_flags, logged, metric, never_patched,
-    none_carries_anything, old_nodes, on_time, patched, patched_exactly, record_at,
+    none_carries_anything, old_nodes, patched, patched_exactly, record_at,
     register_unreachable_webhook, released_on_time, releases, secs, sigkill, sleep_until, strs,
     window,
 };
@@ -227,58 +227,6 @@ async fn a_node_the_webhook_missed_is_held_late_and_opens_and_extends_the_window
         deadline,
     )
     .await;
-}
-
-#[tokio::test]
-async fn in_node_scope_only_new_nodes_are_held_each_until_its_own_creation_plus_the_hold() {
-    let Cluster { cp, nodes, .. } = Cluster::start().await;
-    let hold = secs(5);
-    old_nodes(&nodes, &OLD, &[], hold).await;
-    let served = serve(&cp, &strs(&fast("5s", &["--scope=node"]))).await;
-    register_webhook(&cp, &served).await;
-
-    let a = create(&nodes, "new-a", &[], &[]).await;
-    assert!(held(&a), "held by the webhook");
-    sleep_until(created(&a) + secs(3)).await;
-    let b = create(&nodes, "new-b", &[], &[]).await;
-    assert!(held(&b), "held by the webhook");
-    let (a_end, b_end) = (created(&a) + hold, created(&b) + hold);
-    assert!(b_end >= a_end + secs(3));
-    assert!(
-        none_carries_anything(&nodes, &OLD).await,
-        "old nodes are not held in node scope"
-    );
-
-    eventually("new-a released", secs(10), || async {
-        !carries_anything_of_node_holders(&nodes.get("new-a").await.unwrap())
-    })
-    .await;
-    if Timestamp::now() + Duration::from_millis(500) < b_end {
-        assert!(
-            held(&nodes.get("new-b").await.unwrap()),
-            "new-b still held after new-a's release"
-        );
-    }
-    let released = releases(&cp, &nodes, &[("new-a", 1), ("new-b", 1)], secs(15)).await;
-    on_time(
-        &BTreeMap::from([("new-a".into(), released["new-a"])]),
-        a_end,
-    );
-    on_time(
-        &BTreeMap::from([("new-b".into(), released["new-b"])]),
-        b_end,
-    );
-    assert!(
-        released["new-a"] < b_end,
-        "new-a released only at {}, with new-b",
-        released["new-a"]
-    );
-    for old in OLD {
-        never_patched(&cp, &[old]);
-        assert!(!carries_anything_of_node_holders(
-            &nodes.get(old).await.unwrap()
-        ));
-    }
 }
 
 #[tokio::test]

@@ -73,12 +73,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := required "tls.provided.caBundle (base64 PEM CA) is required when tls.mode=provided" .Values.tls.provided.caBundle }}
 {{- end }}
 {{- end }}
-{{- if not (has .Values.config.scope (list "cluster" "node")) }}
-{{- fail (printf "config.scope must be cluster or node, not %q" .Values.config.scope) }}
-{{- end }}
-{{- if and (eq .Values.config.holdPolicy.mode "learned") (not .Values.config.windowFollowsWork) }}
-{{- fail "config.holdPolicy.mode learned learns from the work on held nodes: it needs config.windowFollowsWork" }}
-{{- end }}
 {{- if and .Values.config.groupHoldDurations (not .Values.config.windowPerLabel) }}
 {{- fail "config.groupHoldDurations gives groups their own hold: it needs config.windowPerLabel" }}
 {{- end }}

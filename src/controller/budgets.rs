@@ -221,7 +221,7 @@ impl super::WindowTask {
     fn pool_hold(&self, name: &str, now: Timestamp) -> Option<PoolHold> {
         let group = self.pool_group(name);
         let deadline = self.windows.deadline(group).filter(|&d| now < d)?;
-        let cfg = self.windows.config_for(group, &self.config.window);
+        let cfg = self.config.window.for_group(group);
         let slack = jiff::SignedDuration::try_from(entry_slack(cfg.hold)).unwrap_or_default();
         Some(PoolHold {
             now,

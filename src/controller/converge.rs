@@ -12,11 +12,8 @@ impl WindowTask {
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
-        let cfg = &self.config.window;
-        let work = self.work_snapshot();
         let mut planner = planner(&self.windows, &self.config, snapshot, now);
         planner.pool_budgets = pool_budgets;
-        planner.work = work.as_ref();
         let planner = &planner;
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
@@ -35,13 +32,12 @@ impl WindowTask {
                 .map(|(_, patch)| patch)
         };
         let marked = metas().filter(|node| is_marked(*node)).count() as i64;
-        let expiry = self.windows.next_expiry(cfg);
-        let wake_at = [planner.wake(metas()), expiry].into_iter().flatten().min();
+        let wake_at = planner.wake(metas());
         let (hold_total, release_total, stamp_total) = (hold.len(), release.len(), stamp.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
         let (_, stamp_failures) = self.apply(Action::Stamp, patches(stamp), stamp_total).await;
         // A paced release shows its own progress (`pacing` in the record).
-        if release_total > 0 && cfg.mode == Mode::Cluster && !self.windows.is_pacing() {
+        if release_total > 0 && !self.windows.is_pacing() {
             self.releasing |= record_releasing(&self.store, release_total).await;
         }
         let (released, release_failures) = self
@@ -67,7 +63,7 @@ impl WindowTask {
     /// The windows' gauges after a pass: the hold, and each group's.
     pub(super) fn show_windows(&self, groups: GroupGauges) {
         let window = &self.config.window;
-        let hold = self.windows.config_for(UNLABELLED, window).hold;
+        let hold = window.for_group(UNLABELLED).hold;
         self.metrics.hold.set(hold.as_secs_f64());
         if window.groups.key().is_some() {
             self.metrics
@@ -237,11 +233,9 @@ fn by_action<'a>(
     (sorted, groups)
 }
 
-/// Before a closed window's holds come off in `cluster` scope, the record
-/// says how many nodes the release starts with, for `status`; whether it
-/// does. (In `node` scope holds end one by one; there is no release to
-/// follow.) A failed write costs only that line of `status`: logged, not
-/// retried.
+/// Before a closed window's holds come off, the record says how many nodes
+/// the release starts with, for `status`; whether it does. A failed write
+/// costs only that line of `status`: logged, not retried.
 pub(super) async fn record_releasing(store: &RecordStore, total: usize) -> bool {
     match store.release_progress(Some(total), None).await {
         Ok(()) => true,
@@ -268,7 +262,6 @@ pub(super) fn planner<'a>(
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
         stamps: config.held_until_annotation,
-        work: None,
         pool_budgets: None,
     }
 }
@@ -311,7 +304,7 @@ impl<'a> GroupGauges<'a> {
         held.into_iter()
             .map(|(group, held)| {
                 let deadline = seconds(windows.deadline(&group));
-                let hold = windows.config_for(&group, cfg).hold.as_secs_f64();
+                let hold = cfg.for_group(&group).hold.as_secs_f64();
                 (group, deadline, held, hold)
             })
             .collect()

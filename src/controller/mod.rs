@@ -46,12 +46,11 @@ use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
-use crate::core::learned::{NodeGaps, NodeSeen};
 use crate::core::node::NodeMeta;
 use crate::core::pace::Pacing;
 use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
 use crate::core::selector::NodeScope;
-use crate::core::window::{ManualHold, Mode, Observed, Window, WindowConfig};
+use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use crate::metrics::WindowMetrics;
 use coalesce::{Coalesce, Due};
 use events::{EventSink, HoldEvent, PassEvents};
@@ -96,7 +95,6 @@ impl Config {
     /// What the record keeps of this configuration, for `status` and `release`.
     pub fn settings(&self) -> Settings {
         Settings {
-            mode: self.window.mode,
             hold_duration: self.window.hold,
             max_hold: self.window.max_hold,
             holds: self.policy.holds.iter().map(ToString::to_string).collect(),
@@ -106,11 +104,6 @@ impl Config {
             group_hold_durations: self.window.group_holds.clone(),
             window_follows_work: self.follow_work,
             held_until_annotation: self.held_until_annotation,
-            learned_hold: self.window.learned.map(|l| record::LearnedTerms {
-                launch_cost: l.launch_cost,
-                floor: l.floor,
-                ceiling: l.ceiling,
-            }),
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
             } else {
@@ -172,8 +165,6 @@ struct WindowTask {
     hold_unconfirmed: Option<Timestamp>,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
-    /// `node` scope with the learned hold: what each node did last pass.
-    node_gaps: NodeGaps,
     failures: u32,
     /// What the patches did, node by node, when someone asked (`release`
     /// and `hold` without a leader print it).
@@ -227,7 +218,6 @@ impl WindowTask {
             hold_request: None,
             hold_unconfirmed: None,
             announced: HashSet::new(),
-            node_gaps: NodeGaps::default(),
             failures: 0,
             report: None,
         }
@@ -237,7 +227,6 @@ impl WindowTask {
     async fn lead(&mut self) -> Result<()> {
         let record = self.store.load().await?;
         self.restore(record);
-        self.node_gaps = NodeGaps::default();
         let NodeWatch {
             store: nodes,
             mut feed,
@@ -355,7 +344,6 @@ impl WindowTask {
         self.apply_requests(now);
         self.follow_work(&snapshot, now);
         self.observe(&snapshot, now);
-        self.learn_nodes(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;

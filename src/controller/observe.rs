@@ -67,44 +67,6 @@ impl WindowTask {
         }
     }
 
-    /// In `node` scope with the learned hold, counts what each node in scope
-    /// did since the last pass in its group's history.
-    pub(super) fn learn_nodes(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
-        let cfg = &self.config.window;
-        if cfg.mode != Mode::Node || cfg.learned.is_none() {
-            return;
-        }
-        let seen: Vec<NodeSeen> = snapshot
-            .iter()
-            .filter(|node| node.in_scope())
-            .map(|node| NodeSeen {
-                name: node.name(),
-                group: cfg.groups.group_of(&**node),
-                created: node.created(),
-                // Work "in the future" (clock skew) counts as now.
-                last_work: self.node_work(node.name()).map(|at| at.min(now)),
-            })
-            .collect();
-        let changes = self.node_gaps.pass(seen);
-        self.windows.learn_nodes(changes, now, cfg);
-    }
-
-    /// In `node` mode with `--window-follows-work`, when work last landed on
-    /// `node` (its hold runs from then).
-    pub(super) fn node_work(&self, node: &str) -> Option<Timestamp> {
-        let work = self.work.as_ref()?;
-        (self.config.window.mode == Mode::Node)
-            .then(|| work.seen.last_on(node))
-            .flatten()
-    }
-
-    /// In `node` mode with `--window-follows-work`, the last work on every
-    /// node, for one pass's plan.
-    pub(super) fn work_snapshot(&self) -> Option<std::collections::HashMap<String, Timestamp>> {
-        let work = self.work.as_ref()?;
-        (self.config.window.mode == Mode::Node).then(|| work.seen.snapshot())
-    }
-
     /// The groups whose window is open (ended or not).
     pub(super) fn open_groups(&self) -> Vec<String> {
         self.windows
@@ -118,11 +80,7 @@ impl WindowTask {
     /// opened or extended it, the Event of a node new in an open window.
     pub(super) fn observed(&mut self, in_scope: &InScope, observed: Observed, now: Timestamp) {
         let (node, group) = (in_scope.node, in_scope.group);
-        let cfg = &self.config.window;
-        let work = self.node_work(node.name());
-        let until = self
-            .windows
-            .held_until(group, node.created(), work, now, cfg);
+        let until = self.windows.held_until(group, now);
         if matches!(observed, Observed::Opened | Observed::Extended) {
             tracing::info!(
                 node = %node.name(),
@@ -132,14 +90,11 @@ impl WindowTask {
                 "hold window {}", observed.label()
             );
         }
-        let new_in_window = match cfg.mode {
-            Mode::Cluster => self
-                .windows
-                .window(group)
-                .and_then(Window::open)
-                .is_some_and(|open| node.created() >= open.opened_at),
-            Mode::Node => until.is_some(),
-        };
+        let new_in_window = self
+            .windows
+            .window(group)
+            .and_then(Window::open)
+            .is_some_and(|open| node.created() >= open.opened_at);
         if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
             self.announce(node, observed, until);
         }
@@ -173,10 +128,9 @@ impl WindowTask {
 
     /// A group's window (or the manual hold) that closed by itself lets its
     /// `held` nodes go at `--release-pace` from `since`, its end, when a pace
-    /// is set (`cluster` scope only).
+    /// is set.
     pub(super) fn pace_release(&mut self, group: &str, since: Timestamp, held: usize) {
-        let cfg = &self.config.window;
-        let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
+        let Some(pace) = self.config.window.release_pace else {
             return;
         };
         if held == 0 {

@@ -16,10 +16,9 @@ use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::groups::{Grouping, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
-use crate::core::learned::LearnedHold;
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
-use crate::core::window::{ManualHold, Mode, WindowConfig};
+use crate::core::window::{ManualHold, WindowConfig};
 
 /// Name of the record's ConfigMap (and of the Lease beside it, see
 /// [`super::lease`]).
@@ -86,10 +85,6 @@ pub fn hold_done_annotation() -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Settings {
-    /// `cluster` or `node` (the `--scope` flag). Records written before this
-    /// field was named `mode` call it `scope`.
-    #[serde(alias = "scope")]
-    pub mode: Mode,
     #[serde(with = "humantime_serde")]
     pub hold_duration: std::time::Duration,
     /// `None`: no cap.
@@ -122,11 +117,7 @@ pub struct Settings {
     /// `--window-follows-work`; absent: windows follow new nodes only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub window_follows_work: bool,
-    /// `--hold-policy learned` and its terms; absent: the fixed hold.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned_hold: Option<LearnedTerms>,
-    /// `--held-until-annotation`; absent (and in records written before it
-    /// existed): true.
+    /// `--held-until-annotation`; absent: true (the default is not written).
     #[serde(default = "stamps_on", skip_serializing_if = "is_on")]
     pub held_until_annotation: bool,
 }
@@ -137,18 +128,6 @@ fn stamps_on() -> bool {
 
 fn is_on(value: &bool) -> bool {
     *value
-}
-
-/// `--hold-policy learned`'s terms as the record keeps them (humantime text).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LearnedTerms {
-    #[serde(with = "humantime_serde")]
-    pub launch_cost: std::time::Duration,
-    #[serde(with = "humantime_serde")]
-    pub floor: std::time::Duration,
-    #[serde(with = "humantime_serde")]
-    pub ceiling: std::time::Duration,
 }
 
 /// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.
@@ -458,16 +437,9 @@ impl Settings {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: self.max_hold,
-            mode: self.mode,
             release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_durations.clone(),
-            learned: self.learned_hold.map(|terms| LearnedHold {
-                launch_cost: terms.launch_cost,
-                floor: terms.floor,
-                ceiling: terms.ceiling,
-                fallback: self.hold_duration,
-            }),
         }
     }
 
@@ -499,23 +471,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn settings_are_written_with_mode_and_read_from_records_that_say_scope() {
-        let old =
-            r#"{"scope":"node","holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
-        let settings: Settings = serde_json::from_str(old).unwrap();
-        assert_eq!(settings.mode, Mode::Node);
+    fn settings_are_small_camel_case_json_with_durations_as_text() {
+        let text = r#"{"holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
+        let settings: Settings = serde_json::from_str(text).unwrap();
         assert_eq!(
             settings.max_hold,
             Some(std::time::Duration::from_secs(7200))
         );
-        let written = serde_json::to_string(&settings).unwrap();
-        assert!(
-            written.starts_with(r#"{"mode":"node","holdDuration":"20m","maxHold":"2h""#),
-            "{written}"
-        );
-        // Records written before the stamp setting existed had stamps on.
-        assert!(settings.held_until_annotation);
-        assert!(!written.contains("heldUntilAnnotation"), "{written}");
+        assert!(settings.held_until_annotation, "stamps are on by default");
+        assert_eq!(serde_json::to_string(&settings).unwrap(), text);
         let off = Settings {
             held_until_annotation: false,
             ..settings
@@ -525,7 +489,6 @@ mod tests {
             written.contains(r#""heldUntilAnnotation":false"#),
             "{written}"
         );
-        let read: Settings = serde_json::from_str(&written).unwrap();
-        assert!(!read.held_until_annotation);
+        assert_eq!(serde_json::from_str::<Settings>(&written).unwrap(), off);
     }
 }

@@ -46,12 +46,6 @@ impl WorkSeen {
         map.get(node).copied()
     }
 
-    /// Every node's last work, copied (one pass's plan in `node` mode).
-    pub fn snapshot(&self) -> HashMap<String, Timestamp> {
-        let map = self.last.read().unwrap_or_else(PoisonError::into_inner);
-        map.clone()
-    }
-
     /// Applies one watch event; returns whether the work seen changed.
     fn apply(&self, event: Event<DynamicObject>, relist: &mut HashMap<String, Timestamp>) -> bool {
         let mut map = self.last.write().unwrap_or_else(PoisonError::into_inner);

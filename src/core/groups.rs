@@ -9,16 +9,14 @@
 //! window, where a record written before groups existed keeps everything, so
 //! such a record reads as it is.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::learned::{Choice, History, NodeChange};
 use super::node::NodeFields;
 use super::pace::Pacing;
-use super::window::{ManualHold, ManualHoldOutcome, Mode, Observed, Window, WindowConfig};
+use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
 
 /// The unlabelled group's name: nodes without the label (or with an empty
 /// value), and every node when windows are not grouped.
@@ -49,12 +47,6 @@ impl Grouping {
             .and_then(|key| node.label(key))
             .unwrap_or(UNLABELLED)
     }
-}
-
-/// Whether `group` learns its hold: with `--hold-policy learned`, unless the
-/// operator gave it a hold of its own.
-fn learns(group: &str, cfg: &WindowConfig) -> bool {
-    cfg.learned.is_some() && !cfg.group_holds.contains_key(group)
 }
 
 /// A group's name as people read it: the label value, or `(no label)`.
@@ -160,13 +152,7 @@ impl Windows {
         let mut observed = vec![Observed::Unchanged; nodes.len()];
         for (&group, indices) in &by_group {
             let creations = indices.iter().map(|&i| nodes[i].1);
-            if let Some(latest) = creations.clone().max()
-                && learns(group, cfg)
-            {
-                // A creation in the future (clock skew) counts as now.
-                self.window_mut(group).learn(latest.min(now), cfg);
-            }
-            let group_cfg = self.config_for(group, cfg);
+            let group_cfg = cfg.for_group(group);
             let seen = self
                 .window_mut(group)
                 .observe_all(creations, now, &group_cfg);
@@ -179,7 +165,7 @@ impl Windows {
         self.groups.values_mut().for_each(|w| {
             w.tick(now);
         });
-        self.forget_idle(&by_group.into_keys().collect(), cfg, now);
+        self.forget_idle(&by_group.into_keys().collect());
         let ended = before
             .into_iter()
             .filter(|(group, _)| !self.is_held(group))
@@ -200,7 +186,7 @@ impl Windows {
         work: impl IntoIterator<Item = Timestamp>,
         cfg: &WindowConfig,
     ) -> bool {
-        let cfg = self.config_for(group, cfg);
+        let cfg = cfg.for_group(group);
         let window = if group == UNLABELLED {
             Some(&mut self.unlabelled)
         } else {
@@ -211,113 +197,25 @@ impl Windows {
         };
         let mut work: Vec<Timestamp> = work.into_iter().collect();
         work.sort();
-        let learning = learns(group, &cfg);
         let mut moved = false;
         for at in work {
-            if learning {
-                window.learn(at, &cfg);
-            }
             moved |= window.follow_work(at, &cfg);
         }
         moved
     }
 
-    /// Counts what the nodes did since the last pass (`node` scope with the
-    /// learned hold; see [`super::learned::NodeGaps`]) in their groups'
-    /// histories, and the gone nodes no launch matched in time.
-    pub fn learn_nodes(
-        &mut self,
-        changes: impl IntoIterator<Item = (String, NodeChange)>,
-        now: Timestamp,
-        cfg: &WindowConfig,
-    ) {
-        for (group, change) in changes {
-            if learns(&group, cfg) {
-                self.window_mut(&group).learn_node(change, cfg);
-            }
-        }
-        self.unlabelled.expire_gone(now, cfg);
-        for w in self.groups.values_mut() {
-            w.expire_gone(now, cfg);
-        }
+    /// Drops the labelled groups that have no node and hold nothing: a node
+    /// of such a group arriving later is new and opens a window.
+    fn forget_idle(&mut self, present: &BTreeSet<&str>) {
+        self.groups
+            .retain(|group, w| w.is_held() || present.contains(group.as_str()));
     }
 
-    /// When a gone node waiting for a launch passes the ceiling (see
-    /// [`super::learned::History::expire_gone`]): a pass must count it.
-    pub fn next_expiry(&self, cfg: &WindowConfig) -> Option<Timestamp> {
-        let learned = super::window::node_learning(cfg)?;
-        self.iter()
-            .filter_map(|(_, w)| w.history().next_expiry(learned))
-            .min()
-    }
-
-    /// Drops the labelled groups that have no node, hold nothing and have
-    /// learned nothing: a node of such a group arriving later is new and
-    /// opens a window. (A learned history outlives a pool scaled to zero:
-    /// that is when its next wave's hold matters.)
-    fn forget_idle(&mut self, present: &BTreeSet<&str>, cfg: &WindowConfig, now: Timestamp) {
-        self.unlabelled
-            .forget_history_unless(learns(UNLABELLED, cfg), now);
-        for (group, w) in &mut self.groups {
-            w.forget_history_unless(learns(group, cfg), now);
-        }
-        self.groups.retain(|group, w| {
-            w.is_held() || present.contains(group.as_str()) || !w.history().is_empty()
-        });
-    }
-
-    /// The arithmetic of `group`'s window: the operator's own hold for the
-    /// group (`--group-hold-duration`), else with `--hold-policy learned`
-    /// the hold its history earns, else `--hold-duration`.
-    pub fn config_for<'c>(&self, group: &str, cfg: &'c WindowConfig) -> Cow<'c, WindowConfig> {
-        match self.choice(group, cfg) {
-            Some(choice) if choice.hold != cfg.hold => Cow::Owned(WindowConfig {
-                hold: choice.hold,
-                ..cfg.clone()
-            }),
-            Some(_) => Cow::Borrowed(cfg),
-            None => cfg.for_group(group),
-        }
-    }
-
-    /// With `--hold-policy learned`, the hold `group` earns and why; `None`
-    /// without it, or for a group whose hold the operator set.
-    pub fn choice(&self, group: &str, cfg: &WindowConfig) -> Option<Choice> {
-        let learned = cfg.learned.as_ref()?;
-        if cfg.group_holds.contains_key(group) {
-            return None;
-        }
-        let empty = History::default();
-        let history = self.window(group).map_or(&empty, Window::history);
-        Some(learned.choose(history))
-    }
-
-    /// Until when a node of `group` created at `creation` (its last work at
-    /// `last_work`) is held at `now`: by its group's window (see
-    /// [`Window::held_until`], in `node` mode with the group's hold: its
-    /// `--group-hold-duration` or learned one) or by the manual hold,
-    /// whichever ends later; `None` when neither holds it.
-    pub fn held_until(
-        &self,
-        group: &str,
-        creation: Timestamp,
-        last_work: Option<Timestamp>,
-        now: Timestamp,
-        cfg: &WindowConfig,
-    ) -> Option<Timestamp> {
-        let own = self.window(group).and_then(|w| {
-            // Only `node` mode reads the hold here: the group's is worked
-            // out only when it can differ from the flag's.
-            let per_group =
-                cfg.mode == Mode::Node && (cfg.learned.is_some() || !cfg.group_holds.is_empty());
-            let cfg = if per_group {
-                self.config_for(group, cfg)
-            } else {
-                Cow::Borrowed(cfg)
-            };
-            w.held_until(creation, last_work, now, &cfg)
-        });
-        own.max(self.manual_until().filter(|&until| now < until))
+    /// Until when the nodes of `group` are held at `now`: by its group's
+    /// window or by the manual hold, whichever ends later; `None` when
+    /// neither holds them.
+    pub fn held_until(&self, group: &str, now: Timestamp) -> Option<Timestamp> {
+        self.deadline(group).filter(|&end| now < end)
     }
 
     /// Whether the group's window or the manual hold is there, ended or not:
@@ -398,7 +296,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::window::Mode;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn t(m: i64) -> Timestamp {
@@ -409,11 +306,9 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
-            mode: Mode::Cluster,
             release_pace: None,
             groups: Grouping::per_label(Some("pool".into())),
             group_holds: BTreeMap::new(),
-            learned: None,
         }
     }
 
@@ -469,7 +364,7 @@ mod tests {
         w.observe_all([("gpu", t(0)), ("general", t(0))], t(0), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(3)));
         assert_eq!(w.deadline("general"), Some(t(10)));
-        assert_eq!(w.held_until("gpu", t(0), None, t(1), &cfg), Some(t(3)));
+        assert_eq!(w.held_until("gpu", t(1)), Some(t(3)));
         // A later node extends the group by the group's own hold.
         w.observe_all([("gpu", t(2))], t(2), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(5)));
@@ -494,106 +389,14 @@ mod tests {
     }
 
     #[test]
-    fn in_node_scope_the_groups_learn_their_nodes_gaps_and_not_the_groups() {
-        use crate::core::learned::{NodeGaps, NodeSeen};
-        let mut cfg = cfg();
-        cfg.mode = Mode::Node;
-        cfg.learned = Some(crate::core::learned::LearnedHold {
-            launch_cost: Duration::from_secs(15 * 60),
-            floor: Duration::from_secs(60),
-            ceiling: Duration::from_secs(30 * 60),
-            fallback: Duration::from_secs(10 * 60),
-        });
-        let mut w = Windows::default();
-        let mut gaps = NodeGaps::default();
-        let seen = |name, created| NodeSeen {
-            name,
-            group: "gpu",
-            created: t(created),
-            last_work: None,
-        };
-        // A node every 5 minutes, each gone before the next: the group's
-        // new nodes are 5 minutes apart, and so are its nodes' gaps.
-        for m in [0, 5, 10, 15] {
-            let name = ["a", "b", "c", "d"][usize::try_from(m / 5).unwrap()];
-            for nodes in [vec![seen(name, m)], vec![]] {
-                let at = t(m);
-                w.observe_all(nodes.iter().map(|n| (n.group, n.created)), at, &cfg);
-                let changes = gaps.pass(nodes);
-                w.learn_nodes(changes, at, &cfg);
-            }
-        }
-        let json = serde_json::to_value(&w).unwrap();
-        assert_eq!(
-            json["groups"]["gpu"]["history"]["gapSeconds"],
-            serde_json::json!([300, 300, 300]),
-            "{json}"
-        );
-        assert_eq!(w.config_for("gpu", &cfg).hold, Duration::from_secs(5 * 60));
-        assert_eq!(w.next_expiry(&cfg), Some(t(45) + Duration::from_secs(1)));
-    }
-
-    #[test]
-    fn a_learned_hold_follows_each_groups_gaps_and_an_operators_hold_wins() {
-        let mut cfg = cfg();
-        cfg.learned = Some(crate::core::learned::LearnedHold {
-            launch_cost: Duration::from_secs(15 * 60),
-            floor: Duration::from_secs(60),
-            ceiling: Duration::from_secs(30 * 60),
-            fallback: Duration::from_secs(10 * 60),
-        });
-        cfg.group_holds = BTreeMap::from([("fixed".to_string(), Duration::from_secs(120))]);
-        let mut w = Windows::default();
-        let mut nodes: Vec<(&str, Timestamp)> = Vec::new();
-        // gpu: a node every 5 minutes; fixed: the same, but its hold is set.
-        for m in [0, 5, 10, 15] {
-            nodes.push(("gpu", t(m)));
-            nodes.push(("fixed", t(m)));
-            w.observe_all(nodes.clone(), t(m), &cfg);
-        }
-        assert_eq!(w.config_for("gpu", &cfg).hold, Duration::from_secs(5 * 60));
-        assert_eq!(w.config_for("fixed", &cfg).hold, Duration::from_secs(120));
-        assert!(w.choice("fixed", &cfg).is_none());
-        // A group with nothing learned yet holds for --hold-duration.
-        assert_eq!(w.config_for("new", &cfg).hold, Duration::from_secs(10 * 60));
-        // The history is in the record, and outlives the group's nodes.
-        let json = serde_json::to_value(&w).unwrap();
-        assert_eq!(
-            json["groups"]["gpu"]["history"]["gapSeconds"],
-            serde_json::json!([300, 300, 300])
-        );
-        let mut read: Windows = serde_json::from_value(json).unwrap();
-        // Hours later every node is gone and no window is open: the groups
-        // are kept for what they learned.
-        read.observe_all([], t(500), &cfg);
-        assert!(!read.is_held("gpu"));
-        // ...until a week passes without work, or the policy is turned off.
-        let mut stale = read.clone();
-        stale.observe_all([], t(15 + 7 * 24 * 60 + 1), &cfg);
-        assert!(stale.window("gpu").is_none(), "forgotten after a week");
-        let mut off = read.clone();
-        let fixed = WindowConfig {
-            learned: None,
-            ..cfg.clone()
-        };
-        off.observe_all([], t(501), &fixed);
-        assert!(off.window("gpu").is_none(), "forgotten with the fixed hold");
-        assert!(off.window("fixed").is_none());
-        assert_eq!(
-            read.config_for("gpu", &cfg).hold,
-            Duration::from_secs(5 * 60)
-        );
-    }
-
-    #[test]
     fn a_groups_new_node_opens_and_holds_only_its_group() {
         let cfg = cfg();
         let mut w = Windows::default();
         let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(-60))], t(0), &cfg);
         assert_eq!(observed, [Observed::Opened, Observed::Expired]);
-        assert_eq!(w.held_until("gpu", t(-50), None, t(1), &cfg), Some(t(10)));
-        assert_eq!(w.held_until("general", t(-60), None, t(1), &cfg), None);
-        assert_eq!(w.held_until(UNLABELLED, t(-60), None, t(1), &cfg), None);
+        assert_eq!(w.held_until("gpu", t(1)), Some(t(10)));
+        assert_eq!(w.held_until("general", t(1)), None);
+        assert_eq!(w.held_until(UNLABELLED, t(1)), None);
         // Another group's new node extends its own window only.
         w.observe_all([("gpu", t(0)), ("general", t(5))], t(5), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(10)));
@@ -610,22 +413,16 @@ mod tests {
         let mut w = Windows::default();
         w.observe_all([("general", t(-60))], t(0), &cfg);
         assert_eq!(w.hold_manually(hold(45), t(0)), ManualHoldOutcome::Started);
-        assert_eq!(
-            w.held_until("general", t(-60), None, t(1), &cfg),
-            Some(t(45))
-        );
-        assert_eq!(w.held_until("gpu", t(-60), None, t(1), &cfg), Some(t(45)));
+        assert_eq!(w.held_until("general", t(1)), Some(t(45)));
+        assert_eq!(w.held_until("gpu", t(1)), Some(t(45)));
         assert!(w.is_held("gpu") && w.holds("gpu", t(44)) && !w.holds("gpu", t(45)));
         // Releasing one group leaves the manual hold, which still holds it.
         assert!(!w.release_now(t(2), Some("general")));
-        assert_eq!(
-            w.held_until("general", t(-60), None, t(3), &cfg),
-            Some(t(45))
-        );
+        assert_eq!(w.held_until("general", t(3)), Some(t(45)));
         // Releasing everything ends it.
         assert!(w.release_now(t(3), None));
         assert_eq!(w.manual(), None);
-        assert_eq!(w.held_until("general", t(-60), None, t(4), &cfg), None);
+        assert_eq!(w.held_until("general", t(4)), None);
     }
 
     #[test]
@@ -638,8 +435,8 @@ mod tests {
             &cfg,
         );
         assert!(w.release_now(t(2), Some("gpu")));
-        assert_eq!(w.held_until("gpu", t(0), None, t(3), &cfg), None);
-        assert_eq!(w.held_until("general", t(0), None, t(3), &cfg), Some(t(10)));
+        assert_eq!(w.held_until("gpu", t(3)), None);
+        assert_eq!(w.held_until("general", t(3)), Some(t(10)));
         assert!(w.release_now(t(3), None));
         assert!(w.iter().all(|(_, w)| !w.is_open(t(3))));
         // The released nodes are consumed: seen again, they open nothing.

@@ -6,7 +6,6 @@ pub mod admission;
 pub mod budget;
 pub mod groups;
 pub mod holds;
-pub mod learned;
 pub mod names;
 pub mod node;
 pub mod pace;

@@ -8,7 +8,7 @@
 //! and builds one node's patch at a time, so a pass over thousands of nodes
 //! can stream its patches instead of holding them all.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use json_patch::Patch;
@@ -20,7 +20,7 @@ use super::node::{NodeFields, NodeMeta};
 use super::patch::{
     floor_seconds, hold_existing, release_holds, with_held_until, without_held_until,
 };
-use super::window::{Mode, WindowConfig};
+use super::window::WindowConfig;
 
 /// One node's patch and what it changes, for logs and Events.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,11 +80,9 @@ pub fn needs_stamp(node: &impl NodeFields, until: Timestamp, now: Timestamp) -> 
         .then_some(target)
 }
 
-/// The desired state, one node at a time. `cluster` mode: while its group's
-/// window (or the manual hold) is open every node in scope carries every
-/// hold, and when it is closed no node carries node-holder's. `node` mode: a
-/// node in scope is held until its own creation + hold (unless a release
-/// consumed it). A node out of scope (as stored: [`NodeMeta::in_scope`])
+/// The desired state, one node at a time: while its group's window (or the
+/// manual hold) is open every node in scope carries every hold, and when it
+/// is closed no node carries node-holder's. A node out of scope (as stored: [`NodeMeta::in_scope`])
 /// never carries node-holder's holds. Nodes already as desired get no patch.
 #[derive(Debug, Clone)]
 pub struct Planner<'a> {
@@ -98,10 +96,6 @@ pub struct Planner<'a> {
     /// `--held-until-annotation`: held nodes carry `held-until`; `false`:
     /// none does (a stamp left from before is removed).
     pub stamps: bool,
-    /// `node` mode with `--window-follows-work`: when work last landed on
-    /// each node (by name), as Karpenter said; a node's hold runs from its
-    /// last work. `None`: from creation.
-    pub work: Option<&'a HashMap<String, Timestamp>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -128,7 +122,7 @@ pub fn paced_keep<'a>(
     now: Timestamp,
     nodes: impl IntoIterator<Item = &'a NodeMeta>,
 ) -> BTreeMap<&'a str, PacedKeep<'a>> {
-    let Some(pace) = cfg.release_pace.filter(|_| cfg.mode == Mode::Cluster) else {
+    let Some(pace) = cfg.release_pace else {
         return BTreeMap::new();
     };
     if !windows.is_pacing() {
@@ -164,11 +158,8 @@ impl Planner<'_> {
             return (false, None);
         }
         let group = self.cfg.groups.group_of(node);
-        let work = self.work.and_then(|work| work.get(node.name()).copied());
-        let until = self
-            .windows
-            .held_until(group, node.created(), work, self.now, self.cfg);
-        let kept = self.cfg.mode == Mode::Cluster && self.keeps(node, group);
+        let until = self.windows.held_until(group, self.now);
+        let kept = self.keeps(node, group);
         (until.is_some() || kept, until)
     }
 
@@ -252,22 +243,19 @@ impl Planner<'_> {
             .map(Some)
     }
 
-    /// When this node's plan changes by itself: in `node` mode its own hold
-    /// end, in both modes when its `held-until` passes before the hold ends
-    /// (it is rewritten then).
+    /// When this node's plan changes by itself: when its `held-until` passes
+    /// before the hold ends (it is rewritten then).
     fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
         let (wanted, until) = self.wanted(node);
         let until = until.filter(|_| wanted)?;
-        let own_end = (self.cfg.mode == Mode::Node).then_some(until);
-        let stamp = held_until_stamp(node).filter(|&stamp| {
+        held_until_stamp(node).filter(|&stamp| {
             self.stamps && is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
-        });
-        own_end.into_iter().chain(stamp).min()
+        })
     }
 
     /// When the plan changes by itself (a hold ends), absent node changes:
-    /// a window's deadline, a paced release's next step, in `node` mode
-    /// the first node's hold end, or the first `held-until` to pass.
+    /// a window's deadline, a paced release's next step, or the first
+    /// `held-until` to pass.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
         nodes
             .into_iter()
@@ -331,15 +319,13 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + m * 60).unwrap()
     }
 
-    fn cfg(mode: Mode) -> WindowConfig {
+    fn cfg() -> WindowConfig {
         WindowConfig {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
-            mode,
             release_pace: None,
             groups: Grouping::default(),
             group_holds: Default::default(),
-            learned: None,
         }
     }
 
@@ -419,7 +405,6 @@ mod tests {
             now,
             paced: paced_keep(windows, cfg, now, &nodes),
             stamps: true,
-            work: None,
             pool_budgets: None,
         };
         plan_all(&planner, &nodes)
@@ -441,7 +426,7 @@ mod tests {
     /// new map (that would wipe the others' keys).
     #[test]
     fn a_trimmed_empty_map_is_added_to_not_replaced() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let trimmed = node("a", -50, json!({}), json!({}));
         let absent = ObjectMeta {
             labels: None,
@@ -484,7 +469,7 @@ mod tests {
 
     #[test]
     fn an_open_window_holds_every_node_in_scope_that_lacks_a_hold() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let scope = NodeScope::parse("pool=batch").unwrap();
         let nodes = [
             node("c-old", -500, json!({"pool": "batch"}), json!({})),
@@ -518,7 +503,7 @@ mod tests {
     /// end moved before it, and the plan wakes when the first one passes.
     #[test]
     fn held_until_is_written_once_and_again_only_when_it_would_be_false() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let scope = NodeScope::default();
         let mut w = open_window(&cfg, 0);
         w.observe(t(4), t(4), &cfg); // the deadline moves to t(14)
@@ -578,7 +563,7 @@ mod tests {
     /// patch or alone, and one left from before is removed.
     #[test]
     fn with_stamps_off_none_is_written_and_old_ones_are_removed() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let w = open_window(&cfg, 0);
         let windows = Windows::from(w);
         let nodes = [
@@ -594,7 +579,6 @@ mod tests {
             now: t(1),
             paced: BTreeMap::new(),
             stamps: false,
-            work: None,
             pool_budgets: None,
         };
         let plan = plan_all(&planner, &nodes);
@@ -620,7 +604,7 @@ mod tests {
 
     #[test]
     fn nodes_already_as_desired_get_nothing() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let scope = NodeScope::default();
         let nodes = [stamped(held("a", 0), t(10)), stamped(held("b", -100), t(5))];
         let w = open_window(&cfg, 0);
@@ -633,7 +617,7 @@ mod tests {
 
     #[test]
     fn a_closed_window_releases_every_node_node_holder_holds() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let scope = NodeScope::default();
         let mut human = node(
             "c-human",
@@ -656,7 +640,7 @@ mod tests {
 
     #[test]
     fn a_human_edited_hold_is_reported_as_left() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let mut node = held("a", 0);
         node.annotations
             .get_or_insert_default()
@@ -675,126 +659,9 @@ mod tests {
     }
 
     #[test]
-    fn node_mode_holds_each_new_node_until_its_own_hold_ends() {
-        let cfg = cfg(Mode::Node);
-        let scope = NodeScope::default();
-        let mut w = Window::default();
-        for created in [0, 4] {
-            w.observe(t(created), t(created), &cfg);
-        }
-        let nodes = [
-            held("a", 0),
-            held("b", 4),
-            node("c", 5, json!({}), json!({})),
-            node("old", -100, json!({}), json!({})),
-        ];
-        let plan = plan(&w, &cfg, &scope, &holds(), &nodes, t(10));
-        assert_eq!(names(&plan.release), ["a"], "0 + 10 <= now");
-        assert_eq!(
-            names(&plan.hold),
-            ["c"],
-            "the backstop: missed by the webhook"
-        );
-        assert_eq!(plan.wake, Some(t(14)), "b's hold ends first");
-    }
-
-    /// `node` mode with the work Karpenter reports: a node with recent work
-    /// stays held past its creation + hold, an idle one goes, one whose work
-    /// came after its release is held again; each wakes the plan at its own
-    /// end; with `--hold-policy learned` the group's learned hold counts.
-    #[test]
-    fn node_mode_with_work_holds_each_node_until_its_last_work_plus_the_hold() {
-        let cfg = cfg(Mode::Node);
-        let scope = NodeScope::default();
-        let mut w = Window::default();
-        for created in [0, 1, 2] {
-            w.observe(t(created), t(created), &cfg);
-        }
-        // As a pass does first: the window of new nodes (2 + 10) is over.
-        w.tick(t(13));
-        let nodes = [
-            held("busy", 0),
-            held("idle", 1),
-            node("back", 2, json!({}), json!({})),
-        ];
-        let work = HashMap::from([
-            ("busy".to_string(), t(8)),
-            ("idle".to_string(), t(1)),
-            ("back".to_string(), t(12)),
-        ]);
-        let stored = stored(&nodes, &scope);
-        let windows = Windows::from(w.clone());
-        let planner = Planner {
-            windows: &windows,
-            cfg: &cfg,
-            holds: &holds(),
-            now: t(13),
-            paced: BTreeMap::new(),
-            stamps: true,
-            work: Some(&work),
-            pool_budgets: None,
-        };
-        let plan = plan_all(&planner, &stored);
-        assert_eq!(names(&plan.release), ["idle"], "1 + 10 <= 13");
-        assert_eq!(names(&plan.hold), ["back"], "work at 12 holds it again");
-        assert_eq!(plan.hold[0].until, Some(t(22)));
-        assert_eq!(plan.wake, Some(t(18)), "busy's hold ends first: 8 + 10");
-
-        let mut learning = cfg.clone();
-        learning.learned = Some(crate::core::learned::LearnedHold {
-            floor: Duration::from_secs(60),
-            ceiling: Duration::from_secs(60 * 60),
-            launch_cost: Duration::from_secs(5 * 60),
-            fallback: cfg.hold,
-        });
-        let mut w = Window::default();
-        w.observe(t(0), t(0), &learning);
-        // Nodes idle 3 minutes before work came back: cheaper to hold
-        // through than a 5-minute launch.
-        for at in [-6, -3, 0] {
-            let change = crate::core::learned::NodeChange::Worked {
-                since: t(at - 3),
-                at: t(at),
-            };
-            w.learn_node(change, &learning);
-        }
-        let windows = Windows::from(w);
-        let hold = windows
-            .config_for(crate::core::groups::UNLABELLED, &learning)
-            .hold;
-        assert!(
-            hold != cfg.hold && hold > Duration::from_secs(60),
-            "{hold:?}"
-        );
-        let planner = Planner {
-            windows: &windows,
-            cfg: &learning,
-            now: t(9),
-            ..planner
-        };
-        let busy = &stored[0];
-        let (_, patch) = planner.node(busy).unwrap();
-        let held_for = patch.until.map(|until| until.duration_since(t(8)));
-        assert_eq!(held_for, Some(hold.try_into().unwrap()));
-    }
-
-    #[test]
-    fn node_mode_releases_what_a_release_consumed() {
-        let cfg = cfg(Mode::Node);
-        let mut w = Window::default();
-        w.observe(t(0), t(0), &cfg);
-        w.release_now(t(1));
-        let nodes = [held("a", 0), node("b", 2, json!({}), json!({}))];
-        let plan = plan(&w, &cfg, &NodeScope::default(), &holds(), &nodes, t(2));
-        assert_eq!(names(&plan.release), ["a"]);
-        assert_eq!(names(&plan.hold), ["b"]);
-        assert_eq!(plan.wake, Some(t(12)));
-    }
-
-    #[test]
     fn a_paced_release_lets_the_oldest_holds_go_first_a_step_at_a_time() {
         use crate::core::pace::Pacing;
-        let mut cfg = cfg(Mode::Cluster);
+        let mut cfg = cfg();
         cfg.release_pace = Some("1/60s".parse().unwrap());
         let mut w = open_window(&cfg, 0);
         assert!(w.tick(t(10)));
@@ -838,30 +705,28 @@ mod tests {
 
     #[test]
     fn a_node_leaving_the_scope_is_released_while_the_window_is_open() {
-        for mode in [Mode::Cluster, Mode::Node] {
-            let cfg = cfg(mode);
-            let scope = NodeScope::parse("pool=batch").unwrap();
-            let mut moved = held("a", 0);
-            moved
-                .labels
-                .get_or_insert_default()
-                .insert("pool".into(), "web".into());
-            let plan = plan(
-                &open_window(&cfg, 0),
-                &cfg,
-                &scope,
-                &holds(),
-                &[moved],
-                t(1),
-            );
-            assert_eq!(names(&plan.release), ["a"], "{mode:?}");
-            assert!(plan.hold.is_empty());
-        }
+        let cfg = cfg();
+        let scope = NodeScope::parse("pool=batch").unwrap();
+        let mut moved = held("a", 0);
+        moved
+            .labels
+            .get_or_insert_default()
+            .insert("pool".into(), "web".into());
+        let plan = plan(
+            &open_window(&cfg, 0),
+            &cfg,
+            &scope,
+            &holds(),
+            &[moved],
+            t(1),
+        );
+        assert_eq!(names(&plan.release), ["a"]);
+        assert!(plan.hold.is_empty());
     }
 
     #[test]
     fn the_plan_does_not_depend_on_the_order_of_the_nodes() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let mut nodes = vec![
             node("b", -50, json!({}), json!({})),
             node("a", -50, json!({}), json!({})),
@@ -899,7 +764,7 @@ mod tests {
 
     #[test]
     fn a_groups_window_holds_only_the_nodes_of_its_group() {
-        let mut cfg = cfg(Mode::Cluster);
+        let mut cfg = cfg();
         cfg.groups = Grouping::per_label(Some("pool".into()));
         let nodes = [
             pool("gpu-old", -100, "gpu", false),
@@ -922,7 +787,7 @@ mod tests {
     #[test]
     fn each_group_paces_its_own_release() {
         use crate::core::pace::Pacing;
-        let mut cfg = cfg(Mode::Cluster);
+        let mut cfg = cfg();
         cfg.groups = Grouping::per_label(Some("pool".into()));
         cfg.release_pace = Some("1/60s".parse().unwrap());
         let nodes = [
@@ -947,7 +812,7 @@ mod tests {
 
     #[test]
     fn with_pool_budgets_only_nodes_of_pools_without_one_carry_the_annotation() {
-        let cfg = cfg(Mode::Cluster);
+        let cfg = cfg();
         let windows = Windows::from(open_window(&cfg, 0));
         let karpenter = |name: &str, pool: &str, marked: bool| {
             let mut meta = if marked {
@@ -976,7 +841,6 @@ mod tests {
             now: t(1),
             paced: BTreeMap::new(),
             stamps: true,
-            work: None,
             pool_budgets: Some(&covered),
         };
         let plan = plan_all(&planner, &nodes);

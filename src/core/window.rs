@@ -1,5 +1,5 @@
-//! The hold window: when the cluster (or, in `node` mode, each new node) is
-//! held, kept as small state that nodes' creation times drive forward.
+//! The hold window: when the cluster (or one group of its nodes) is held,
+//! kept as small state that nodes' creation times drive forward.
 //!
 //! That state is what a restart cannot rebuild from the cluster: the
 //! contributions of nodes deleted since, where the cap started and what a
@@ -22,43 +22,17 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::groups::Grouping;
-use super::learned::{History, LearnedHold, NodeChange};
 use super::pace::{Pace, Pacing};
 use super::plus;
-
-/// What an open window holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Every node in scope carries the hold while the window is open.
-    #[default]
-    Cluster,
-    /// Only new nodes are held, each until its own creation + hold.
-    Node,
-}
-
-impl std::fmt::Display for Mode {
-    /// The flag's word: `cluster` or `node`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::Cluster => "cluster",
-            Mode::Node => "node",
-        })
-    }
-}
-
-/// How long a group's learned history outlives its last work.
-pub const STALE_HISTORY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How long holds last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowConfig {
-    /// How long each new node holds (the window, in `cluster` mode).
+    /// How long each new node holds the window open.
     pub hold: Duration,
     /// Cap of a window, from when it opened; `None` for no cap.
     pub max_hold: Option<Duration>,
-    pub mode: Mode,
-    /// `cluster` mode: how fast a window's holds come off when it closes by
+    /// How fast a window's holds come off when it closes by
     /// itself; `None` for all at once.
     pub release_pace: Option<Pace>,
     /// Which window a node counts in (`--window-per-label`).
@@ -66,9 +40,6 @@ pub struct WindowConfig {
     /// A hold of its own for some groups (`--group-hold-duration`), by label
     /// value; the other groups hold for `hold`.
     pub group_holds: BTreeMap<String, Duration>,
-    /// `--hold-policy learned`: the other groups' holds are chosen from what
-    /// each has shown; `None`: they hold for `hold`.
-    pub learned: Option<LearnedHold>,
 }
 
 impl WindowConfig {
@@ -89,13 +60,9 @@ impl WindowConfig {
         self.max_hold.map_or(self.hold, |max| max.min(self.hold))
     }
 
-    /// Where a window opened at `opened_at` must end. Only `cluster` mode caps
-    /// the window: in `node` mode a stream of nodes holds only those nodes.
+    /// Where a window opened at `opened_at` must end.
     pub fn cap(&self, opened_at: Timestamp) -> Option<Timestamp> {
-        match self.mode {
-            Mode::Cluster => self.max_hold.map(|max| plus(opened_at, max)),
-            Mode::Node => None,
-        }
+        self.max_hold.map(|max| plus(opened_at, max))
     }
 }
 
@@ -125,13 +92,10 @@ pub struct Window {
     /// or a release ends it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pacing: Option<Pacing>,
-    /// `--hold-policy learned`: the group's last work and idle gaps.
-    #[serde(skip_serializing_if = "History::is_empty")]
-    history: History,
 }
 
 /// A hold an operator asked for: every node in scope is held until `until`,
-/// in either mode, whatever `--max-hold` says. It always has an end.
+/// whatever `--max-hold` says. It always has an end.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ManualHold {
@@ -162,8 +126,7 @@ pub enum ManualHoldOutcome {
 pub struct OpenWindow {
     /// Creation (clamped to now) of the node that opened it; the cap's start.
     pub opened_at: Timestamp,
-    /// When it ends: in `cluster` mode the cluster is held until then, in
-    /// `node` mode it is the latest node's hold end (for `status`).
+    /// When it ends: the nodes it holds are held until then.
     pub deadline: Timestamp,
     /// What closing consumes: the latest creation counted, or the cap once
     /// reached (a node created before the cap would have been capped too).
@@ -282,16 +245,12 @@ impl Window {
     }
 
     /// Counts work that landed on a held node at `at` (`--window-follows-work`:
-    /// a pod bound to it or finished on it): in `cluster` mode an open window
-    /// lasts until at least `at` + hold, capped like a new node's hold. Only
+    /// a pod bound to it or finished on it): an open window lasts until at least `at` + hold, capped like a new node's hold. Only
     /// work while the window was open counts (from its opening to its
     /// deadline): work never opens a window, nor revives one that ended.
     /// Feed a group's work in time order, so that work inside an extension
     /// extends it again. Returns whether the deadline moved.
     pub fn follow_work(&mut self, at: Timestamp, cfg: &WindowConfig) -> bool {
-        if cfg.mode != Mode::Cluster {
-            return false;
-        }
         let Some(open) = self.open.as_mut() else {
             return false;
         };
@@ -307,51 +266,6 @@ impl Window {
             true
         } else {
             false
-        }
-    }
-
-    /// What the group has shown, for the learned hold.
-    pub fn history(&self) -> &History {
-        &self.history
-    }
-
-    /// Counts the group's work at `at` in its history, with the learned
-    /// hold in `cluster` scope (in `node` scope the gaps are the nodes':
-    /// see [`Window::learn_node`]).
-    pub fn learn(&mut self, at: Timestamp, cfg: &WindowConfig) {
-        if let Some(learned) = &cfg.learned
-            && cfg.mode == Mode::Cluster
-        {
-            self.history.work(at, learned.floor);
-        }
-    }
-
-    /// Counts what one of the group's nodes did in its history, with the
-    /// learned hold in `node` scope.
-    pub fn learn_node(&mut self, change: NodeChange, cfg: &WindowConfig) {
-        if let Some(learned) = node_learning(cfg) {
-            self.history.node(change, learned);
-        }
-    }
-
-    /// Counts the gone nodes no launch matched within the ceiling by `now`,
-    /// with the learned hold in `node` scope.
-    pub fn expire_gone(&mut self, now: Timestamp, cfg: &WindowConfig) {
-        if let Some(learned) = node_learning(cfg) {
-            self.history.expire_gone(now, learned);
-        }
-    }
-
-    /// Drops the history when the group no longer learns, or has shown no
-    /// work for [`STALE_HISTORY`]: a label value that is gone for good does
-    /// not stay in the record for ever.
-    pub fn forget_history_unless(&mut self, learning: bool, now: Timestamp) {
-        let stale = self
-            .history
-            .last_work()
-            .is_some_and(|last| plus(last, STALE_HISTORY) < now);
-        if !learning || stale {
-            self.history = History::default();
         }
     }
 
@@ -481,53 +395,11 @@ impl Window {
         self.closed_through
     }
 
-    /// Until when a node created at `creation` (whose last work, with
-    /// `--window-follows-work`, was at `last_work`) is held by the window at
-    /// `now`: in `cluster` mode the open window's deadline, in `node` mode
-    /// the node's own hold end, or a manual hold's end when that is later;
-    /// `None` once that is past, or when the window does not hold the node.
-    pub fn held_until(
-        &self,
-        creation: Timestamp,
-        last_work: Option<Timestamp>,
-        now: Timestamp,
-        cfg: &WindowConfig,
-    ) -> Option<Timestamp> {
-        let end = match cfg.mode {
-            Mode::Cluster => self.open().map(|open| open.deadline),
-            Mode::Node => self.node_hold_end(creation, last_work, now, cfg),
-        };
-        end.max(self.manual.as_ref().map(|m| m.until))
-            .filter(|&end| now < end)
+    /// Until when the window (or a manual hold, when that ends later) holds
+    /// the nodes it holds at `now`; `None` once that is past.
+    pub fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.deadline().filter(|&end| now < end)
     }
-
-    /// In `node` mode, when the node created at `creation` stops being held:
-    /// its creation (as [`Window::observe`] counts it) or its last work
-    /// (`--window-follows-work`; work "in the future" counts as now),
-    /// whichever is later, + hold; `None` when that was consumed (by a
-    /// `release`: work after the release holds the node again). Held while
-    /// `now` is before it. The per-node keep-alive Karpenter's
-    /// `consolidateAfter` counts, with node-holder's hold length.
-    pub fn node_hold_end(
-        &self,
-        creation: Timestamp,
-        last_work: Option<Timestamp>,
-        now: Timestamp,
-        cfg: &WindowConfig,
-    ) -> Option<Timestamp> {
-        let creation = self.effective_creation(creation, now);
-        let start = last_work.map_or(creation, |work| creation.max(work.min(now)));
-        if self.closed_through.is_some_and(|t| start <= t) {
-            return None;
-        }
-        Some(plus(start, cfg.node_hold()))
-    }
-}
-
-/// `t + d`, saturating at the end of time instead of failing.
-/// The learned hold's terms, when `node` scope learns its nodes' gaps.
-pub(super) fn node_learning(cfg: &WindowConfig) -> Option<&LearnedHold> {
-    cfg.learned.as_ref().filter(|_| cfg.mode == Mode::Node)
 }
 
 #[cfg(test)]
@@ -541,20 +413,14 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + m * MIN).unwrap()
     }
 
-    fn cfg(hold: u64, max_hold: Option<u64>, mode: Mode) -> WindowConfig {
+    fn cluster(hold: u64, max_hold: Option<u64>) -> WindowConfig {
         WindowConfig {
             hold: Duration::from_secs(hold * 60),
             max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
-            mode,
             release_pace: None,
             groups: Grouping::default(),
             group_holds: BTreeMap::new(),
-            learned: None,
         }
-    }
-
-    fn cluster(hold: u64, max_hold: Option<u64>) -> WindowConfig {
-        cfg(hold, max_hold, Mode::Cluster)
     }
 
     #[test]
@@ -586,15 +452,6 @@ mod tests {
         assert_eq!(w.deadline(), Some(t(10)));
         assert!(w.tick(t(10)));
         assert!(!w.follow_work(t(9), &cfg), "closed");
-        // In node scope each node holds on its own: work changes nothing.
-        let node = cfg_node();
-        let mut n = Window::default();
-        n.observe(t(0), t(0), &node);
-        assert!(!n.follow_work(t(5), &node));
-    }
-
-    fn cfg_node() -> WindowConfig {
-        cfg(10, None, Mode::Node)
     }
 
     fn deadline(w: &Window) -> Option<Timestamp> {
@@ -734,7 +591,7 @@ mod tests {
         assert!(w.tick(t(10)));
         assert_eq!(w.observe(t(60), t(19), &cfg), Observed::Consumed);
         assert_eq!(w.observe(t(60), t(65), &cfg), Observed::Consumed);
-        assert_eq!(w.node_hold_end(t(60), None, t(65), &cfg), None);
+        assert_eq!(w.held_until(t(65)), None);
         // Another skewed node, created later, opens a window when it is seen.
         assert_eq!(w.observe(t(80), t(20), &cfg), Observed::Opened);
         assert_eq!(w.open().unwrap().opened_at, t(20));
@@ -755,15 +612,6 @@ mod tests {
         w.release_now(t(20));
         assert_eq!(w.future_creations.keys().collect::<Vec<_>>(), [&t(30)]);
         assert_eq!(w.observe(t(30), t(40), &cfg), Observed::Consumed);
-    }
-
-    #[test]
-    fn a_future_creation_in_node_mode_holds_from_when_it_was_first_seen() {
-        let cfg = cfg(10, None, Mode::Node);
-        let mut w = Window::default();
-        w.observe(t(60), t(0), &cfg);
-        assert_eq!(w.node_hold_end(t(60), None, t(3), &cfg), Some(t(10)));
-        assert_eq!(w.node_hold_end(t(60), None, t(61), &cfg), Some(t(10)));
     }
 
     #[test]
@@ -869,52 +717,6 @@ mod tests {
     }
 
     #[test]
-    fn node_mode_tracks_the_latest_hold_end_without_a_cap() {
-        let cfg = cfg(10, Some(15), Mode::Node);
-        let mut w = Window::default();
-        for m in 0..40 {
-            w.observe(t(m), t(m), &cfg);
-        }
-        assert_eq!(w.open().unwrap().opened_at, t(0));
-        assert_eq!(deadline(&w), Some(t(49)), "no cap in node mode");
-        assert_eq!(w.node_hold_end(t(30), None, t(35), &cfg), Some(t(40)));
-        w.release_now(t(41));
-        assert_eq!(w.node_hold_end(t(39), None, t(41), &cfg), None);
-        assert_eq!(w.node_hold_end(t(42), None, t(42), &cfg), Some(t(52)));
-    }
-
-    /// With `--window-follows-work` a node's own hold runs from its last
-    /// work when that is later than its creation (work "in the future"
-    /// counts as now); a release consumes work up to it, and later work
-    /// holds the node again.
-    #[test]
-    fn in_node_mode_a_nodes_hold_runs_from_its_last_work() {
-        let cfg = cfg(10, None, Mode::Node);
-        let mut w = Window::default();
-        w.observe(t(0), t(0), &cfg);
-        assert_eq!(w.node_hold_end(t(0), Some(t(25)), t(30), &cfg), Some(t(35)));
-        assert_eq!(w.node_hold_end(t(0), Some(t(-5)), t(30), &cfg), Some(t(10)));
-        assert_eq!(w.node_hold_end(t(0), Some(t(90)), t(30), &cfg), Some(t(40)));
-        assert_eq!(w.held_until(t(0), Some(t(25)), t(36), &cfg), None);
-        w.release_now(t(31));
-        assert_eq!(w.node_hold_end(t(0), Some(t(25)), t(32), &cfg), None);
-        assert_eq!(w.node_hold_end(t(0), Some(t(33)), t(34), &cfg), Some(t(43)));
-    }
-
-    #[test]
-    fn a_max_hold_shorter_than_the_hold_bounds_each_node() {
-        let cfg = cfg(10, Some(4), Mode::Node);
-        assert_eq!(cfg.node_hold(), Duration::from_secs(4 * 60));
-        let w = Window::default();
-        assert_eq!(w.node_hold_end(t(0), None, t(0), &cfg), Some(t(4)));
-        assert_eq!(
-            w.node_hold_end(t(9), None, t(0), &cfg),
-            Some(t(4)),
-            "clamped"
-        );
-    }
-
-    #[test]
     fn the_record_is_small_camel_case_json() {
         let cfg = cluster(10, Some(30));
         let mut w = Window::default();
@@ -944,38 +746,25 @@ mod tests {
     }
 
     #[test]
-    fn a_manual_hold_holds_every_node_in_either_mode_until_its_end() {
-        for cfg in [cluster(10, Some(15)), cfg(10, Some(15), Mode::Node)] {
-            let mut w = Window::default();
-            assert_eq!(
-                w.hold_manually(manual(0, 45), t(0)),
-                ManualHoldOutcome::Started
-            );
-            assert!(w.is_open(t(44)) && !w.is_open(t(45)), "{cfg:?}");
-            // Old nodes, consumed ones and new ones alike; the cap does not cut it.
-            assert_eq!(
-                w.held_until(t(-600), None, t(30), &cfg),
-                Some(t(45)),
-                "{cfg:?}"
-            );
-            assert_eq!(w.observe(t(1), t(1), &cfg), Observed::Opened);
-            assert_eq!(
-                w.held_until(t(1), None, t(40), &cfg),
-                Some(t(45)),
-                "{cfg:?}"
-            );
-            assert_eq!(w.next_wake(), Some(t(11)), "{cfg:?}");
-            assert!(w.tick(t(15)), "the node window closes by itself");
-            assert_eq!(
-                w.held_until(t(1), None, t(20), &cfg),
-                Some(t(45)),
-                "{cfg:?}"
-            );
-            assert_eq!(w.next_wake(), Some(t(45)));
-            assert!(!w.tick(t(45)));
-            assert_eq!(w.manual(), None);
-            assert_eq!(w.held_until(t(1), None, t(45), &cfg), None, "{cfg:?}");
-        }
+    fn a_manual_hold_holds_every_node_until_its_end() {
+        let cfg = cluster(10, Some(15));
+        let mut w = Window::default();
+        assert_eq!(
+            w.hold_manually(manual(0, 45), t(0)),
+            ManualHoldOutcome::Started
+        );
+        assert!(w.is_open(t(44)) && !w.is_open(t(45)));
+        // The cap does not cut it.
+        assert_eq!(w.held_until(t(30)), Some(t(45)));
+        assert_eq!(w.observe(t(1), t(1), &cfg), Observed::Opened);
+        assert_eq!(w.held_until(t(40)), Some(t(45)));
+        assert_eq!(w.next_wake(), Some(t(11)));
+        assert!(w.tick(t(15)), "the node window closes by itself");
+        assert_eq!(w.held_until(t(20)), Some(t(45)));
+        assert_eq!(w.next_wake(), Some(t(45)));
+        assert!(!w.tick(t(45)));
+        assert_eq!(w.manual(), None);
+        assert_eq!(w.held_until(t(45)), None);
     }
 
     #[test]
@@ -1011,7 +800,7 @@ mod tests {
         w.hold_manually(manual(0, 45), t(0));
         assert!(w.release_now(t(5)));
         assert!(!w.is_open(t(5)));
-        assert_eq!(w.held_until(t(-10), None, t(6), &cfg), None);
+        assert_eq!(w.held_until(t(6)), None);
         assert_eq!(w.next_wake(), None);
         // A node created after the release opens a window of its own.
         assert_eq!(w.observe(t(7), t(7), &cfg), Observed::Opened);

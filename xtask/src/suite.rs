@@ -38,7 +38,6 @@ const TEST_THREADS: &str = "4";
 /// all the same.
 const LONGEST_FIRST: &[&str] = &[
     "node-holder test karpenter",
-    "node-holder test learned_hold",
     "node-holder test soak",
     "xtask test demo",
     "node-holder test image",

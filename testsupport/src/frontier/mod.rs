@@ -37,10 +37,8 @@
 
 pub mod arms;
 pub mod days;
-pub mod model;
 pub mod recorder;
 pub mod report;
-pub mod sweep;
 pub mod trace;
 pub mod workload;
 
@@ -137,7 +135,7 @@ pub(crate) fn levels(steps: &Steps) -> Vec<Level> {
 }
 
 /// What a day of nodes cost: the clairvoyant schedule's
-/// ([`optimum`]), or a keep-alive's in the model ([`model::keep_alive`]).
+/// ([`optimum`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Priced {
     pub launches: usize,

@@ -257,11 +257,10 @@ fn points(arms: &[Arm], day: &DayRuns<'_>) -> Vec<Point> {
         .map(|a| {
             let launches = mean(&day.per_seed(&a.name, |_, o| o.launches as f64));
             let seconds = mean(&day.per_seed(&a.name, |_, o| o.node_seconds));
-            let color = match (a.hold, a.follows_work, a.learned) {
-                (None, _, _) => RED,
-                (_, _, Some(_)) => MAGENTA,
-                (Some(_), false, _) => BLUE,
-                (Some(_), true, _) => GREEN,
+            let color = match (a.hold, a.follows_work) {
+                (None, _) => RED,
+                (Some(_), false) => BLUE,
+                (Some(_), true) => GREEN,
             };
             (a.name.clone(), launches, seconds, color)
         })
@@ -330,9 +329,13 @@ fn draw_points(
 mod tests {
     use super::*;
 
-    /// A kept trace of the cron day (seed 2, every `ka-*` and `ni*` arm).
-    fn kept_trace() -> (Day, Result<Trace>) {
-        kept("cron-seed2-node-gaps.json")
+    /// The kept traces of the cron day, seed 2: Karpenter's arms, then
+    /// node-holder's fixed holds.
+    fn kept_traces() -> [(Day, Result<Trace>); 2] {
+        [
+            kept("cron-seed2-node-gaps.json"),
+            kept("cron-seed2-nh.json"),
+        ]
     }
 
     fn kept(name: &str) -> (Day, Result<Trace>) {
@@ -350,38 +353,40 @@ mod tests {
             .filter(|a| arms.contains(&a.name.as_str()))
             .collect();
         let out = tempfile::tempdir().unwrap();
-        write(out.path(), &arms, &[kept_trace()]).unwrap();
+        write(out.path(), &arms, &kept_traces()).unwrap();
         std::fs::read_to_string(out.path().join("report.md")).unwrap()
     }
 
     #[test]
     fn arms_are_paired_against_the_default_and_the_best_knob_that_played() {
-        let all = report(&["ka-0s", "ka-5m", "ni-5m"]);
+        let all = report(&["ka-0s", "ka-5m", "nh-5m"]);
         assert!(all.contains("| arm | vs ka-0s | vs ka-5m |"), "{all}");
-        let no_default = report(&["ka-5m", "ni-5m"]);
+        let no_default = report(&["ka-5m", "nh-5m"]);
         assert!(no_default.contains("| arm | vs ka-5m |"), "{no_default}");
-        assert!(no_default.contains("| ni-5m |"), "{no_default}");
-        let default_best = report(&["ka-0s", "ka-10m", "ni-5m"]);
+        assert!(no_default.contains("| nh-5m |"), "{no_default}");
+        let default_best = report(&["ka-0s", "ka-10m", "nh-5m"]);
         assert!(
             default_best.contains("| arm | vs ka-0s |\n"),
             "{default_best}"
         );
-        let no_knob = report(&["ni-5m", "nil-5m"]);
+        let no_knob = report(&["nh-5m", "nh-2m"]);
         assert!(!no_knob.contains("paired per seed"), "{no_knob}");
-        assert!(no_knob.contains("| nil-5m |"), "{no_knob}");
+        assert!(no_knob.contains("| nh-2m |"), "{no_knob}");
     }
 
     #[test]
     fn runs_of_one_seed_are_one_run_with_the_arms_of_each() {
+        let played = ["ka-0s", "kaw-5m", "nh-5m"];
         let arms: Vec<Arm> = Arm::all()
             .into_iter()
-            .filter(|a| ["ka-0s", "ni-5m", "niw-5m"].contains(&a.name.as_str()))
+            .filter(|a| played.contains(&a.name.as_str()))
             .collect();
-        let results = [kept_trace(), kept("cron-seed2-when-empty.json")];
+        let [karpenter, node_holder] = kept_traces();
+        let results = [karpenter, kept("cron-seed2-kaw.json"), node_holder];
         let days = by_day(&arms, &results);
         assert_eq!(days.len(), 1);
         assert_eq!(days[0].runs.len(), 1, "one seed, one run");
-        for arm in ["ka-0s", "ni-5m", "niw-5m"] {
+        for arm in played {
             assert!(days[0].played(arm), "{arm}");
         }
         let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s");

@@ -41,8 +41,7 @@ pub struct Trace {
     pub end: f64,
     /// node-holder's record (ConfigMap `node-holder-window`'s data) as each
     /// cluster's install left it when its last node was gone, by the
-    /// cluster's arms (`nf-2m,nl-5m`): each group's window and, with the
-    /// learned hold, the gaps it learned from.
+    /// cluster's arms (`nf-2m,nf-5m`): each group's window.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub records: BTreeMap<String, BTreeMap<String, String>>,
 }
