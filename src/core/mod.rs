@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod budget;
+pub mod due;
 pub mod groups;
 pub mod holds;
 pub mod names;
@@ -12,6 +13,7 @@ pub mod pace;
 pub mod patch;
 pub mod plan;
 pub mod requests;
+pub mod schedule;
 pub mod selector;
 pub mod window;
 
