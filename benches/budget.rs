@@ -191,12 +191,12 @@ async fn start_serve(
     node_count: usize,
     follows: bool,
 ) -> Result<common::Served> {
-    common::install_nodepool_rbac(cp).await;
+    common::install_rbac_for(cp, "nodepools").await;
     let t = Instant::now();
     let hold = format!("--hold-duration={}s", HOLD.as_secs());
     let mut args = vec![hold.as_str(), "--hold-mechanism=budget"];
     if follows {
-        common::install_nodeclaim_rbac(cp).await;
+        common::install_rbac_for(cp, "nodeclaims").await;
         args.push("--window-follows-work");
     }
     let served = common::serve(cp, &args).await;

@@ -212,7 +212,7 @@ async fn start_node_holder(
         return Ok(None);
     };
     if arms.iter().any(|a| a.follows_work) {
-        common::install_nodeclaim_rbac(cp).await;
+        common::install_rbac_for(cp, "nodeclaims").await;
     }
     let args = arms::serve_args(arms);
     let served = common::serve(cp, &common::window::strs(&args)).await;

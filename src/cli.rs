@@ -291,6 +291,16 @@ pub struct WindowArgs {
     /// only.
     #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
     pub window_follows_work: bool,
+
+    /// What a launch costs beyond its node-seconds (boot, image pulls,
+    /// warm-up), as node-time (`5m`: a launch costs as much as five minutes
+    /// of one idle node). Set, node-holder reads the cluster's CronJobs and
+    /// their Jobs' pods: a node running a CronJob's pod is held while it
+    /// runs, an idle one only when a run due within this time will use it
+    /// (until the run starts), and such nodes open no window; other work
+    /// keeps the window. `0`: off.
+    #[arg(long, env = "NODE_HOLDER_LAUNCH_COST", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub launch_cost: Duration,
 }
 
 /// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
@@ -696,6 +706,15 @@ impl PolicyArgs {
 }
 
 impl WindowArgs {
+    /// The schedule hold's terms (`--launch-cost`), `None` when it is off.
+    pub fn schedule_terms(&self) -> Option<crate::core::due::Terms> {
+        (!self.launch_cost.is_zero()).then_some(crate::core::due::Terms {
+            launch_cost: self.launch_cost,
+            grace: crate::core::due::RUN_GRACE,
+            settle: crate::core::due::SETTLE,
+        })
+    }
+
     /// The window's arithmetic the flags describe (`--max-hold 0`: no cap).
     pub fn window_config(&self) -> WindowConfig {
         WindowConfig {

@@ -181,6 +181,8 @@ fn leader_config(
         // A release or a manual hold run by hand ends or sets the windows
         // outright: there is no later deadline for work to move.
         follow_work: false,
+        // Nor does it keep nodes for scheduled runs: it acts on the windows.
+        schedule: None,
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).

@@ -38,6 +38,7 @@ pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<control
         },
         lease_duration: args.leader.lease_duration,
         follow_work: args.window.window_follows_work,
+        schedule: args.window.schedule_terms(),
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         node_events_per_pass: args.node_events_per_pass,
@@ -55,6 +56,7 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
     for (flag, value) in [
         ("--hold-duration", args.window.hold_duration),
         ("--max-hold", args.window.max_hold),
+        ("--launch-cost", args.window.launch_cost),
     ] {
         if value > LONGEST_HOLD {
             bail!(

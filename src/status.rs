@@ -747,6 +747,7 @@ mod tests {
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
             window_follows_work: false,
+            launch_cost: None,
             held_until_annotation: true,
         }
     }

@@ -47,7 +47,7 @@ async fn budgets(pools: &Api<DynamicObject>, name: &str) -> Value {
 }
 
 async fn serve_budget(c: &Cluster) -> Served {
-    common::install_nodepool_rbac(&c.cp).await;
+    common::install_rbac_for(&c.cp, "nodepools").await;
     let flags = fast(
         "60s",
         &["--hold-mechanism=budget", "--nodepool-selector=hold!=no"],
@@ -151,7 +151,7 @@ async fn the_budget_goes_on_the_pools_in_scope_and_exactly_it_comes_off_after_a_
 #[tokio::test]
 async fn without_karpenters_nodepool_api_each_pass_says_why_and_the_pools_hold_once_it_is_there() {
     let c = Cluster::start().await;
-    common::install_nodepool_rbac(&c.cp).await;
+    common::install_rbac_for(&c.cp, "nodepools").await;
     let flags = fast("10m", &["--hold-mechanism=budget", "--log-level=debug"]);
     let mut served = common::serve(&c.cp, &strs(&flags)).await;
     create(&c.nodes, "g-1", &[(LABEL, "general")], &[]).await;

@@ -79,6 +79,7 @@ fn written() -> (Value, Value, Value) {
         nodepool_selector: String::new(),
         group_hold_durations: cfg.group_holds.clone(),
         window_follows_work: true,
+        launch_cost: Some(Duration::from_secs(300)),
         held_until_annotation: false,
     };
     let budgets: AddedBudgets = BTreeMap::from([(

@@ -730,7 +730,7 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
         ..Disruption::default()
     })
     .await;
-    common::install_nodepool_rbac(a.cp()).await;
+    common::install_rbac_for(a.cp(), "nodepools").await;
     let served =
         install_node_holder(&a, &["--hold-duration=120s", "--hold-mechanism=budget"]).await;
     let records = records(&a);
@@ -828,7 +828,7 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
 async fn work_landing_on_held_nodes_keeps_the_window_open_past_its_first_deadline() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     common::install_node_holder_rbac(a.cp()).await;
-    common::install_nodeclaim_rbac(a.cp()).await;
+    common::install_rbac_for(a.cp(), "nodeclaims").await;
     let served = install_node_holder(&a, &["--hold-duration=60s", "--window-follows-work"]).await;
     let records = records(&a);
     let first = a.wave("wave-1", 2).await;
@@ -945,7 +945,7 @@ async fn in_policy_mode_karpenters_nodes_are_held_at_create_with_node_holder_dow
 async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     let owner = pool_budgets(&a).await;
-    common::install_nodepool_rbac(a.cp()).await;
+    common::install_rbac_for(a.cp(), "nodepools").await;
     // The budget alone (no webhook): no node carries an annotation that
     // would outlive node-holder.
     let mut served = serve(

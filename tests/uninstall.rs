@@ -219,7 +219,7 @@ async fn uninstall_with_the_budget_mechanism_takes_node_holders_entry_off_and_ke
         },
     );
     testenv::apply_objects(&admin, &[pool]).await.unwrap();
-    common::install_nodepool_rbac(&c.cp).await;
+    common::install_rbac_for(&c.cp, "nodepools").await;
     let args = fast("10m", &["--hold-mechanism=budget"]);
     let served = serve(&c.cp, &strs(&args)).await;
     deployment(&c.cp).await;

@@ -14,6 +14,7 @@ impl WindowTask {
     ) -> Result<PassOutcome> {
         let mut planner = planner(&self.windows, &self.config, snapshot, now);
         planner.pool_budgets = pool_budgets;
+        planner.kept = self.config.schedule.map(|_| &self.kept);
         let planner = &planner;
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
@@ -262,6 +263,7 @@ pub(super) fn planner<'a>(
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
         stamps: config.held_until_annotation,
+        kept: None,
         pool_budgets: None,
     }
 }

@@ -16,6 +16,7 @@ mod observe;
 pub mod patcher;
 pub mod record;
 mod requests;
+mod scheduled;
 mod watches;
 mod work;
 
@@ -43,6 +44,7 @@ use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
+use crate::core::due::Terms;
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::is_marked;
@@ -57,6 +59,7 @@ use events::{EventSink, HoldEvent, PassEvents};
 use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
 use record::{RecordStore, ReleaseRequest, Settings};
+use scheduled::{ScheduledWatch, watch_scheduled};
 use work::{WorkWatch, watch_work};
 
 /// Everything the window task runs with.
@@ -72,6 +75,9 @@ pub struct Config {
     pub lease_duration: Duration,
     /// `--window-follows-work`: work on held nodes keeps their window open.
     pub follow_work: bool,
+    /// `--launch-cost`: the schedule keeps exactly the nodes due runs will
+    /// use; `None`: off.
+    pub schedule: Option<Terms>,
     pub qps: u32,
     pub max_in_flight: usize,
     /// How many nodes of one pass's patches one way get an Event each;
@@ -103,6 +109,7 @@ impl Config {
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
             window_follows_work: self.follow_work,
+            launch_cost: self.schedule.map(|terms| terms.launch_cost),
             held_until_annotation: self.held_until_annotation,
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
@@ -151,6 +158,16 @@ struct WindowTask {
     added: AddedBudgets,
     /// `--window-follows-work`: the last work on each node, while leading.
     work: Option<WorkWatch>,
+    /// `--launch-cost`: the CronJobs and their pods, while leading.
+    scheduled: Option<ScheduledWatch>,
+    /// `--launch-cost`: every node a known CronJob's pods ran on, while it
+    /// exists (it never counts in a window, even once its pods are gone).
+    explained: BTreeSet<String>,
+    /// `--launch-cost`: the nodes the schedule keeps this pass, each until
+    /// when, if known.
+    kept: std::collections::BTreeMap<String, Option<Timestamp>>,
+    /// CronJobs whose schedule was said to be unpredictable (once each).
+    unpredictable: BTreeSet<String>,
     /// A release request not handled yet.
     release_request: Option<ReleaseRequest>,
     /// A release request handled but not yet recorded as done: some of its
@@ -212,6 +229,10 @@ impl WindowTask {
             pools,
             added: AddedBudgets::new(),
             work: None,
+            scheduled: None,
+            explained: BTreeSet::new(),
+            kept: Default::default(),
+            unpredictable: BTreeSet::new(),
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
@@ -241,6 +262,11 @@ impl WindowTask {
             .then(|| watch_work(self.client.clone(), watch_backoff()));
 
         let mut work_changes = self.work.as_ref().map(|w| w.changes.clone());
+        self.scheduled = self
+            .config
+            .schedule
+            .map(|_| watch_scheduled(self.client.clone(), watch_backoff));
+        let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
         let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
@@ -249,7 +275,8 @@ impl WindowTask {
             // No pass on a store that may miss nodes: before the first list,
             // and from a watch failure until the next complete list; nor,
             // following work, before the NodeClaims are listed.
-            let work_listed = self.work.as_ref().is_none_or(|w| w.seen.listed());
+            let work_listed = self.work.as_ref().is_none_or(|w| w.seen.listed())
+                && self.scheduled.as_ref().is_none_or(ScheduledWatch::listed);
             let synced = seen.lists > 0 && !seen.broken && work_listed;
             let due = next.due().or_at(wake);
             tokio::select! {
@@ -270,6 +297,7 @@ impl WindowTask {
                 },
                 change = pool_changes.try_next() => pool_changed(&mut next, change)?,
                 () = work_changed(&mut work_changes) => next.change(Instant::now()),
+                () = work_changed(&mut schedule_changes) => next.change(Instant::now()),
                 () = sleep_until(due, synced) => {
                     next.ran();
                     wake = self.timed_pass(&nodes).await;
@@ -343,6 +371,7 @@ impl WindowTask {
         let snapshot = nodes.snapshot();
         self.apply_requests(now);
         self.follow_work(&snapshot, now);
+        self.keep_for_schedules(&snapshot, now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.

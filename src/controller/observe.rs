@@ -12,7 +12,7 @@ impl WindowTask {
         let cfg = &self.config.window.clone();
         let in_scope: Vec<InScope> = snapshot
             .iter()
-            .filter(|node| node.in_scope())
+            .filter(|node| node.in_scope() && self.counts_in_window(node, now))
             .map(|node| InScope {
                 node,
                 group: cfg.groups.group_of(&**node),

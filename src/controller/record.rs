@@ -117,6 +117,13 @@ pub struct Settings {
     /// `--window-follows-work`; absent: windows follow new nodes only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub window_follows_work: bool,
+    /// `--launch-cost`; absent: the schedule keeps nothing.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "humantime_serde::option"
+    )]
+    pub launch_cost: Option<std::time::Duration>,
     /// `--held-until-annotation`; absent: true (the default is not written).
     #[serde(default = "stamps_on", skip_serializing_if = "is_on")]
     pub held_until_annotation: bool,

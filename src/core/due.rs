@@ -11,11 +11,22 @@
 //! as many nodes as its last run occupied. Pure: the caller reads the
 //! schedules ([`super::schedule`]) and the nodes.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::known::KnownWork;
 use super::plus;
+
+/// How long after a run's start its kept nodes stay kept while its pods
+/// land on them (the CronJob controller starts a Job within seconds; the
+/// scheduler binds its pods within seconds more).
+pub const RUN_GRACE: Duration = Duration::from_secs(60);
+
+/// How long a new node is kept before its pods tell whether the schedule
+/// explains it: a launched node's pods bind within seconds of its readiness.
+pub const SETTLE: Duration = Duration::from_secs(60);
 
 /// A CronJob's next run in a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +37,9 @@ pub struct Run {
     pub at: Timestamp,
     /// How many nodes its last run occupied.
     pub nodes: usize,
+    /// The nodes its last run occupied: kept for it first (its images are
+    /// there).
+    pub on: Vec<String>,
 }
 
 /// An idle node kept for a run.
@@ -45,6 +59,89 @@ pub struct Terms {
     /// break-even time of keeping an idle node.
     pub launch_cost: Duration,
     pub grace: Duration,
+    /// How long a new node is kept before its pods tell whether the schedule
+    /// explains it (it opens no window until then).
+    pub settle: Duration,
+}
+
+/// Why the schedule keeps a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keep<'a> {
+    /// It runs a known CronJob's pod: kept until the run ends.
+    Busy,
+    /// New, and its pods have not said yet what it is for.
+    Settling { until: Timestamp },
+    /// Idle, and a run due within the launch cost will use it.
+    ForRun(Reserved<'a>),
+}
+
+impl Keep<'_> {
+    /// Until when it is kept, if that is known.
+    pub fn until(&self) -> Option<Timestamp> {
+        match self {
+            Keep::Busy => None,
+            Keep::Settling { until } => Some(*until),
+            Keep::ForRun(reserved) => Some(reserved.until),
+        }
+    }
+}
+
+/// A node in scope as the schedule hold reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeView<'a> {
+    pub name: &'a str,
+    pub group: &'a str,
+    pub created: Timestamp,
+    /// It carries node-holder's hold now.
+    pub marked: bool,
+}
+
+/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
+/// yet `explained` (every node a known CronJob's pods have run on, as the
+/// caller remembers them), and in each group the idle ones the runs due
+/// within the launch cost will use (held ones first, then the newest).
+pub fn keep<'a>(
+    nodes: &[NodeView<'a>],
+    known: &'a KnownWork,
+    explained: &BTreeSet<String>,
+    now: Timestamp,
+    terms: &Terms,
+) -> BTreeMap<&'a str, Keep<'a>> {
+    let mut kept = BTreeMap::new();
+    let mut idle: BTreeMap<&str, Vec<&NodeView<'a>>> = BTreeMap::new();
+    for node in nodes {
+        let settled = plus(node.created, terms.settle);
+        if known.busy.contains(node.name) {
+            kept.insert(node.name, Keep::Busy);
+        } else if !explained.contains(node.name) && now < settled {
+            kept.insert(node.name, Keep::Settling { until: settled });
+        } else {
+            idle.entry(node.group).or_default().push(node);
+        }
+    }
+    for (group, mut nodes) in idle {
+        let Some(runs) = known.runs.get(group) else {
+            continue;
+        };
+        nodes.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
+        let names: Vec<&'a str> = nodes.iter().map(|n| n.name).collect();
+        for reserved in reserve(&names, runs, now, terms) {
+            kept.insert(reserved.node, Keep::ForRun(reserved));
+        }
+    }
+    kept
+}
+
+/// Whether the window counts a node: not while it settles, never once a
+/// known CronJob's pods explained it.
+pub fn counts_in_window(
+    name: &str,
+    created: Timestamp,
+    explained: &BTreeSet<String>,
+    now: Timestamp,
+    terms: &Terms,
+) -> bool {
+    !explained.contains(name) && now >= plus(created, terms.settle)
 }
 
 impl Terms {
@@ -55,10 +152,11 @@ impl Terms {
     }
 }
 
-/// The idle nodes (in the order they should be kept: those already held
-/// first) that the runs due within the break-even time will use, earliest
-/// run first, each for as many nodes as it needs and as there are. The
-/// nodes not listed are kept by nothing here.
+/// The idle nodes that the runs due within the break-even time will use,
+/// earliest run first, each for as many nodes as it needs and as there are:
+/// the nodes its last run occupied first, then the others in the order
+/// given (those already held first). The nodes not listed are kept by
+/// nothing here.
 pub fn reserve<'a>(
     idle: &[&'a str],
     runs: &'a [Run],
@@ -67,15 +165,15 @@ pub fn reserve<'a>(
 ) -> Vec<Reserved<'a>> {
     let mut due: Vec<&Run> = runs.iter().filter(|r| terms.pays(now, r.at)).collect();
     due.sort_by(|a, b| (a.at, &a.cronjob).cmp(&(b.at, &b.cronjob)));
-    let mut free = idle.iter().copied();
+    let mut free: Vec<&'a str> = idle.to_vec();
     let mut kept = Vec::new();
     for run in due {
         let until = plus(run.at, terms.grace);
-        kept.extend(
-            free.by_ref()
-                .take(run.nodes)
-                .map(|node| Reserved { node, run, until }),
-        );
+        let own = free.iter().filter(|n| run.on.iter().any(|o| o == *n));
+        let others = free.iter().filter(|n| !run.on.iter().any(|o| o == *n));
+        let taken: Vec<&'a str> = own.chain(others).take(run.nodes).copied().collect();
+        free.retain(|n| !taken.contains(n));
+        kept.extend(taken.into_iter().map(|node| Reserved { node, run, until }));
     }
     kept
 }
@@ -111,6 +209,7 @@ mod tests {
             cronjob: cronjob.into(),
             at: t(at),
             nodes,
+            on: Vec::new(),
         }
     }
 
@@ -118,7 +217,75 @@ mod tests {
         Terms {
             launch_cost: Duration::from_secs(launch_minutes * 60),
             grace: Duration::from_secs(60),
+            settle: Duration::from_secs(60),
         }
+    }
+
+    fn view(
+        name: &'static str,
+        group: &'static str,
+        created: i64,
+        marked: bool,
+    ) -> NodeView<'static> {
+        NodeView {
+            name,
+            group,
+            created: t(created),
+            marked,
+        }
+    }
+
+    /// Pool `batch` runs a report every 4 minutes on 2 nodes; `web` has a
+    /// nightly job: its idle nodes are kept by nothing.
+    #[test]
+    fn the_schedule_keeps_busy_new_and_due_nodes_only() {
+        let known = KnownWork {
+            runs: BTreeMap::from([
+                ("batch".to_string(), vec![run("team/report", 4, 2)]),
+                ("web".to_string(), vec![run("team/nightly", 600, 1)]),
+            ]),
+            busy: BTreeSet::from(["b-busy".to_string()]),
+            ..KnownWork::default()
+        };
+        let explained: BTreeSet<String> = ["b-old", "b-held", "b-busy", "w-old"]
+            .map(String::from)
+            .into();
+        let nodes = [
+            view("b-busy", "batch", -30, true),
+            view("b-old", "batch", -30, false),
+            view("b-held", "batch", -20, true),
+            view("b-other", "batch", -40, false),
+            view("b-new", "batch", 0, true),
+            view("w-old", "web", -30, true),
+        ];
+        let kept = keep(&nodes, &known, &explained, t(0), &terms(5));
+        assert_eq!(kept["b-busy"], Keep::Busy);
+        assert_eq!(kept["b-new"], Keep::Settling { until: t(1) });
+        // Two nodes for the report: the held one first, then the newest.
+        let for_run: Vec<&str> = kept
+            .iter()
+            .filter(|(_, k)| matches!(k, Keep::ForRun(_)))
+            .map(|(n, _)| *n)
+            .collect();
+        assert_eq!(for_run, ["b-held", "b-old"]);
+        assert_eq!(kept["b-held"].until(), Some(t(5)));
+        assert!(!kept.contains_key("w-old") && !kept.contains_key("b-other"));
+        // The window counts neither explained nor settling nodes.
+        assert!(!counts_in_window(
+            "b-old",
+            t(-30),
+            &explained,
+            t(0),
+            &terms(5)
+        ));
+        assert!(!counts_in_window(
+            "b-new",
+            t(0),
+            &explained,
+            t(0),
+            &terms(5)
+        ));
+        assert!(counts_in_window("b-new", t(0), &explained, t(1), &terms(5)));
     }
 
     fn kept<'a>(reserved: &[Reserved<'a>]) -> Vec<(&'a str, &'a str)> {
@@ -173,6 +340,15 @@ mod tests {
             kept(&short),
             [("a", "batch/every-3m"), ("b", "batch/every-4m")]
         );
+    }
+
+    #[test]
+    fn a_run_keeps_the_nodes_its_last_run_occupied_first() {
+        let mut often = run("batch/often", 1, 1);
+        often.on = vec!["b".into(), "gone".into()];
+        let runs = [often];
+        let reserved = reserve(&["a", "b", "c"], &runs, t(0), &terms(5));
+        assert_eq!(kept(&reserved), [("b", "batch/often")]);
     }
 
     #[test]

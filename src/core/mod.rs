@@ -7,6 +7,7 @@ pub mod budget;
 pub mod due;
 pub mod groups;
 pub mod holds;
+pub mod known;
 pub mod names;
 pub mod node;
 pub mod pace;

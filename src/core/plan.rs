@@ -96,6 +96,10 @@ pub struct Planner<'a> {
     /// `--held-until-annotation`: held nodes carry `held-until`; `false`:
     /// none does (a stamp left from before is removed).
     pub stamps: bool,
+    /// `--launch-cost`: the nodes the schedule keeps (see
+    /// [`super::due::keep`]), each until when, if that is known. A node kept
+    /// is held whatever its window says.
+    pub kept: Option<&'a BTreeMap<String, Option<Timestamp>>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -159,8 +163,12 @@ impl Planner<'_> {
         }
         let group = self.cfg.groups.group_of(node);
         let until = self.windows.held_until(group, self.now);
-        let kept = self.keeps(node, group);
-        (until.is_some() || kept, until)
+        let paced = self.keeps(node, group);
+        match self.kept.and_then(|kept| kept.get(node.name())) {
+            // Held at least until the later end known (`None` < `Some`).
+            Some(&scheduled) => (true, until.max(scheduled)),
+            None => (until.is_some() || paced, until),
+        }
     }
 
     /// With budgets, why the node needs no hold annotation: `Some(pool)`
@@ -243,14 +251,20 @@ impl Planner<'_> {
             .map(Some)
     }
 
-    /// When this node's plan changes by itself: when its `held-until` passes
-    /// before the hold ends (it is rewritten then).
+    /// When this node's plan changes by itself: when the schedule stops
+    /// keeping it, or when its `held-until` passes before the hold ends (it
+    /// is rewritten then).
     fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
+        let scheduled = self
+            .kept
+            .and_then(|kept| kept.get(node.name()).copied().flatten());
         let (wanted, until) = self.wanted(node);
-        let until = until.filter(|_| wanted)?;
-        held_until_stamp(node).filter(|&stamp| {
-            self.stamps && is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
-        })
+        let stamp = until.filter(|_| wanted).and_then(|until| {
+            held_until_stamp(node).filter(|&stamp| {
+                self.stamps && is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
+            })
+        });
+        scheduled.into_iter().chain(stamp).min()
     }
 
     /// When the plan changes by itself (a hold ends), absent node changes:
@@ -405,6 +419,7 @@ mod tests {
             now,
             paced: paced_keep(windows, cfg, now, &nodes),
             stamps: true,
+            kept: None,
             pool_budgets: None,
         };
         plan_all(&planner, &nodes)
@@ -579,6 +594,7 @@ mod tests {
             now: t(1),
             paced: BTreeMap::new(),
             stamps: false,
+            kept: None,
             pool_budgets: None,
         };
         let plan = plan_all(&planner, &nodes);
@@ -656,6 +672,35 @@ mod tests {
         let release = &plan.release[0];
         assert!(release.keys.is_empty());
         assert_eq!(release.left, ["karpenter.sh/do-not-disrupt"]);
+    }
+
+    /// `--launch-cost`: with no window open, the nodes the schedule keeps
+    /// are held (a busy one with no end, a reserved one until its run) and
+    /// the others released; the plan wakes when a reservation ends.
+    #[test]
+    fn the_nodes_the_schedule_keeps_are_held_and_the_rest_released() {
+        let cfg = cfg();
+        let windows = Windows::default();
+        let nodes = stored(
+            &[held("busy", -30), held("due", -30), held("idle", -30)],
+            &NodeScope::default(),
+        );
+        let kept = BTreeMap::from([("busy".to_string(), None), ("due".to_string(), Some(t(4)))]);
+        let planner = Planner {
+            windows: &windows,
+            cfg: &cfg,
+            holds: &holds(),
+            now: t(0),
+            paced: BTreeMap::new(),
+            stamps: true,
+            kept: Some(&kept),
+            pool_budgets: None,
+        };
+        let plan = plan_all(&planner, &nodes);
+        assert_eq!(names(&plan.release), ["idle"]);
+        assert_eq!(names(&plan.stamp), ["due"], "stamped with its run's time");
+        assert_eq!(plan.stamp[0].until, Some(t(4)));
+        assert_eq!(plan.wake, Some(t(4)));
     }
 
     #[test]
@@ -841,6 +886,7 @@ mod tests {
             now: t(1),
             paced: BTreeMap::new(),
             stamps: true,
+            kept: None,
             pool_budgets: Some(&covered),
         };
         let plan = plan_all(&planner, &nodes);

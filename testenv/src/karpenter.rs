@@ -347,7 +347,8 @@ fn node_pool(name: &str, disruption: &Disruption, taints: Value) -> Value {
 
 /// Starts one of Kubernetes' own components as the admin, outside a
 /// cluster: no leader election and no serving port (nothing here scrapes
-/// it), with `extra` flags.
+/// it), with `extra` flags, in UTC as its image runs it (the CronJob
+/// controller reads a schedule without `timeZone` in its own zone).
 fn start_kube_component(
     cp: &ControlPlane,
     name: &'static str,
@@ -361,7 +362,9 @@ fn start_kube_component(
         "--v=1".into(),
     ];
     args.extend_from_slice(extra);
-    ManagedChild::spawn(name, binary, &args, &cp.dir().join(format!("{name}.log")))
+    let mut command = std::process::Command::new(binary);
+    command.args(&args).env("TZ", "UTC");
+    ManagedChild::spawn_command(name, command, &cp.dir().join(format!("{name}.log")))
 }
 
 fn start_scheduler(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
@@ -369,11 +372,12 @@ fn start_scheduler(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<Mana
 }
 
 /// The controllers a Karpenter cluster needs: node lifecycle (lifts the
-/// `not-ready` taint the API server puts on every new Node), Jobs,
-/// ReplicaSets and Deployments, and garbage collection of their pods.
-const CONTROLLERS: &str = "node-lifecycle-controller,job-controller,replicaset-controller,\
-deployment-controller,garbage-collector-controller,pod-garbage-collector-controller,\
-ttl-after-finished-controller";
+/// `not-ready` taint the API server puts on every new Node), Jobs and the
+/// CronJobs that start them, ReplicaSets and Deployments, and garbage
+/// collection of their pods.
+const CONTROLLERS: &str = "node-lifecycle-controller,job-controller,cronjob-controller,\
+replicaset-controller,deployment-controller,garbage-collector-controller,\
+pod-garbage-collector-controller,ttl-after-finished-controller";
 
 fn start_controller_manager(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
     start_kube_component(

@@ -579,19 +579,12 @@ pub async fn install_node_holder_rbac(cp: &ControlPlane) {
     cp.install_node_holder_rbac().await.unwrap();
 }
 
-/// `webhook-config/rbac-nodepools.yaml`: what `--hold-mechanism budget`
-/// needs beside `rbac.yaml`, bound to node-holder's restricted identity.
-pub async fn install_nodepool_rbac(cp: &ControlPlane) {
-    let path = install::repo().join("webhook-config/rbac-nodepools.yaml");
-    let manifests = std::fs::read_to_string(&path).unwrap();
-    let admin = cp.admin_client().await.unwrap();
-    testenv::apply_manifests(&admin, &manifests).await.unwrap();
-}
-
-/// `webhook-config/rbac-nodeclaims.yaml`: what `--window-follows-work`
-/// needs beside `rbac.yaml`, bound to node-holder's restricted identity.
-pub async fn install_nodeclaim_rbac(cp: &ControlPlane) {
-    let path = install::repo().join("webhook-config/rbac-nodeclaims.yaml");
+/// `webhook-config/rbac-{what}.yaml` (`nodepools` for `--hold-mechanism
+/// budget`, `nodeclaims` for `--window-follows-work`, `schedules` for
+/// `--launch-cost`): what a mode needs beside `rbac.yaml`, bound to
+/// node-holder's restricted identity.
+pub async fn install_rbac_for(cp: &ControlPlane, what: &str) {
+    let path = install::repo().join(format!("webhook-config/rbac-{what}.yaml"));
     let manifests = std::fs::read_to_string(&path).unwrap();
     let admin = cp.admin_client().await.unwrap();
     testenv::apply_manifests(&admin, &manifests).await.unwrap();

@@ -1,0 +1,284 @@
+//! `--launch-cost`: the leader's watches of the scheduled work, the
+//! cluster's CronJobs and its Jobs' pods (only pods labelled
+//! `batch.kubernetes.io/job-name`, and of each only its name, Job, node and
+//! phase; of each CronJob its schedule, zone and `suspend`, not its Job
+//! template). What they mean is [`crate::core::known`]'s.
+//!
+//! Without the permission to list them (403) the watch says so once and
+//! goes on empty: every node is then held as if nothing were scheduled.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::TryStreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::api::{Api, ObjectMeta};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use tokio_util::task::AbortOnDropHandle;
+
+use super::budgets::watch_refused;
+use crate::core::due::{Keep, NodeView, Terms, counts_in_window, keep, why_kept, why_released};
+use crate::core::known::{CronJobSpec, JobPod, KnownWork, known_work};
+use crate::core::schedule::Schedule;
+
+/// The label the Job controller puts on each of its pods.
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+
+/// The watches and their stores; dropping it stops them. `changes` ticks
+/// when either changes, so the leader runs a (coalesced) pass.
+pub struct ScheduledWatch {
+    cronjobs: Store<CronJob>,
+    pods: Store<Pod>,
+    listed: [Arc<AtomicBool>; 2],
+    pub changes: tokio::sync::watch::Receiver<u64>,
+    _tasks: [AbortOnDropHandle<()>; 2],
+}
+
+impl ScheduledWatch {
+    /// Whether both lists have been read (or refused): a pass before that
+    /// would release nodes a run is about to use.
+    pub fn listed(&self) -> bool {
+        self.listed.iter().all(|l| l.load(Ordering::Acquire))
+    }
+
+    /// The scheduled work at `now`; `group_of` names a node's group.
+    pub fn known(&self, now: Timestamp, group_of: impl Fn(&str) -> Option<String>) -> KnownWork {
+        let cronjobs: Vec<CronJobSpec> = self.cronjobs.state().iter().map(|c| spec(c)).collect();
+        let pods = self.pods.state();
+        let job_pods = pods.iter().filter_map(|pod| job_pod(pod));
+        known_work(&cronjobs, job_pods, group_of, now)
+    }
+}
+
+/// Starts both watches.
+pub fn watch_scheduled(
+    client: kube::Client,
+    backoff: fn() -> watcher::ExponentialBackoff,
+) -> ScheduledWatch {
+    let (tick, changes) = tokio::sync::watch::channel(0u64);
+    let tick = Arc::new(tick);
+    let (cronjobs, cronjob_task, cronjobs_listed) = reflect(
+        Api::<CronJob>::all(client.clone()),
+        watcher::Config::default(),
+        trim_cronjob,
+        backoff(),
+        tick.clone(),
+    );
+    let pods_config = watcher::Config::default().labels(JOB_NAME_LABEL);
+    let (pods, pod_task, pods_listed) = reflect(
+        Api::<Pod>::all(client),
+        pods_config,
+        trim_pod,
+        backoff(),
+        tick,
+    );
+    ScheduledWatch {
+        cronjobs,
+        pods,
+        listed: [cronjobs_listed, pods_listed],
+        changes,
+        _tasks: [cronjob_task, pod_task],
+    }
+}
+
+/// One reflector: its store, its task and whether it has listed.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    backoff: watcher::ExponentialBackoff,
+    tick: Arc<tokio::sync::watch::Sender<u64>>,
+) -> (Store<K>, AbortOnDropHandle<()>, Arc<AtomicBool>)
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let (store, writer) = reflector::store();
+    let listed = Arc::new(AtomicBool::new(false));
+    let done = listed.clone();
+    let kind = K::kind(&()).to_string();
+    let task = tokio::spawn(async move {
+        let events = watcher::watcher(api, config)
+            .backoff(backoff)
+            .modify(trim)
+            .reflect(writer);
+        futures::pin_mut!(events);
+        loop {
+            match events.try_next().await {
+                Ok(Some(Event::InitDone)) => done.store(true, Ordering::Release),
+                Ok(Some(Event::Init | Event::InitApply(_))) => continue,
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(err) if watch_refused(&err) == Some(403) => {
+                    if !done.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(
+                            error = %err,
+                            "may not list {kind}s: nodes are held as if nothing were scheduled \
+                             (grant webhook-config/rbac.yaml's schedule rules); retrying"
+                        );
+                    }
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "{kind} watch failed; retrying");
+                    continue;
+                }
+            }
+            tick.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    });
+    (store, AbortOnDropHandle::new(task), listed)
+}
+
+/// Keeps of a CronJob what the hold reads: its name, schedule, zone and
+/// `suspend`.
+fn trim_cronjob(cronjob: &mut CronJob) {
+    cronjob.metadata = keep_identity(&cronjob.metadata, &[]);
+    cronjob.status = None;
+    cronjob.spec.job_template = Default::default();
+}
+
+/// Keeps of a pod what the hold reads: its name, Job, node and phase.
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata = keep_identity(&pod.metadata, &[JOB_NAME_LABEL]);
+    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name,
+        ..Default::default()
+    });
+    let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+    pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase,
+        ..Default::default()
+    });
+}
+
+/// The name, namespace, uid and resource version (what a store keys and
+/// orders by), and the labels named.
+fn keep_identity(meta: &ObjectMeta, labels: &[&str]) -> ObjectMeta {
+    let kept: BTreeMap<String, String> = meta
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| labels.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        labels: (!kept.is_empty()).then_some(kept),
+        ..Default::default()
+    }
+}
+
+fn spec(cronjob: &CronJob) -> CronJobSpec {
+    let namespace = cronjob.metadata.namespace.as_deref().unwrap_or_default();
+    let name = cronjob.metadata.name.as_deref().unwrap_or_default();
+    let spec = &cronjob.spec;
+    CronJobSpec {
+        key: format!("{namespace}/{name}"),
+        schedule: Schedule::parse(&spec.schedule, spec.time_zone.as_deref()),
+        suspended: spec.suspend.unwrap_or(false),
+    }
+}
+
+fn job_pod(pod: &Pod) -> Option<JobPod<'_>> {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    Some(JobPod {
+        namespace: pod.metadata.namespace.as_deref()?,
+        job: pod.metadata.labels.as_ref()?.get(JOB_NAME_LABEL)?,
+        node: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        running: !matches!(phase, Some("Succeeded" | "Failed")),
+    })
+}
+
+impl super::WindowTask {
+    /// `--launch-cost`: the nodes the schedule keeps this pass, and the nodes
+    /// it explains (which no window counts). What changed is logged: each
+    /// node kept for a run, each let go because nothing is due.
+    pub(super) fn keep_for_schedules(
+        &mut self,
+        snapshot: &[std::sync::Arc<crate::core::node::NodeMeta>],
+        now: Timestamp,
+    ) {
+        let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
+            return;
+        };
+        let grouping = &self.config.window.groups;
+        let views: Vec<NodeView<'_>> = snapshot
+            .iter()
+            .filter(|node| node.in_scope())
+            .map(|node| NodeView {
+                name: node.name(),
+                group: grouping.group_of(&**node),
+                created: node.created(),
+                marked: crate::core::holds::is_marked(&**node),
+            })
+            .collect();
+        let groups: BTreeMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
+        let known = watch.known(now, |node| groups.get(node).map(|g| g.to_string()));
+        self.explained.extend(known.explained.iter().cloned());
+        self.explained
+            .retain(|node| groups.contains_key(node.as_str()));
+        let kept = keep(&views, &known, &self.explained, now, &terms);
+        self.say_what_changed(&kept, &groups, &terms);
+        for (cronjob, why) in &known.unpredictable {
+            if self.unpredictable.insert(cronjob.clone()) {
+                tracing::warn!(%cronjob, "{why}: its runs keep no node");
+            }
+        }
+        self.kept = kept
+            .into_iter()
+            .map(|(node, keep)| (node.to_string(), keep.until()))
+            .collect();
+    }
+
+    /// The log lines of what the schedule keeps now and did not before,
+    /// and of the nodes it let go.
+    fn say_what_changed(
+        &self,
+        kept: &BTreeMap<&str, Keep<'_>>,
+        groups: &BTreeMap<&str, &str>,
+        terms: &Terms,
+    ) {
+        for (node, keep) in kept {
+            let Keep::ForRun(reserved) = keep else {
+                continue;
+            };
+            if self.kept.get(*node) != Some(&Some(reserved.until)) {
+                tracing::info!(
+                    %node,
+                    group = groups.get(node).copied().unwrap_or_default(),
+                    until = %reserved.until,
+                    "held for a scheduled run: {}",
+                    why_kept(reserved, terms)
+                );
+            }
+        }
+        for node in self.kept.keys().filter(|n| !kept.contains_key(n.as_str())) {
+            if groups.contains_key(node.as_str()) {
+                tracing::info!(%node, "schedule hold ends: {}", why_released(terms));
+            }
+        }
+    }
+
+    /// Whether the window counts `node` (always, unless the schedule
+    /// explains it or it is still settling).
+    pub(super) fn counts_in_window(
+        &self,
+        node: &crate::core::node::NodeMeta,
+        now: Timestamp,
+    ) -> bool {
+        self.config.schedule.is_none_or(|terms| {
+            counts_in_window(node.name(), node.created(), &self.explained, now, &terms)
+        })
+    }
+}

@@ -1,0 +1,174 @@
+//! `--launch-cost` with the real Karpenter and the real CronJob controller:
+//! node-holder keeps exactly the nodes a scheduled run due within the launch
+//! cost will use, and lets the others go at once, whatever its (long) hold
+//! window would say.
+
+use testsupport as common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::karpenter::{Autoscaled, KARPENTER_ROUND};
+use common::{Served, register_webhook, serve};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use node_holder::core::schedule::Schedule;
+use testenv::Disruption;
+
+const HOLD: &str = "karpenter.sh/do-not-disrupt";
+/// How long each run's pod runs (kwok finishes it then).
+const RUN_FOR: Duration = Duration::from_secs(15);
+
+/// A CronJob `name` in `default` on `schedule`, each run one pod that fills
+/// a node for [`RUN_FOR`].
+fn cronjob(name: &str, schedule: &str) -> CronJob {
+    let job = testenv::filler_job(name, 1, RUN_FOR);
+    let mut template = serde_json::to_value(job.spec.unwrap()).unwrap();
+    template["template"]["metadata"]["labels"] = serde_json::json!({"cronjob": name});
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "schedule": schedule,
+            "concurrencyPolicy": "Forbid",
+            "jobTemplate": {"spec": template}
+        }
+    }))
+    .unwrap()
+}
+
+async fn install(a: &Autoscaled) -> Served {
+    common::install_node_holder_rbac(a.cp()).await;
+    common::install_rbac_for(a.cp(), "schedules").await;
+    let args = [
+        "--coalesce-idle=200ms",
+        "--coalesce-max=1s",
+        "--lease-duration=3s",
+        // A window would hold every node for 20 minutes: the schedule's
+        // nodes must open none.
+        "--hold-duration=20m",
+        "--launch-cost=2m",
+    ];
+    let served = serve(a.cp(), &args).await;
+    register_webhook(a.cp(), &served).await;
+    served
+}
+
+async fn carries_hold(a: &Autoscaled, node: &str) -> bool {
+    a.nodes.get(node).await.is_ok_and(|n| {
+        n.metadata
+            .annotations
+            .is_some_and(|an| an.get(HOLD).is_some_and(|v| v == "true"))
+    })
+}
+
+/// The pods of `cronjob`'s runs, oldest run first: (job, node, phase).
+async fn runs(a: &Autoscaled, cronjob: &str) -> Vec<(String, Option<String>, String)> {
+    let pods: Api<Pod> = Api::namespaced(a.client.clone(), "default");
+    let params = ListParams::default().labels(&format!("cronjob={cronjob}"));
+    let mut runs: Vec<(String, Option<String>, String)> = pods
+        .list(&params)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|pod| {
+            let job = pod.metadata.labels.unwrap()["batch.kubernetes.io/job-name"].clone();
+            let node = pod.spec.and_then(|s| s.node_name);
+            let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+            (job, node, phase)
+        })
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// Waits until `cronjob`'s run number `n` (from 1) has run on a node and
+/// finished; returns its node.
+async fn run_done(a: &mut Autoscaled, cronjob: &str, n: usize, by: Timestamp) -> String {
+    let limit = Duration::try_from(by.duration_since(Timestamp::now())).unwrap_or_default()
+        + KARPENTER_ROUND;
+    let what = format!("run {n} of {cronjob} done");
+    a.until(&what, limit, async |a| {
+        runs(a, cronjob)
+            .await
+            .get(n - 1)
+            .is_some_and(|(_, node, phase)| node.is_some() && phase == "Succeeded")
+    })
+    .await;
+    runs(a, cronjob).await[n - 1].1.clone().unwrap()
+}
+
+/// One pool, two CronJobs: one every minute (its idle gaps, under a minute,
+/// cost less than a 2-minute launch) and one whose next run is ten minutes
+/// away. The every-minute job's node stays held through its gap and its
+/// second run launches nothing; the other's node loses its hold as soon as
+/// its run is over and Karpenter removes it; once the every-minute job is
+/// suspended its node goes at once too.
+#[tokio::test]
+async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_at_once() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let _served = install(&a).await;
+    let cronjobs: Api<CronJob> = Api::namespaced(a.client.clone(), "default");
+    // Both first run at the next minute (at least 20 s away, so that both
+    // CronJobs exist by then); `rare` again ten minutes later.
+    let first = Schedule::parse("* * * * *", None)
+        .unwrap()
+        .next_after(Timestamp::now() + Duration::from_secs(20))
+        .unwrap();
+    let minute = first.as_second() / 60 % 60;
+    let rare = format!("{minute},{} * * * *", (minute + 10) % 60);
+    for (name, schedule) in [("often", "* * * * *"), ("rare", rare.as_str())] {
+        cronjobs
+            .create(&PostParams::default(), &cronjob(name, schedule))
+            .await
+            .unwrap();
+    }
+
+    let rare_node = run_done(&mut a, "rare", 1, first).await;
+    let often_node = run_done(&mut a, "often", 1, first).await;
+    assert_ne!(rare_node, often_node, "each run fills a node");
+    // Nothing is due for `rare` within the launch cost: its node is let go
+    // as soon as its run is over (not after the 20-minute window).
+    a.until("rare's node released", Duration::from_secs(20), async |a| {
+        !carries_hold(a, &rare_node).await
+    })
+    .await;
+    // `often` runs again within the minute: its idle node stays held.
+    assert!(carries_hold(&a, &often_node).await, "often's node kept");
+    let launched: BTreeSet<String> = a.nodes_launched().into_keys().collect();
+
+    let second = run_done(&mut a, "often", 2, first + Duration::from_secs(60)).await;
+    let now_launched: BTreeSet<String> = a.nodes_launched().into_keys().collect();
+    assert_eq!(
+        now_launched, launched,
+        "often's second run launched nothing"
+    );
+    assert!(
+        !a.nodes_deleted().contains_key(&often_node),
+        "often's node held through its gap"
+    );
+    a.until("rare's node removed", KARPENTER_ROUND, async |a| {
+        a.nodes_deleted().contains_key(&rare_node) || second == rare_node
+    })
+    .await;
+
+    // Suspended, `often` has no run due: its node goes at once.
+    let suspend = serde_json::json!({"spec": {"suspend": true}});
+    cronjobs
+        .patch("often", &PatchParams::default(), &Patch::Merge(&suspend))
+        .await
+        .unwrap();
+    a.until(
+        "often's nodes released",
+        Duration::from_secs(20),
+        async |a| !carries_hold(a, &often_node).await && !carries_hold(a, &second).await,
+    )
+    .await;
+    a.until("often's nodes removed", KARPENTER_ROUND, async |a| {
+        let deleted = a.nodes_deleted();
+        deleted.contains_key(&often_node) && deleted.contains_key(&second)
+    })
+    .await;
+}
