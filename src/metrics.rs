@@ -175,6 +175,51 @@ pub struct WindowMetrics {
     group_hold: Family<GroupLabel, Gauge<f64, AtomicU64>>,
     /// The groups shown now, so those gone are removed.
     shown_groups: Arc<Mutex<BTreeSet<GroupLabel>>>,
+    pub schedule: ScheduleMetrics,
+}
+
+/// `--launch-cost`: what the schedule keeps, set by the leader each pass.
+#[derive(Clone, Default)]
+pub struct ScheduleMetrics {
+    kept_nodes: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
+    unpredictable: Gauge<i64, AtomicI64>,
+}
+
+impl ScheduleMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = ScheduleMetrics::default();
+        for reason in crate::core::due::Reason::ALL {
+            let reason = reason.label();
+            metrics
+                .kept_nodes
+                .get_or_create(&ReasonLabel { reason })
+                .set(0);
+        }
+        registry.register(
+            "schedule_kept_nodes",
+            "With --launch-cost: nodes the schedule keeps, by reason: busy (running a CronJob's pod), run (idle, for a run due within the launch cost), settling (new, its pods not seen yet)",
+            metrics.kept_nodes.clone(),
+        );
+        registry.register(
+            "schedule_unpredictable_cronjobs",
+            "With --launch-cost: CronJobs whose schedule node-holder cannot predict (their runs keep no node)",
+            metrics.unpredictable.clone(),
+        );
+        metrics
+    }
+
+    /// Shows one pass's counts: nodes kept by reason (its label), and the
+    /// CronJobs it cannot predict.
+    pub fn show(&self, kept: [(&'static str, usize); 3], unpredictable: usize) {
+        for (reason, n) in kept {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.kept_nodes
+                .get_or_create(&ReasonLabel { reason })
+                .set(n);
+        }
+        self.unpredictable
+            .set(i64::try_from(unpredictable).unwrap_or(i64::MAX));
+    }
 }
 
 impl WindowMetrics {
@@ -226,6 +271,7 @@ impl WindowMetrics {
             group_held_nodes: Family::default(),
             group_hold: Family::default(),
             shown_groups: Arc::default(),
+            schedule: ScheduleMetrics::register(registry),
         };
 
         registry.register(

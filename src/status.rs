@@ -2,7 +2,7 @@
 //! from the cluster (the record, the Lease, the nodes' marker) and printed as
 //! a readable summary or as JSON.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
@@ -15,6 +15,7 @@ use crate::cli::{Output, StatusArgs};
 use crate::controller::lease::{self, Holder};
 use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::budget::Mechanism;
+use crate::core::due::{Kept, Reason};
 use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, MARKED, held_keys, held_until_stamp};
 use crate::core::pace::Pacing;
@@ -27,7 +28,7 @@ pub struct Status {
     pub open: bool,
     pub opened_at: Option<Timestamp>,
     pub deadline: Option<Timestamp>,
-    /// Where the cap closes the window (`cluster` scope with a max hold).
+    /// Where the cap closes the window (with a max hold).
     pub cap: Option<Timestamp>,
     /// Nodes created at or before this belong to a closed window.
     pub closed_through: Option<Timestamp>,
@@ -59,6 +60,9 @@ pub struct Status {
     /// fields above are the unlabelled group's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupStatus>,
+    /// With `--launch-cost`: the nodes the schedule keeps, by name, and why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub scheduled: BTreeMap<String, Kept>,
     /// With `--hold-mechanism budget`: the NodePools the record says carry
     /// node-holder's budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -226,6 +230,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         release_group: release_request.and_then(|r| r.group),
         groups,
         nodepool_budgets: record.budgets.keys().cloned().collect(),
+        scheduled: record.schedule,
         release_done_at: record.release_done_at,
         releasing_from: record.releasing,
         settings: record.settings,
@@ -388,6 +393,7 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
         window_lines(&mut line, status, now);
     }
     manual_lines(&mut line, status, now);
+    scheduled_lines(&mut line, status, now);
     if status
         .settings
         .as_ref()
@@ -446,6 +452,10 @@ fn settings_text(status: &Status) -> String {
             }
             if s.window_follows_work {
                 per.push_str(", follows work on held nodes");
+            }
+            if let Some(cost) = s.launch_cost {
+                let cost = humantime::format_duration(cost);
+                per.push_str(&format!(", holds for CronJob runs due within {cost}"));
             }
             if s.hold_mechanism == Mechanism::Budget {
                 per.push_str(", held by NodePool budget");
@@ -597,6 +607,47 @@ fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
             ),
         );
     }
+}
+
+/// `--launch-cost`: what the schedule keeps, a line per reason; the nodes
+/// kept for a run by run ("2 nodes until 14:06 (in 3m): cronjob
+/// team-a/report runs at 14:05").
+fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
+    let mut runs: BTreeMap<(Timestamp, &str), Vec<&str>> = BTreeMap::new();
+    let mut others: BTreeMap<Reason, Vec<&str>> = BTreeMap::new();
+    for (node, kept) in &status.scheduled {
+        match (kept.run_at, kept.cronjob.as_deref()) {
+            (Some(at), Some(cronjob)) => runs.entry((at, cronjob)).or_default().push(node),
+            _ => others.entry(kept.reason).or_default().push(node),
+        }
+    }
+    for ((at, cronjob), nodes) in runs {
+        let until = status.scheduled[nodes[0]].until.unwrap_or(at);
+        line(
+            "Scheduled:",
+            format!(
+                "{} until {until} ({}): cronjob {cronjob} runs at {at}",
+                nodes_text(&nodes),
+                relative(until, now)
+            ),
+        );
+    }
+    for (reason, nodes) in others {
+        let why = match reason {
+            Reason::Busy => "running a CronJob's pods",
+            _ => "new, waiting for their pods",
+        };
+        line("Scheduled:", format!("{} {why}", nodes_text(&nodes)));
+    }
+}
+
+/// `1 node (a)`, `3 nodes (a, b, c)`.
+fn nodes_text(nodes: &[&str]) -> String {
+    let count = match nodes.len() {
+        1 => "1 node".to_string(),
+        n => format!("{n} nodes"),
+    };
+    format!("{count} ({})", nodes.join(", "))
 }
 
 /// A release that is not finished, in words.
@@ -752,6 +803,42 @@ mod tests {
         }
     }
 
+    /// `--launch-cost`: the nodes kept for a run, by run, and the busy ones.
+    #[test]
+    fn the_schedules_nodes_read_as_a_line_per_run_and_reason() {
+        let now = at("2026-11-22T12:10:00Z");
+        let run = |until: &str| Kept {
+            reason: Reason::Run,
+            until: Some(at(until)),
+            cronjob: Some("team-a/report".into()),
+            run_at: Some(at("2026-11-22T12:13:00Z")),
+        };
+        let busy = Kept {
+            reason: Reason::Busy,
+            until: None,
+            cronjob: None,
+            run_at: None,
+        };
+        let status = Status {
+            settings: Some(settings()),
+            scheduled: BTreeMap::from([
+                ("a".to_string(), run("2026-11-22T12:14:00Z")),
+                ("b".to_string(), run("2026-11-22T12:14:00Z")),
+                ("c".to_string(), busy),
+            ]),
+            ..Status::default()
+        };
+        let text = render_text(&status, now);
+        assert!(
+            text.contains("Scheduled:   2 nodes (a, b) until 2026-11-22T12:14:00Z (in 4m): cronjob team-a/report runs at 2026-11-22T12:13:00Z\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Scheduled:   1 node (c) running a CronJob's pods\n"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn an_open_window_reads_as_a_summary_and_a_table() {
         let now = at("2026-11-22T12:10:00Z");
@@ -772,6 +859,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            scheduled: BTreeMap::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -835,6 +923,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            scheduled: BTreeMap::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
@@ -927,6 +1016,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
+            scheduled: BTreeMap::new(),
             orphaned: None,
             overdue: Vec::new(),
         }

@@ -161,6 +161,28 @@ impl HoldEvent {
     }
 }
 
+impl HoldEvent {
+    /// `--launch-cost`: the node is kept for a scheduled run.
+    pub fn kept_for_run(node: &NodeMeta, until: Timestamp, why: String) -> Self {
+        HoldEvent {
+            regarding: Regarding::node(node.name(), node.uid()),
+            reason: "HeldForScheduledRun",
+            action: "Hold",
+            note: format!("held until {until}: {why}"),
+        }
+    }
+
+    /// `--launch-cost`: the schedule no longer keeps the node.
+    pub fn nothing_due(node: &NodeMeta, why: String) -> Self {
+        HoldEvent {
+            regarding: Regarding::node(node.name(), node.uid()),
+            reason: "ScheduledHoldEnded",
+            action: "Release",
+            note: why,
+        }
+    }
+}
+
 /// The node Events of one pass's patches one way: each node its own Event
 /// up to a limit (`--node-events-per-pass`), and past it one Event on the
 /// record that sums the pass up. A pass over a whole large cluster would

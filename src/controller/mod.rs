@@ -124,6 +124,14 @@ impl Config {
     }
 }
 
+/// What the leader last wrote of its state to the record.
+#[derive(Debug, Clone, PartialEq)]
+struct Saved {
+    windows: Windows,
+    budgets: AddedBudgets,
+    kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
+}
+
 /// What an operator asks of the window through the record.
 #[derive(Debug, Clone)]
 pub enum Request {
@@ -149,8 +157,9 @@ struct WindowTask {
     events: EventSink,
     store: RecordStore,
     patcher: Patcher,
-    /// The windows and the NodePool budgets as last saved.
-    saved: Option<(Windows, AddedBudgets)>,
+    /// The windows, the NodePool budgets and the schedule's nodes as last
+    /// saved.
+    saved: Option<Saved>,
     windows: Windows,
     /// `--hold-mechanism budget`: the NodePools.
     pools: Option<budgets::Pools>,
@@ -165,7 +174,7 @@ struct WindowTask {
     explained: BTreeSet<String>,
     /// `--launch-cost`: the nodes the schedule keeps this pass, each until
     /// when, if known.
-    kept: std::collections::BTreeMap<String, Option<Timestamp>>,
+    kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
     /// CronJobs whose schedule was said to be unpredictable (once each).
     unpredictable: BTreeSet<String>,
     /// A release request not handled yet.
@@ -315,7 +324,12 @@ impl WindowTask {
         self.windows = record.window.clone();
         self.added = record.budgets.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
-        self.saved = (record.exists && settings_current).then_some((record.window, record.budgets));
+        self.kept = record.schedule.clone();
+        self.saved = (record.exists && settings_current).then_some(Saved {
+            windows: record.window,
+            budgets: record.budgets,
+            kept: record.schedule,
+        });
         let done = record.release_done_at;
         self.release_request = record
             .release_request
@@ -383,12 +397,21 @@ impl WindowTask {
     /// Saves the windows if they changed since last saved, and shows the
     /// latest deadline in the metrics.
     async fn save_record(&mut self) -> Result<()> {
-        let now = (&self.windows, &self.added);
-        if self.saved.as_ref().map(|(w, a)| (w, a)) != Some(now) {
+        let now = Saved {
+            windows: self.windows.clone(),
+            budgets: self.added.clone(),
+            kept: self.kept.clone(),
+        };
+        if self.saved.as_ref() != Some(&now) {
             self.store
-                .save(&self.windows, &self.added, &self.config.settings())
+                .save(
+                    &now.windows,
+                    &now.budgets,
+                    &now.kept,
+                    &self.config.settings(),
+                )
                 .await?;
-            self.saved = Some((self.windows.clone(), self.added.clone()));
+            self.saved = Some(now);
         }
         self.metrics
             .deadline

@@ -19,11 +19,11 @@ impl WindowTask {
             })
             .collect();
         let open_before = self.open_groups();
-        let (observed, ended) = self.windows.observe_all(
-            in_scope.iter().map(|n| (n.group, n.node.created())),
-            now,
-            cfg,
-        );
+        let counted: Vec<(&str, Timestamp)> = in_scope
+            .iter()
+            .map(|n| (n.group, self.counted_at(n.node)))
+            .collect();
+        let (observed, ended) = self.windows.observe_all(counted, now, cfg);
         for ended in ended {
             let held = in_scope
                 .iter()
@@ -94,7 +94,7 @@ impl WindowTask {
             .windows
             .window(group)
             .and_then(Window::open)
-            .is_some_and(|open| node.created() >= open.opened_at);
+            .is_some_and(|open| self.counted_at(node) >= open.opened_at);
         if new_in_window && !matches!(observed, Observed::Consumed | Observed::Expired) {
             self.announce(node, observed, until);
         }

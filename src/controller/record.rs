@@ -13,6 +13,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use crate::core::budget::{AddedBudgets, Mechanism};
+use crate::core::due::Kept;
 use crate::core::groups::{Grouping, Windows};
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
@@ -32,6 +33,8 @@ const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
 const BUDGETS_KEY: &str = "budgets.json";
+/// `--launch-cost`: the nodes the schedule keeps, for `status`.
+const SCHEDULE_KEY: &str = "schedule.json";
 const SETTINGS_KEY: &str = "settings.json";
 
 /// Annotation through which `release` asks the leader to close the window:
@@ -184,6 +187,8 @@ pub struct Record {
     pub window: Windows,
     /// What node-holder added to which NodePool's budgets.
     pub budgets: AddedBudgets,
+    /// The nodes the schedule keeps, by name.
+    pub schedule: BTreeMap<String, Kept>,
     pub settings: Option<Settings>,
     /// What `release` last asked for.
     pub release_request: Option<ReleaseRequest>,
@@ -230,6 +235,7 @@ impl RecordStore {
         &self,
         window: &Windows,
         budgets: &AddedBudgets,
+        schedule: &BTreeMap<String, Kept>,
         settings: &Settings,
     ) -> Result<()> {
         let mut data = BTreeMap::from([
@@ -246,6 +252,12 @@ impl RecordStore {
             data.insert(
                 BUDGETS_KEY.to_string(),
                 serde_json::to_string(budgets).context("serialising the NodePool budgets")?,
+            );
+        }
+        if !schedule.is_empty() {
+            data.insert(
+                SCHEDULE_KEY.to_string(),
+                serde_json::to_string(schedule).context("serialising the schedule's nodes")?,
             );
         }
         self.apply(
@@ -383,6 +395,12 @@ impl Record {
             })?,
             None => AddedBudgets::new(),
         };
+        let schedule = match data.get(SCHEDULE_KEY) {
+            Some(text) => serde_json::from_str(text).with_context(|| {
+                format!("ConfigMap {NAME}: {SCHEDULE_KEY} is not the schedule's nodes")
+            })?,
+            None => BTreeMap::new(),
+        };
         let settings = match data.get(SETTINGS_KEY) {
             Some(text) => Some(serde_json::from_str(text).with_context(|| {
                 format!("ConfigMap {NAME}: {SETTINGS_KEY} is not node-holder's settings")
@@ -392,6 +410,7 @@ impl Record {
         Ok(Record {
             window,
             budgets,
+            schedule,
             settings,
             release_request: release_request(&config_map.metadata),
             release_done_at: release_done_at(&config_map.metadata),

@@ -23,8 +23,12 @@ use kube::runtime::watcher::{self, Event};
 use tokio_util::task::AbortOnDropHandle;
 
 use super::budgets::watch_refused;
-use crate::core::due::{Keep, NodeView, Terms, counts_in_window, keep, why_kept, why_released};
+use super::events::HoldEvent;
+use crate::core::due::{
+    Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
+};
 use crate::core::known::{CronJobSpec, JobPod, KnownWork, known_work};
+use crate::core::node::NodeMeta;
 use crate::core::schedule::Schedule;
 
 /// The label the Job controller puts on each of its pods.
@@ -206,7 +210,7 @@ impl super::WindowTask {
     /// node kept for a run, each let go because nothing is due.
     pub(super) fn keep_for_schedules(
         &mut self,
-        snapshot: &[std::sync::Arc<crate::core::node::NodeMeta>],
+        snapshot: &[std::sync::Arc<NodeMeta>],
         now: Timestamp,
     ) {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
@@ -229,16 +233,37 @@ impl super::WindowTask {
         self.explained
             .retain(|node| groups.contains_key(node.as_str()));
         let kept = keep(&views, &known, &self.explained, now, &terms);
-        self.say_what_changed(&kept, &groups, &terms);
+        let in_scope: BTreeMap<&str, &NodeMeta> = snapshot
+            .iter()
+            .filter(|node| node.in_scope())
+            .map(|node| (node.name(), &**node))
+            .collect();
+        self.say_what_changed(&kept, &in_scope, &groups, &terms);
         for (cronjob, why) in &known.unpredictable {
             if self.unpredictable.insert(cronjob.clone()) {
                 tracing::warn!(%cronjob, "{why}: its runs keep no node");
             }
         }
+        self.show_kept(&kept, known.unpredictable.len());
         self.kept = kept
-            .into_iter()
-            .map(|(node, keep)| (node.to_string(), keep.until()))
+            .iter()
+            .map(|(node, keep)| (node.to_string(), Kept::from(keep)))
             .collect();
+    }
+
+    /// The schedule's gauges after a pass.
+    fn show_kept(&self, kept: &BTreeMap<&str, Keep<'_>>, unpredictable: usize) {
+        let count = |reason: Reason| {
+            let n = kept
+                .values()
+                .filter(|keep| Kept::from(*keep).reason == reason)
+                .count();
+            (reason.label(), n)
+        };
+        let [busy, run, settling] = Reason::ALL;
+        self.metrics
+            .schedule
+            .show([count(busy), count(run), count(settling)], unpredictable);
     }
 
     /// The log lines of what the schedule keeps now and did not before,
@@ -246,37 +271,46 @@ impl super::WindowTask {
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
+        nodes: &BTreeMap<&str, &NodeMeta>,
         groups: &BTreeMap<&str, &str>,
         terms: &Terms,
     ) {
-        for (node, keep) in kept {
-            let Keep::ForRun(reserved) = keep else {
+        for (name, keep) in kept {
+            let (Keep::ForRun(reserved), Some(node)) = (keep, nodes.get(name)) else {
                 continue;
             };
-            if self.kept.get(*node) != Some(&Some(reserved.until)) {
+            if self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until) {
+                let why = why_kept(reserved, terms);
                 tracing::info!(
-                    %node,
-                    group = groups.get(node).copied().unwrap_or_default(),
+                    node = %name,
+                    group = groups.get(name).copied().unwrap_or_default(),
                     until = %reserved.until,
-                    "held for a scheduled run: {}",
-                    why_kept(reserved, terms)
+                    "held for a scheduled run: {why}"
                 );
+                self.events
+                    .send(HoldEvent::kept_for_run(node, reserved.until, why));
             }
         }
-        for node in self.kept.keys().filter(|n| !kept.contains_key(n.as_str())) {
-            if groups.contains_key(node.as_str()) {
-                tracing::info!(%node, "schedule hold ends: {}", why_released(terms));
-            }
+        let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
+        for node in ended.filter_map(|name| nodes.get(name.as_str())) {
+            let why = why_released(terms);
+            tracing::info!(node = %node.name(), "schedule hold ends: {why}");
+            self.events.send(HoldEvent::nothing_due(node, why));
+        }
+    }
+
+    /// When the window counts `node` as created: its creation, or with
+    /// `--launch-cost` once it settled (see [`crate::core::due::counted_at`]).
+    pub(super) fn counted_at(&self, node: &NodeMeta) -> Timestamp {
+        match self.config.schedule {
+            Some(terms) => counted_at(node.created(), &terms),
+            None => node.created(),
         }
     }
 
     /// Whether the window counts `node` (always, unless the schedule
     /// explains it or it is still settling).
-    pub(super) fn counts_in_window(
-        &self,
-        node: &crate::core::node::NodeMeta,
-        now: Timestamp,
-    ) -> bool {
+    pub(super) fn counts_in_window(&self, node: &NodeMeta, now: Timestamp) -> bool {
         self.config.schedule.is_none_or(|terms| {
             counts_in_window(node.name(), node.created(), &self.explained, now, &terms)
         })

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
 
 use super::known::KnownWork;
 use super::plus;
@@ -86,6 +87,63 @@ impl Keep<'_> {
     }
 }
 
+/// Why the schedule keeps a node, as the record and `status` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reason {
+    Busy,
+    Run,
+    Settling,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 3] = [Reason::Busy, Reason::Run, Reason::Settling];
+
+    /// The word the record, `status` and the metric's label use.
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Busy => "busy",
+            Reason::Run => "run",
+            Reason::Settling => "settling",
+        }
+    }
+}
+
+/// One node the schedule keeps, as the leader records it for `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Kept {
+    pub reason: Reason,
+    /// Until when, if known (a busy node: until its run ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+    /// `reason: run`: the CronJob and when its run starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cronjob: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<Timestamp>,
+}
+
+impl From<&Keep<'_>> for Kept {
+    fn from(keep: &Keep<'_>) -> Kept {
+        let reason = match keep {
+            Keep::Busy => Reason::Busy,
+            Keep::Settling { .. } => Reason::Settling,
+            Keep::ForRun(_) => Reason::Run,
+        };
+        let run = match keep {
+            Keep::ForRun(reserved) => Some(reserved.run),
+            _ => None,
+        };
+        Kept {
+            reason,
+            until: keep.until(),
+            cronjob: run.map(|run| run.cronjob.clone()),
+            run_at: run.map(|run| run.at),
+        }
+    }
+}
+
 /// A node in scope as the schedule hold reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeView<'a> {
@@ -132,6 +190,14 @@ pub fn keep<'a>(
     kept
 }
 
+/// When the window counts a node as created: once it settled. A node the
+/// schedule does not explain was held while it settled, so its window runs
+/// from then: the whole hold after the moment it could be told apart (and
+/// a restart that replays the nodes counts each at the same time).
+pub fn counted_at(created: Timestamp, terms: &Terms) -> Timestamp {
+    plus(created, terms.settle)
+}
+
 /// Whether the window counts a node: not while it settles, never once a
 /// known CronJob's pods explained it.
 pub fn counts_in_window(
@@ -141,7 +207,7 @@ pub fn counts_in_window(
     now: Timestamp,
     terms: &Terms,
 ) -> bool {
-    !explained.contains(name) && now >= plus(created, terms.settle)
+    !explained.contains(name) && now >= counted_at(created, terms)
 }
 
 impl Terms {

@@ -14,6 +14,7 @@ use jiff::Timestamp;
 use json_patch::Patch;
 
 use super::budget::NODEPOOL_LABEL;
+use super::due::Kept;
 use super::groups::Windows;
 use super::holds::{HELD_UNTIL_ANNOTATION, Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
@@ -99,7 +100,7 @@ pub struct Planner<'a> {
     /// `--launch-cost`: the nodes the schedule keeps (see
     /// [`super::due::keep`]), each until when, if that is known. A node kept
     /// is held whatever its window says.
-    pub kept: Option<&'a BTreeMap<String, Option<Timestamp>>>,
+    pub kept: Option<&'a BTreeMap<String, Kept>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -166,7 +167,7 @@ impl Planner<'_> {
         let paced = self.keeps(node, group);
         match self.kept.and_then(|kept| kept.get(node.name())) {
             // Held at least until the later end known (`None` < `Some`).
-            Some(&scheduled) => (true, until.max(scheduled)),
+            Some(scheduled) => (true, until.max(scheduled.until)),
             None => (until.is_some() || paced, until),
         }
     }
@@ -257,7 +258,8 @@ impl Planner<'_> {
     fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
         let scheduled = self
             .kept
-            .and_then(|kept| kept.get(node.name()).copied().flatten());
+            .and_then(|kept| kept.get(node.name()))
+            .and_then(|kept| kept.until);
         let (wanted, until) = self.wanted(node);
         let stamp = until.filter(|_| wanted).and_then(|until| {
             held_until_stamp(node).filter(|&stamp| {
@@ -685,7 +687,16 @@ mod tests {
             &[held("busy", -30), held("due", -30), held("idle", -30)],
             &NodeScope::default(),
         );
-        let kept = BTreeMap::from([("busy".to_string(), None), ("due".to_string(), Some(t(4)))]);
+        let kept_until = |until| Kept {
+            reason: crate::core::due::Reason::Run,
+            until,
+            cronjob: None,
+            run_at: None,
+        };
+        let kept = BTreeMap::from([
+            ("busy".to_string(), kept_until(None)),
+            ("due".to_string(), kept_until(Some(t(4)))),
+        ]);
         let planner = Planner {
             windows: &windows,
             cfg: &cfg,
