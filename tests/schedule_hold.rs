@@ -21,21 +21,8 @@ const HOLD: &str = "karpenter.sh/do-not-disrupt";
 /// How long each run's pod runs (kwok finishes it then).
 const RUN_FOR: Duration = Duration::from_secs(15);
 
-/// A CronJob `name` in `default` on `schedule`, each run one pod that fills
-/// a node for [`RUN_FOR`].
 fn cronjob(name: &str, schedule: &str) -> CronJob {
-    let job = testenv::filler_job(name, 1, RUN_FOR);
-    let mut template = serde_json::to_value(job.spec.unwrap()).unwrap();
-    template["template"]["metadata"]["labels"] = serde_json::json!({"cronjob": name});
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "schedule": schedule,
-            "concurrencyPolicy": "Forbid",
-            "jobTemplate": {"spec": template}
-        }
-    }))
-    .unwrap()
+    testenv::filler_cronjob(name, schedule, RUN_FOR)
 }
 
 async fn install(a: &Autoscaled) -> Served {
@@ -109,7 +96,7 @@ async fn run_done(a: &mut Autoscaled, cronjob: &str, n: usize, by: Timestamp) ->
 #[tokio::test]
 async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_at_once() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
-    let _served = install(&a).await;
+    let served = install(&a).await;
     let cronjobs: Api<CronJob> = Api::namespaced(a.client.clone(), "default");
     // Both first run at the next minute (at least 20 s away, so that both
     // CronJobs exist by then); `rare` again ten minutes later.
@@ -137,6 +124,30 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
     .await;
     // `often` runs again within the minute: its idle node stays held.
     assert!(carries_hold(&a, &often_node).await, "often's node kept");
+    // And node-holder says so: `status`, the node's Event, the gauge.
+    let kept_line = format!("Scheduled:   1 node ({often_node}) until ");
+    a.until(
+        "status shows often's node kept",
+        Duration::from_secs(20),
+        async |a| {
+            let status = common::succeeded(&common::operator(a.cp(), &["status"]));
+            status.contains(&kept_line) && status.contains("cronjob default/often runs at")
+        },
+    )
+    .await;
+    let kept_gauge = r#"node_holder_schedule_kept_nodes{reason="run"}"#;
+    assert!(common::window::metric(&served, kept_gauge).await >= Some(1.0));
+    // The Events are sent beside the passes: waited for.
+    a.until("the nodes' Events", Duration::from_secs(20), async |a| {
+        let kept = a.node_events(&often_node, "HeldForScheduledRun").await;
+        let ended = a.node_events(&rare_node, "ScheduledHoldEnded").await;
+        kept.iter()
+            .any(|m| m.contains("cronjob default/often runs at"))
+            && ended
+                .iter()
+                .any(|m| m.contains("no scheduled run is due within the launch cost (2m)"))
+    })
+    .await;
     let launched: BTreeSet<String> = a.nodes_launched().into_keys().collect();
 
     let second = run_done(&mut a, "often", 2, first + Duration::from_secs(60)).await;

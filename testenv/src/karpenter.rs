@@ -554,6 +554,30 @@ pub fn filler_job(name: &str, pods: i32, run_for: Duration) -> k8s_openapi::api:
     .expect("a valid Job")
 }
 
+/// A CronJob `name` in `default` on `schedule`: each run one pod that fills
+/// a node for `run_for` (as [`filler_job`]), labelled `cronjob: name`; a run
+/// is not started while the last one runs (`Forbid`).
+pub fn filler_cronjob(
+    name: &str,
+    schedule: &str,
+    run_for: Duration,
+) -> k8s_openapi::api::batch::v1::CronJob {
+    let job = filler_job(name, 1, run_for);
+    let mut template = serde_json::to_value(job.spec).expect("a Job's spec");
+    template["template"]["metadata"]["labels"] = json!({"cronjob": name});
+    serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "schedule": schedule,
+            "concurrencyPolicy": "Forbid",
+            "jobTemplate": {"spec": template}
+        }
+    }))
+    .expect("a valid CronJob")
+}
+
 /// A Deployment `name` in `default` of `replicas` pods that each fill one
 /// node: pods that come back elsewhere when their node goes.
 pub fn filler_deployment(name: &str, replicas: i32) -> k8s_openapi::api::apps::v1::Deployment {

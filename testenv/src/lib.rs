@@ -45,8 +45,8 @@ pub use binaries::{
 };
 pub use karpenter::{
     ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU,
-    filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool, install_karpenter_crds,
-    node_claims, node_pool_object, node_pools,
+    filler_cronjob, filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool,
+    install_karpenter_crds, node_claims, node_pool_object, node_pools,
 };
 pub use process::ManagedChild;
 pub use registry::{LocalRegistry, ensure_crane_built};

@@ -30,6 +30,39 @@ fn demo_dir(output: &str) -> String {
     log.trim_end_matches("/node-holder.log").to_string()
 }
 
+/// The CronJobs: `rare`'s node is let go with node-holder's reason,
+/// `often`'s second run launches nothing, and every node goes in the end.
+fn the_second_act_keeps_only_the_node_due_again_soon(events: &[&str], stdout: &str) {
+    let position = |what: &str| {
+        events
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what:?} missing from the second act of\n{stdout}"))
+    };
+    assert!(
+        events
+            .iter()
+            .any(|l| l.contains("held until") && l.contains("cronjob default/often runs at")),
+        "{stdout}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|l| l.contains("no scheduled run is due within the launch cost (2m)")),
+        "{stdout}"
+    );
+    position("cronjob often: run");
+    position("cronjob rare: run");
+    position("often's second run ran on the node kept for it: Karpenter launched no node");
+    assert!(position("cronjob often suspended") < events.len());
+    let launched = events
+        .iter()
+        .filter(|l| l.contains("Karpenter launched node"))
+        .count();
+    let gone = events.iter().filter(|l| l.contains("is gone")).count();
+    assert_eq!((launched, gone), (2, 2), "{stdout}");
+}
+
 #[test]
 fn the_quick_demo_shows_karpenter_nodes_held_from_creation_reused_and_consolidated_after_the_window()
  {
@@ -44,10 +77,16 @@ fn the_quick_demo_shows_karpenter_nodes_held_from_creation_reused_and_consolidat
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let events: Vec<&str> = stdout
+    let all: Vec<&str> = stdout
         .lines()
         .filter(|l| l.trim_start().starts_with('+'))
         .collect();
+    // The first act, the waves; then the second, the CronJobs.
+    let act_two = all
+        .iter()
+        .position(|l| l.contains("cronjob often runs every minute"))
+        .unwrap_or_else(|| panic!("no second act in\n{stdout}"));
+    let (events, schedules) = all.split_at(act_two);
     let position = |what: &str| {
         events
             .iter()
@@ -91,6 +130,7 @@ fn the_quick_demo_shows_karpenter_nodes_held_from_creation_reused_and_consolidat
             .any(|l| l.contains("Karpenter on") && l.contains("Empty")),
         "Karpenter says why it removes the nodes:\n{stdout}"
     );
+    the_second_act_keeps_only_the_node_due_again_soon(schedules, &stdout);
     assert!(stdout.contains("demo: done in "), "{stdout}");
     let dir = demo_dir(&stdout);
     assert!(

@@ -9,8 +9,13 @@
 //! launches nodes for the first, node-holder holds them from their creation,
 //! the wave ends and Karpenter wants the empty nodes gone but is blocked, the
 //! second wave runs on the held nodes, the window closes and Karpenter
-//! consolidates. One line is printed per thing that happens. Every process
-//! it started stops with it, Ctrl-C included.
+//! consolidates. Then node-holder starts again with `--launch-cost` and two
+//! CronJobs run (`schedules.rs`): the nodes of the one due again within the
+//! launch cost stay through its gaps, the other's go as soon as its run is
+//! over, each with node-holder's reason. One line is printed per thing that
+//! happens. Every process it started stops with it, Ctrl-C included.
+
+mod schedules;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -68,7 +73,7 @@ async fn demo(hold: Duration, pods: usize) -> Result<()> {
     let started = Instant::now();
     let mut cluster = start_cluster().await?;
     say(&format!("cluster ready in {:.1?}", started.elapsed()));
-    let (_serve, log) = start_node_holder(&cluster, hold).await?;
+    let (serve, log) = start_node_holder(&cluster, hold, &[]).await?;
     let client = cluster.control_plane().admin_client().await?;
     say(&format!(
         "watch along: kubectl --kubeconfig {} get nodes -L {HELD_LABEL} -w",
@@ -80,11 +85,19 @@ async fn demo(hold: Duration, pods: usize) -> Result<()> {
     println!();
     let launched = story.launched.len();
     say(&format!(
-        "done in {:.0?}: Karpenter launched {launched} nodes for two waves of {pods} pods, \
-         kept them while node-holder's window was open, and consolidated them once it closed; \
-         node-holder's log: {}",
+        "Karpenter launched {launched} nodes for two waves of {pods} pods, kept them while \
+         node-holder's window was open, and consolidated them once it closed"
+    ));
+    drop(serve);
+    let (_serve, scheduled_log) = schedules::restart_node_holder(&cluster, hold).await?;
+    println!();
+    story.schedules(&mut cluster).await?;
+    println!();
+    say(&format!(
+        "done in {:.0?}; node-holder's logs: {} and {}",
         started.elapsed(),
-        log.display()
+        log.display(),
+        scheduled_log.display()
     ));
     cluster.check_running()?;
     Ok(())
@@ -111,11 +124,13 @@ async fn start_cluster() -> Result<KarpenterCluster> {
     Ok(cluster)
 }
 
-/// Builds node-holder, starts `serve` as its least-privilege identity and
-/// registers the webhook; returns the process and its log's path.
+/// Builds node-holder, starts `serve` as its least-privilege identity with
+/// `extra` flags and registers the webhook; returns the process and its
+/// log's path.
 async fn start_node_holder(
     cluster: &KarpenterCluster,
     hold: Duration,
+    extra: &[&str],
 ) -> Result<(ManagedChild, PathBuf)> {
     let cp = cluster.control_plane();
     say("building node-holder…");
@@ -133,7 +148,10 @@ async fn start_node_holder(
     }
     cp.install_node_holder_rbac().await?;
     let (webhook_port, admin_port) = (testenv::free_port()?, testenv::free_port()?);
-    let log = cp.dir().join("node-holder.log");
+    let log = cp.dir().join(format!(
+        "node-holder{}.log",
+        if extra.is_empty() { "" } else { "-2" }
+    ));
     let mut serve = Command::new(&binary);
     serve
         .args(["serve", "--log-format=text", "--identity=demo"])
@@ -156,6 +174,7 @@ async fn start_node_holder(
             "--coalesce-max=2s",
             "--shutdown-grace=0s",
         ])
+        .args(extra)
         .env("KUBECONFIG", cp.node_holder_kubeconfig());
     let mut serve = ManagedChild::spawn_command("node-holder", serve, &log)?;
     wait_ready(&mut serve, admin_port).await?;
@@ -169,9 +188,10 @@ async fn start_node_holder(
         .await
         .context("registering the webhook")?;
     say(&format!(
-        "node-holder serve runs as its own least-privilege identity (hold {}, cluster scope), \
+        "node-holder serve runs as its own least-privilege identity (hold {}{}), \
          registered from webhook-config/webhook-local.yaml; its log: {}",
         humantime::format_duration(hold),
+        extra.iter().map(|f| format!(", {f}")).collect::<String>(),
         log.display()
     ));
     Ok((serve, log))
@@ -197,6 +217,10 @@ struct Story {
     consolidatable: usize,
     deadline: Option<String>,
     released: bool,
+    /// The second act: each CronJob's finished runs (by Job).
+    runs: BTreeMap<String, BTreeSet<String>>,
+    /// node-holder's `ScheduledHoldEnded` Events told.
+    ended: usize,
 }
 
 impl Story {
@@ -216,6 +240,8 @@ impl Story {
             consolidatable: 0,
             deadline: None,
             released: false,
+            runs: BTreeMap::new(),
+            ended: 0,
         }
     }
 
@@ -333,6 +359,7 @@ impl Story {
         self.look_at_nodes().await?;
         self.look_at_claims().await?;
         self.look_at_window().await?;
+        self.look_at_runs().await?;
         self.look_at_events().await
     }
 
@@ -442,7 +469,7 @@ impl Story {
     }
 
     /// Karpenter's DisruptionBlocked and DisruptionTerminating Events on
-    /// nodes, each told once.
+    /// nodes, and node-holder's of the schedule hold, each told once.
     async fn look_at_events(&mut self) -> Result<()> {
         let mut events = self.events.list(&ListParams::default()).await?.items;
         events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
@@ -452,19 +479,22 @@ impl Story {
             else {
                 continue;
             };
-            if event.involved_object.kind.as_deref() != Some("Node")
-                || !matches!(
-                    reason.as_str(),
-                    "DisruptionBlocked" | "DisruptionTerminating"
-                )
-                || self.told.contains(&name)
-            {
+            if event.involved_object.kind.as_deref() != Some("Node") || self.told.contains(&name) {
                 continue;
             }
+            let who = match reason.as_str() {
+                "DisruptionBlocked" | "DisruptionTerminating" => "Karpenter",
+                "HeldForScheduledRun" => "node-holder",
+                "ScheduledHoldEnded" => {
+                    self.ended += 1;
+                    "node-holder"
+                }
+                _ => continue,
+            };
             let node = event.involved_object.name.unwrap_or_default();
             said.insert(
                 name,
-                format!("Karpenter on {node}: {}", event.message.unwrap_or_default()),
+                format!("{who} on {node}: {}", event.message.unwrap_or_default()),
             );
         }
         for (name, line) in said {
