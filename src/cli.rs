@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
 use crate::core::budget::Mechanism;
-use crate::core::groups::Grouping;
+use crate::core::grouping::Grouping;
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::names::{is_label_value, is_qualified_name};

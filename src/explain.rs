@@ -221,7 +221,7 @@ pub fn render_text(e: &Explanation, now: Timestamp) -> String {
     line("Node:", format!("{}{created}", e.node));
     line("Held:", held_text(e));
     if let Some(group) = &e.group {
-        line("Group:", crate::core::groups::display(group).to_string());
+        line("Group:", crate::core::grouping::display(group).to_string());
     }
     let until = match (&e.until, held_by_node_holder(e)) {
         (Some(u), _) => format!("{} ({}): {}", u.at, status::relative(u.at, now), u.why),

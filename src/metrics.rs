@@ -1,566 +1,83 @@
-//! Prometheus metrics of the whole process, in one registry. The webhook's are
-//! named as controller-runtime names its webhook metrics, so the dashboards
-//! operators already have fit.
-
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+//! What every subsystem's metrics share: one registry per process (prefix
+//! `node_holder`, with the build's version), its OpenMetrics text, and the
+//! label helpers. Each subsystem registers its own metrics in it
+//! (`crate::server::metrics`, `crate::controller::metrics`); `serve` puts
+//! them together. A leaf: it imports none of them.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::controller::FailureKind;
-use crate::core::plan::Action;
-use crate::server::HandshakeFailure;
+/// A new registry with the process's prefix and its build info.
+pub fn registry() -> Registry {
+    let mut registry = Registry::with_prefix("node_holder");
+    registry.register(
+        "build",
+        "node-holder's version (the value is always 1)",
+        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    );
+    registry
+}
 
-/// The webhook's answers known in advance, shown at 0 from the start so a
-/// rate over them is 0 rather than absent (as controller-runtime does for
-/// its webhook metrics): admitted, bad review, timed out, body too large,
-/// not JSON, internal error, shutting down.
-const WEBHOOK_CODES: [u16; 7] = [200, 400, 408, 413, 415, 500, 503];
-/// Node PATCH failures known in advance, shown at 0 from the start: no
-/// response, forbidden, conflict, invalid, throttled, server errors.
-const PATCH_ERROR_CODES: [u16; 7] = [0, 403, 409, 422, 429, 500, 503];
+/// The registry once every subsystem registered its metrics: what
+/// `/metrics` serves.
+pub struct Exposition(Registry);
+
+impl From<Registry> for Exposition {
+    fn from(registry: Registry) -> Self {
+        Exposition(registry)
+    }
+}
+
+impl Exposition {
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.0)?;
+        Ok(text)
+    }
+}
 
 /// Creates `label`'s series of `family` at 0, so it is exposed before its
 /// first event.
-fn show_at_zero<L>(family: &Family<L, Counter>, label: L)
+pub fn show_at_zero<L>(family: &Family<L, Counter>, label: L)
 where
     L: Clone + std::hash::Hash + Eq,
 {
     let _created = family.get_or_create(&label);
 }
 
-fn code_label(code: u16) -> CodeLabel {
+/// An HTTP status as a label.
+pub fn code_label(code: u16) -> CodeLabel {
     CodeLabel {
         code: code.to_string(),
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CodeLabel {
+pub struct CodeLabel {
     code: String,
 }
 
-/// Whether a new node already carried node-holder's hold when the window task
-/// first saw it: `held` (the webhook or the admission policy held it at its
-/// CREATE) or `unheld`.
+/// Why something happened, as a label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AtCreateLabel {
-    at_create: &'static str,
-}
-
-/// A failed pass's kind.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-struct GroupLabel {
-    group: String,
-}
-
-/// Groups (`--window-per-label`) with series of their own, at most; the
-/// others are summed up under [`OTHER_GROUPS`], so the series stay bounded
-/// whatever the label's values.
-pub const GROUP_SERIES: usize = 20;
-/// The group label of the groups past [`GROUP_SERIES`]. No label value can
-/// be it: a value starts with a letter or digit.
-pub const OTHER_GROUPS: &str = "_other";
-/// The group label of the nodes without the label.
-pub const NO_LABEL_GROUP: &str = "_none";
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: &'static str,
-}
-
-/// The webhook port's TLS: failed handshakes and the certificate's expiry.
-#[derive(Clone, Default)]
-pub struct TlsMetrics {
-    handshake_errors: Family<ReasonLabel, Counter>,
-    /// Connections closed at accept: their source had
-    /// `--max-connections-per-source` open already.
-    pub source_limited: Counter,
-    /// Unix seconds of the serving certificate's notAfter.
-    pub not_after: Gauge<i64, AtomicI64>,
-}
-
-impl TlsMetrics {
-    /// The webhook port's TLS metrics, registered in `registry`.
-    fn register(registry: &mut Registry) -> Self {
-        let tls = TlsMetrics::default();
-        for reason in HandshakeFailure::ALL {
-            show_at_zero(
-                &tls.handshake_errors,
-                ReasonLabel {
-                    reason: reason.label(),
-                },
-            );
-        }
-        registry.register(
-            "tls_handshake_errors",
-            "Webhook connections that failed before TLS was up, by reason",
-            tls.handshake_errors.clone(),
-        );
-        registry.register(
-            "webhook_connections_source_limited",
-            "Webhook connections closed at accept because their source address had --max-connections-per-source open",
-            tls.source_limited.clone(),
-        );
-        registry.register(
-            "tls_certificate_not_after_seconds",
-            "Unix time the webhook's serving certificate expires",
-            tls.not_after.clone(),
-        );
-        tls
-    }
-
-    /// Counts a connection that never completed its TLS handshake.
-    pub fn handshake_error(&self, reason: HandshakeFailure) {
-        self.handshake_errors
-            .get_or_create(&ReasonLabel {
-                reason: reason.label(),
-            })
-            .inc();
-    }
-}
-
-/// Every metric node-holder exposes and the registry that encodes them.
-pub struct Metrics {
-    registry: Registry,
-    requests: Family<CodeLabel, Counter>,
-    latency: Histogram,
-    in_flight: Gauge<i64, AtomicI64>,
-    mutations: Counter,
-    pub window: WindowMetrics,
-    pub tls: TlsMetrics,
-}
-
-/// The hold window's metrics, set by the leader's task.
-#[derive(Clone)]
-pub struct WindowMetrics {
-    /// Unix seconds of the window's deadline; 0 while closed.
-    pub deadline: Gauge<f64, AtomicU64>,
-    /// The hold the window counts new nodes (and work) with, in seconds:
-    /// `--hold-duration` (a group's own with `--group-hold-duration`).
-    pub hold: Gauge<f64, AtomicU64>,
-    /// Nodes carrying node-holder's hold, as the last pass saw them.
-    pub held_nodes: Gauge<i64, AtomicI64>,
-    pub holds_applied: Counter,
-    pub holds_released: Counter,
-    /// `held-until` writes in PATCHes of their own: on nodes already held,
-    /// and removals when stamps are off.
-    pub held_until_stamps: Counter,
-    /// New nodes in scope the leader saw, by whether they came held.
-    new_nodes: Family<AtCreateLabel, Counter>,
-    /// Failed passes by kind ([`FailureKind`]).
-    pass_failures: Family<KindLabel, Counter>,
-    patch_errors: Family<CodeLabel, Counter>,
-    /// 1 while this replica leads the hold window.
-    pub leader: Gauge<i64, AtomicI64>,
-    pub reconcile: Histogram,
-    /// `--hold-mechanism budget`: NodePools carrying node-holder's budget.
-    pub pools_held: Gauge<i64, AtomicI64>,
-    /// `--window-per-label`: each group's deadline and held nodes.
-    group_deadline: Family<GroupLabel, Gauge<f64, AtomicU64>>,
-    group_held_nodes: Family<GroupLabel, Gauge<i64, AtomicI64>>,
-    group_hold: Family<GroupLabel, Gauge<f64, AtomicU64>>,
-    /// The groups shown now, so those gone are removed.
-    shown_groups: Arc<Mutex<BTreeSet<GroupLabel>>>,
-    pub schedule: ScheduleMetrics,
-}
-
-/// `--launch-cost`: what the schedule keeps, set by the leader each pass.
-#[derive(Clone, Default)]
-pub struct ScheduleMetrics {
-    kept_nodes: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
-    unpredictable: Gauge<i64, AtomicI64>,
-}
-
-impl ScheduleMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = ScheduleMetrics::default();
-        for reason in crate::core::due::Reason::ALL {
-            let reason = reason.label();
-            metrics
-                .kept_nodes
-                .get_or_create(&ReasonLabel { reason })
-                .set(0);
-        }
-        registry.register(
-            "schedule_kept_nodes",
-            "With --launch-cost: nodes the schedule keeps, by reason: busy (running a CronJob's pod), run (idle, for a run due within the launch cost), settling (new, its pods not seen yet)",
-            metrics.kept_nodes.clone(),
-        );
-        registry.register(
-            "schedule_unpredictable_cronjobs",
-            "With --launch-cost: CronJobs whose schedule node-holder cannot predict (their runs keep no node)",
-            metrics.unpredictable.clone(),
-        );
-        metrics
-    }
-
-    /// Shows one pass's counts: nodes kept by reason (its label), and the
-    /// CronJobs it cannot predict.
-    pub fn show(&self, kept: [(&'static str, usize); 3], unpredictable: usize) {
-        for (reason, n) in kept {
-            let n = i64::try_from(n).unwrap_or(i64::MAX);
-            self.kept_nodes
-                .get_or_create(&ReasonLabel { reason })
-                .set(n);
-        }
-        self.unpredictable
-            .set(i64::try_from(unpredictable).unwrap_or(i64::MAX));
-    }
-}
-
-impl WindowMetrics {
-    /// Registers the counters of applied node patches, one per [`Action`].
-    fn register_patches(&self, registry: &mut Registry) {
-        registry.register(
-            "holds_applied",
-            "Holds node-holder's window task put on nodes",
-            self.holds_applied.clone(),
-        );
-        registry.register(
-            "holds_released",
-            "Holds node-holder's window task removed from nodes",
-            self.holds_released.clone(),
-        );
-        registry.register(
-            "held_until_stamps",
-            "held-until annotations node-holder's window task wrote in PATCHes of their own: first stamps of nodes held at CREATE, rewrites of stamps that passed or whose hold end moved earlier, removals with stamps off",
-            self.held_until_stamps.clone(),
-        );
-    }
-
-    /// The counter of applied patches of `action`.
-    pub fn applied(&self, action: Action) -> &Counter {
-        match action {
-            Action::Hold => &self.holds_applied,
-            Action::Release => &self.holds_released,
-            Action::Stamp => &self.held_until_stamps,
-        }
-    }
-
-    /// The hold window's metrics, registered in `registry`.
-    fn register(registry: &mut Registry) -> Self {
-        let window = WindowMetrics {
-            deadline: Gauge::default(),
-            hold: Gauge::default(),
-            held_nodes: Gauge::default(),
-            holds_applied: Counter::default(),
-            holds_released: Counter::default(),
-            held_until_stamps: Counter::default(),
-            new_nodes: Family::default(),
-            pass_failures: Family::default(),
-            patch_errors: Family::default(),
-            leader: Gauge::default(),
-            // 1 ms .. ~65 s
-            reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-            pools_held: Gauge::default(),
-            group_deadline: Family::default(),
-            group_held_nodes: Family::default(),
-            group_hold: Family::default(),
-            shown_groups: Arc::default(),
-            schedule: ScheduleMetrics::register(registry),
-        };
-
-        registry.register(
-            "window_deadline_seconds",
-            "Unix time the hold window closes; 0 while closed",
-            window.deadline.clone(),
-        );
-        registry.register(
-            "held_nodes",
-            "Nodes carrying node-holder's hold",
-            window.held_nodes.clone(),
-        );
-        window.register_patches(registry);
-        registry.register(
-            "patch_errors",
-            "Failed node PATCH requests by HTTP status code",
-            window.patch_errors.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this replica leads the hold window",
-            window.leader.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Duration of one pass of the hold window task",
-            window.reconcile.clone(),
-        );
-        window.register_groups(registry);
-        window.register_labelled(registry);
-        window
-    }
-
-    /// `new_nodes`, and the label values of the counters by label shown
-    /// from the start.
-    fn register_labelled(&self, registry: &mut Registry) {
-        for code in PATCH_ERROR_CODES {
-            show_at_zero(&self.patch_errors, code_label(code));
-        }
-        for at_create in ["held", "unheld"] {
-            show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
-        }
-        for kind in FailureKind::ALL {
-            show_at_zero(&self.pass_failures, KindLabel { kind: kind.label() });
-        }
-        registry.register(
-            "pass_failures",
-            "Failed passes of the window task, by kind: conflict, throttled, forbidden, refused, server (the API's answer), connection, not_leading, other",
-            self.pass_failures.clone(),
-        );
-        registry.register(
-            "new_nodes",
-            "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
-            self.new_nodes.clone(),
-        );
-    }
-
-    /// The metrics of the hold's length, `--window-per-label` and
-    /// `--hold-mechanism budget`.
-    fn register_groups(&self, registry: &mut Registry) {
-        registry.register(
-            "window_hold_seconds",
-            "The hold the window counts new nodes with: --hold-duration",
-            self.hold.clone(),
-        );
-        registry.register(
-            "nodepools_held",
-            "With --hold-mechanism budget: NodePools carrying node-holder's budget",
-            self.pools_held.clone(),
-        );
-        registry.register(
-            "window_group_deadline_seconds",
-            "With --window-per-label: Unix time each group's window closes; 0 while closed",
-            self.group_deadline.clone(),
-        );
-        registry.register(
-            "window_group_held_nodes",
-            "With --window-per-label: nodes of each group carrying node-holder's hold",
-            self.group_held_nodes.clone(),
-        );
-        registry.register(
-            "window_group_hold_seconds",
-            "With --window-per-label: the hold each group's window counts new nodes with",
-            self.group_hold.clone(),
-        );
-    }
-
-    /// Shows each group's (name, deadline in Unix seconds, held nodes,
-    /// hold in seconds): the first [`GROUP_SERIES`] by name with series of
-    /// their own, the rest summed up (latest deadline, total held, longest
-    /// hold) as [`OTHER_GROUPS`]. Groups no longer given lose their series;
-    /// none given clears them all.
-    pub fn show_groups(&self, groups: Vec<(String, f64, i64, f64)>) {
-        let mut shown: BTreeMap<GroupLabel, (f64, i64, f64)> = BTreeMap::new();
-        for (i, (group, deadline, held, hold)) in groups.into_iter().enumerate() {
-            let group = match group.as_str() {
-                _ if i >= GROUP_SERIES => OTHER_GROUPS.to_string(),
-                "" => NO_LABEL_GROUP.to_string(),
-                _ => group,
-            };
-            let entry = shown.entry(GroupLabel { group }).or_insert((0.0, 0, 0.0));
-            entry.0 = entry.0.max(deadline);
-            entry.1 = entry.1.saturating_add(held);
-            entry.2 = entry.2.max(hold);
-        }
-        let mut before = self.shown_groups.lock().unwrap_or_else(|e| e.into_inner());
-        for gone in before.iter().filter(|label| !shown.contains_key(label)) {
-            self.group_deadline.remove(gone);
-            self.group_held_nodes.remove(gone);
-            self.group_hold.remove(gone);
-        }
-        for (label, (deadline, held, hold)) in &shown {
-            self.group_deadline.get_or_create(label).set(*deadline);
-            self.group_held_nodes.get_or_create(label).set(*held);
-            self.group_hold.get_or_create(label).set(*hold);
-        }
-        *before = shown.into_keys().collect();
-    }
-
-    /// Counts a new node in scope, held at its CREATE or not.
-    pub fn new_node(&self, held_at_create: bool) {
-        let at_create = if held_at_create { "held" } else { "unheld" };
-        self.new_nodes
-            .get_or_create(&AtCreateLabel { at_create })
-            .inc();
-    }
-
-    /// Counts a failed pass of `kind`.
-    pub fn pass_failed(&self, kind: FailureKind) {
-        self.pass_failures
-            .get_or_create(&KindLabel { kind: kind.label() })
-            .inc();
-    }
-
-    /// Counts a failed node PATCH by HTTP status (`0` for no response).
-    pub fn patch_error(&self, code: u16) {
-        self.patch_errors.get_or_create(&code_label(code)).inc();
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("node_holder");
-        let requests = Family::<CodeLabel, Counter>::default();
-        for code in WEBHOOK_CODES {
-            show_at_zero(&requests, code_label(code));
-        }
-        // 50 us .. ~1.6 s
-        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        let in_flight = Gauge::<i64, AtomicI64>::default();
-        let mutations = Counter::default();
-        registry.register(
-            "webhook_requests",
-            "Webhook requests by HTTP status code",
-            requests.clone(),
-        );
-        registry.register(
-            "webhook_latency_seconds",
-            "Webhook request latency",
-            latency.clone(),
-        );
-        registry.register(
-            "webhook_requests_in_flight",
-            "Webhook requests being served",
-            in_flight.clone(),
-        );
-        registry.register(
-            "webhook_mutations",
-            "Node CREATEs the webhook put holds on",
-            mutations.clone(),
-        );
-
-        let window = WindowMetrics::register(&mut registry);
-        let tls = TlsMetrics::register(&mut registry);
-        registry.register(
-            "build",
-            "node-holder's version (the value is always 1)",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
-        );
-        Metrics {
-            registry,
-            requests,
-            latency,
-            in_flight,
-            mutations,
-            window,
-            tls,
-        }
-    }
-}
-
-/// Counts a request as in flight until dropped.
-pub struct InFlight(Gauge<i64, AtomicI64>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-impl Metrics {
-    pub fn in_flight(&self) -> InFlight {
-        self.in_flight.inc();
-        InFlight(self.in_flight.clone())
-    }
-
-    pub fn observe(&self, code: u16, latency: Duration) {
-        self.requests.get_or_create(&code_label(code)).inc();
-        self.latency.observe(latency.as_secs_f64());
-    }
-
-    pub fn mutation(&self) {
-        self.mutations.inc();
-    }
-
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
-        Ok(text)
-    }
+pub struct ReasonLabel {
+    pub reason: &'static str,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn group_lines(metrics: &Metrics) -> Vec<String> {
-        let text = metrics.encode().unwrap();
-        text.lines()
-            .filter(|l| l.starts_with("node_holder_window_group_held_nodes{"))
-            .map(str::to_string)
-            .collect()
-    }
-
     #[test]
-    fn the_build_info_names_the_version_and_new_nodes_start_at_zero() {
-        let text = Metrics::default().encode().unwrap();
+    fn the_build_info_names_the_version() {
+        let text = Exposition::from(registry()).encode().unwrap();
         let version = format!(
             "node_holder_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         );
         assert!(text.contains(&version), "{text}");
-        for at_create in ["held", "unheld"] {
-            let line = format!("node_holder_new_nodes_total{{at_create=\"{at_create}\"}} 0");
-            assert!(text.contains(&line), "{text}");
-        }
-    }
-
-    #[test]
-    fn group_series_are_bounded_and_gone_groups_lose_theirs() {
-        let metrics = Metrics::default();
-        let groups: Vec<(String, f64, i64, f64)> = std::iter::once((String::new(), 0.0, 1, 60.0))
-            .chain((0..30).map(|i| (format!("pool-{i:02}"), f64::from(i), 2, f64::from(i) * 10.0)))
-            .collect();
-        metrics.window.show_groups(groups);
-        let lines = group_lines(&metrics);
-        assert_eq!(lines.len(), GROUP_SERIES + 1, "{lines:#?}");
-        assert!(
-            lines.contains(&r#"node_holder_window_group_held_nodes{group="_none"} 1"#.to_string())
-        );
-        // 31 groups: the unlabelled one and pool-00..18 have series, the 11
-        // others are summed up.
-        assert!(
-            lines
-                .contains(&r#"node_holder_window_group_held_nodes{group="_other"} 22"#.to_string())
-        );
-        let text = metrics.encode().unwrap();
-        assert!(
-            text.contains(r#"node_holder_window_group_deadline_seconds{group="_other"} 29.0"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"node_holder_window_group_hold_seconds{group="_other"} 290.0"#),
-            "{text}"
-        );
-        metrics
-            .window
-            .show_groups(vec![("gpu".into(), 5.0, 3, 420.0)]);
-        assert_eq!(
-            group_lines(&metrics),
-            [r#"node_holder_window_group_held_nodes{group="gpu"} 3"#]
-        );
-        let text = metrics.encode().unwrap();
-        assert!(
-            !text.contains(r#"node_holder_window_group_hold_seconds{group="_other"}"#),
-            "gone: {text}"
-        );
-        metrics.window.show_groups(Vec::new());
-        assert!(group_lines(&metrics).is_empty());
     }
 }

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use crate::cli::ReleaseArgs;
 use crate::controller::Request;
 use crate::controller::record::{self, RecordStore, ReleaseRequest};
-use crate::core::groups;
+use crate::core::grouping;
 use crate::request::{self, Handled};
 use crate::status;
 
@@ -29,7 +29,7 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
         "release requested at {now}{}: {}, {} node(s) carry node-holder's hold",
         args.group.as_deref().map_or_else(String::new, |g| format!(
             " for group {}",
-            groups::display(g)
+            grouping::display(g)
         )),
         windows_text(&before, args.group.as_deref()),
         before.held_nodes.len()

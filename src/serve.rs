@@ -13,14 +13,41 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
 use crate::controller;
+use crate::controller::WindowMetrics;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::HoldPolicy;
-use crate::metrics::Metrics;
+use crate::metrics::Exposition;
+use crate::server::metrics::{TlsMetrics, WebhookMetrics};
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
 use crate::server::{
-    Limits, Readiness, TlsServing, WebhookState, admin_router, serve_admin, serve_tls,
-    webhook_router,
+    HandshakeFailure, Limits, Readiness, TlsServing, WebhookState, admin_router, serve_admin,
+    serve_tls, webhook_router,
 };
+
+/// Every metric of the process: each subsystem registers its own in one
+/// registry, which `/metrics` exposes.
+pub struct ProcessMetrics {
+    pub webhook: WebhookMetrics,
+    pub tls: TlsMetrics,
+    pub window: WindowMetrics,
+    pub exposition: Exposition,
+}
+
+impl ProcessMetrics {
+    pub fn register() -> Self {
+        let mut registry = crate::metrics::registry();
+        let webhook = WebhookMetrics::register(&mut registry);
+        let reasons = HandshakeFailure::ALL.map(HandshakeFailure::label);
+        let tls = TlsMetrics::register(&mut registry, &reasons);
+        let window = WindowMetrics::register(&mut registry);
+        ProcessMetrics {
+            webhook,
+            tls,
+            window,
+            exposition: Exposition::from(registry),
+        }
+    }
+}
 
 /// The window task's configuration the flags describe.
 pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<controller::Config> {
@@ -119,19 +146,19 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
     log_start(&args, &policy, webhook.as_ref(), &admin_listener)?;
+    let ProcessMetrics {
+        webhook: webhook_metrics,
+        tls,
+        window,
+        exposition,
+    } = ProcessMetrics::register();
     let state = Arc::new(WebhookState {
         policy,
-        metrics: Metrics::default(),
+        metrics: webhook_metrics,
+        exposition,
     });
-    let window = Task::spawn(|stop| {
-        controller::run(
-            client,
-            controller_config,
-            state.metrics.window.clone(),
-            stop,
-        )
-    });
-    let webhook = webhook.map(|webhook| webhook.serve(&args, Arc::clone(&state)));
+    let window = Task::spawn(|stop| controller::run(client, controller_config, window, stop));
+    let webhook = webhook.map(|webhook| webhook.serve(&args, Arc::clone(&state), tls));
     let admin = Task::spawn(|stop| {
         serve_admin(
             admin_listener,
@@ -205,8 +232,8 @@ impl Webhook {
         Ok(Webhook { tls, listener })
     }
 
-    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>) -> Task {
-        self.tls.serve(args, self.listener, state)
+    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>, metrics: TlsMetrics) -> Task {
+        self.tls.serve(args, self.listener, state, metrics)
     }
 }
 
@@ -238,11 +265,15 @@ impl Tls {
     }
 
     /// Keeps the certificates current and serves the webhook on `listener`.
-    fn serve(self, args: &ServeArgs, listener: TcpListener, state: Arc<WebhookState>) -> Task {
-        self.cert.spawn_reloader(
-            args.tls_reload_interval,
-            state.metrics.tls.not_after.clone(),
-        );
+    fn serve(
+        self,
+        args: &ServeArgs,
+        listener: TcpListener,
+        state: Arc<WebhookState>,
+        metrics: TlsMetrics,
+    ) -> Task {
+        self.cert
+            .spawn_reloader(args.tls_reload_interval, metrics.not_after.clone());
         if let Some(client_ca) = &self.client_ca {
             client_ca.spawn_reloader(args.tls_reload_interval);
         }
@@ -255,7 +286,7 @@ impl Tls {
             max_connections: args.max_connections,
             max_per_source: usize::try_from(args.max_connections_per_source).unwrap_or(usize::MAX),
             idle_timeout: args.idle_timeout,
-            metrics: state.metrics.tls.clone(),
+            metrics,
         };
         Task::spawn(|stop| {
             serve_tls(
@@ -331,4 +362,53 @@ fn listen(addr: std::net::SocketAddr, backlog: u32) -> Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     Ok(socket.listen(backlog)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rate over an absent series is no alert at all: every label value
+    /// node-holder knows in advance is exposed at 0 before its first event.
+    #[test]
+    fn labelled_counters_show_their_known_label_values_at_zero_from_the_start() {
+        let metrics = ProcessMetrics::register().exposition.encode().unwrap();
+        let mut zeros: Vec<String> = Vec::new();
+        for code in [200, 400, 408, 413, 415, 500, 503] {
+            zeros.push(format!(
+                "node_holder_webhook_requests_total{{code=\"{code}\"}} 0"
+            ));
+        }
+        for code in [0, 403, 409, 422, 429, 500, 503] {
+            zeros.push(format!(
+                "node_holder_patch_errors_total{{code=\"{code}\"}} 0"
+            ));
+        }
+        for reason in [
+            "plain-http",
+            "timeout",
+            "no-client-certificate",
+            "client-certificate-rejected",
+            "certificate-rejected",
+            "incompatible-client",
+            "not-tls",
+            "other",
+        ] {
+            zeros.push(format!(
+                "node_holder_tls_handshake_errors_total{{reason=\"{reason}\"}} 0"
+            ));
+        }
+        for kind in crate::controller::FailureKind::ALL {
+            zeros.push(format!(
+                "node_holder_pass_failures_total{{kind=\"{}\"}} 0",
+                kind.label()
+            ));
+        }
+        for line in &zeros {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} missing from\n{metrics}"
+            );
+        }
+    }
 }

@@ -16,7 +16,8 @@ use crate::controller::lease::{self, Holder};
 use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::budget::Mechanism;
 use crate::core::due::{Kept, Reason};
-use crate::core::groups::{self, Grouping, UNLABELLED, Windows};
+use crate::core::grouping::{self, Grouping, UNLABELLED};
+use crate::core::groups::Windows;
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, MARKED, held_keys, held_until_stamp};
 use crate::core::pace::Pacing;
 use crate::core::window::{ManualHold, Window, WindowConfig};
@@ -448,7 +449,7 @@ fn settings_text(status: &Status) -> String {
                 .map_or_else(String::new, |key| format!(", one window per {key}"));
             for (group, hold) in &s.group_hold_durations {
                 let hold = humantime::format_duration(*hold);
-                per.push_str(&format!(", {} holds {hold}", groups::display(group)));
+                per.push_str(&format!(", {} holds {hold}", grouping::display(group)));
             }
             if s.window_follows_work {
                 per.push_str(", follows work on held nodes");
@@ -540,7 +541,7 @@ fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timest
     let rows: Vec<&GroupStatus> = std::iter::once(&unlabelled).chain(&status.groups).collect();
     let width = rows
         .iter()
-        .map(|g| groups::display(&g.group).len())
+        .map(|g| grouping::display(&g.group).len())
         .max()
         .unwrap_or(0)
         .max("GROUP".len());
@@ -559,7 +560,7 @@ fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timest
             "",
             format!(
                 "{:<width$}  {:<5}  {window}",
-                groups::display(&group.group),
+                grouping::display(&group.group),
                 group.held_nodes
             ),
         );

@@ -26,7 +26,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use node_holder::metrics::TlsMetrics;
+use node_holder::server::metrics::TlsMetrics;
 use node_holder::server::tls::ReloadingCert;
 use node_holder::server::{TlsServing, serve_tls};
 use serde_json::{Value, json};

@@ -68,7 +68,6 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
     assert_eq!(json["leader"]["expired"], false);
     let deadline: Timestamp = json["deadline"].as_str().unwrap().parse().unwrap();
     assert_eq!(deadline, created + Duration::from_secs(3600));
-    assert_eq!(json["settings"]["mode"], "cluster");
     assert_eq!(json["settings"]["holdDuration"], "1h");
     assert_eq!(json["settings"]["maxHold"], "2h");
     let held: Vec<&str> = json["heldNodes"]
@@ -119,9 +118,7 @@ async fn status_shows_the_open_window_its_leader_and_the_held_nodes() {
 
     let text = succeeded(&operator(&cp, &["status"]));
     assert!(
-        text.starts_with(
-            "Window:      open (cluster scope, all nodes, hold 1h, max 2h)\nOpened:      "
-        ),
+        text.starts_with("Window:      open (all nodes, hold 1h, max 2h)\nOpened:      "),
         "{text}"
     );
     assert!(
@@ -219,7 +216,7 @@ fn node_patch_agents(cp: &ControlPlane, name: &str) -> Vec<String> {
                 && e["objectRef"]["resource"] == "nodes"
                 && e["objectRef"]["name"] == name
                 && e["stage"] == "ResponseComplete"
-                && !common::window::is_stamp(e)
+                && !common::measure::audit::is_stamp(e)
         })
         .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
         .collect()

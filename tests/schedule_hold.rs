@@ -25,21 +25,31 @@ fn cronjob(name: &str, schedule: &str) -> CronJob {
     testenv::filler_cronjob(name, schedule, RUN_FOR)
 }
 
+/// node-holder's flags here.
+const ARGS: [&str; 5] = [
+    "--coalesce-idle=200ms",
+    "--coalesce-max=1s",
+    "--lease-duration=3s",
+    // A window would hold every node for 20 minutes: the schedule's nodes
+    // must open none.
+    "--hold-duration=20m",
+    "--launch-cost=2m",
+];
+
 async fn install(a: &Autoscaled) -> Served {
     common::install_node_holder_rbac(a.cp()).await;
     common::install_rbac_for(a.cp(), "schedules").await;
-    let args = [
-        "--coalesce-idle=200ms",
-        "--coalesce-max=1s",
-        "--lease-duration=3s",
-        // A window would hold every node for 20 minutes: the schedule's
-        // nodes must open none.
-        "--hold-duration=20m",
-        "--launch-cost=2m",
-    ];
-    let served = serve(a.cp(), &args).await;
+    let served = serve(a.cp(), &ARGS).await;
     register_webhook(a.cp(), &served).await;
     served
+}
+
+/// Waits until `served` leads.
+async fn leads(a: &mut Autoscaled, served: &Served) {
+    a.until("node-holder leads", Duration::from_secs(30), async |_| {
+        common::window::metric(served, "node_holder_leader").await == Some(1.0)
+    })
+    .await;
 }
 
 async fn carries_hold(a: &Autoscaled, node: &str) -> bool {
@@ -97,7 +107,13 @@ async fn run_done(a: &mut Autoscaled, cronjob: &str, n: usize, by: Timestamp) ->
 async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_at_once() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     let served = install(&a).await;
-    let cronjobs: Api<CronJob> = Api::namespaced(a.client.clone(), "default");
+    // A schedule node-holder cannot predict: said on the CronJob, and its
+    // runs are other work.
+    cronjobs_api(&a)
+        .create(&PostParams::default(), &cronjob("odd", "@every 10m"))
+        .await
+        .unwrap();
+    let cronjobs = cronjobs_api(&a);
     // Both first run at the next minute (at least 20 s away, so that both
     // CronJobs exist by then); `rare` again ten minutes later.
     let first = Schedule::parse("* * * * *", None)
@@ -137,6 +153,8 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
     .await;
     let kept_gauge = r#"node_holder_schedule_kept_nodes{reason="run"}"#;
     assert!(common::window::metric(&served, kept_gauge).await >= Some(1.0));
+    let odd_gauge = "node_holder_schedule_unpredictable_cronjobs";
+    assert_eq!(common::window::metric(&served, odd_gauge).await, Some(1.0));
     // The Events are sent beside the passes: waited for.
     a.until("the nodes' Events", Duration::from_secs(20), async |a| {
         let kept = a.node_events(&often_node, "HeldForScheduledRun").await;
@@ -146,8 +164,20 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
             && ended
                 .iter()
                 .any(|m| m.contains("no scheduled run is due within the launch cost (2m)"))
+            && cronjob_events(a, "odd", "UnpredictableSchedule")
+                .await
+                .iter()
+                .any(|m| m.contains("@every runs from when the controller started"))
     })
     .await;
+    // Killed and started again mid-gap, node-holder takes the plan up.
+    drop(served);
+    let served = serve(a.cp(), &ARGS).await;
+    leads(&mut a, &served).await;
+    assert!(
+        carries_hold(&a, &often_node).await,
+        "kept across the restart"
+    );
     let launched: BTreeSet<String> = a.nodes_launched().into_keys().collect();
 
     let second = run_done(&mut a, "often", 2, first + Duration::from_secs(60)).await;
@@ -182,4 +212,25 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
         deleted.contains_key(&often_node) && deleted.contains_key(&second)
     })
     .await;
+}
+
+fn cronjobs_api(a: &Autoscaled) -> Api<CronJob> {
+    Api::namespaced(a.client.clone(), "default")
+}
+
+/// The messages of node-holder's Events of `reason` about CronJob `name`.
+async fn cronjob_events(a: &Autoscaled, name: &str, reason: &str) -> Vec<String> {
+    a.events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("CronJob")
+                && e.involved_object.name.as_deref() == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .filter_map(|e| e.message)
+        .collect()
 }

@@ -18,7 +18,7 @@ use crate::core::budget::{
     NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, marker_ops, remove, renew,
     self_ending_entry, set_budgets,
 };
-use crate::core::groups::UNLABELLED;
+use crate::core::grouping::UNLABELLED;
 use crate::core::node::labels;
 use crate::core::selector::NodeScope;
 

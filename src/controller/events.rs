@@ -44,6 +44,12 @@ enum Regarding {
     Record {
         namespace: String,
     },
+    /// A CronJob (`--launch-cost`).
+    CronJob {
+        namespace: String,
+        name: String,
+        uid: Option<String>,
+    },
 }
 
 impl Regarding {
@@ -58,6 +64,7 @@ impl Regarding {
         match self {
             Regarding::Node { name, .. } => name,
             Regarding::Record { .. } => super::record::NAME,
+            Regarding::CronJob { name, .. } => name,
         }
     }
 
@@ -65,7 +72,7 @@ impl Regarding {
     fn namespace(&self) -> &str {
         match self {
             Regarding::Node { .. } => "default",
-            Regarding::Record { namespace } => namespace,
+            Regarding::Record { namespace } | Regarding::CronJob { namespace, .. } => namespace,
         }
     }
 
@@ -83,6 +90,18 @@ impl Regarding {
                 kind: Some("ConfigMap".to_string()),
                 name: Some(super::record::NAME.to_string()),
                 namespace: Some(namespace.clone()),
+                ..ObjectReference::default()
+            },
+            Regarding::CronJob {
+                namespace,
+                name,
+                uid,
+            } => ObjectReference {
+                api_version: Some("batch/v1".to_string()),
+                kind: Some("CronJob".to_string()),
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                uid: uid.clone(),
                 ..ObjectReference::default()
             },
         }
@@ -169,6 +188,24 @@ impl HoldEvent {
             reason: "HeldForScheduledRun",
             action: "Hold",
             note: format!("held until {until}: {why}"),
+        }
+    }
+
+    /// `--launch-cost`: a CronJob whose schedule node-holder cannot predict
+    /// (`namespace/name`): its runs are held as other work is.
+    pub fn unpredictable(cronjob: &str, uid: Option<&str>, why: &str) -> Self {
+        let (namespace, name) = cronjob.split_once('/').unwrap_or(("default", cronjob));
+        HoldEvent {
+            regarding: Regarding::CronJob {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uid: uid.map(str::to_string),
+            },
+            reason: "UnpredictableSchedule",
+            action: "Hold",
+            note: format!(
+                "{why}: node-holder keeps no node for its runs; their nodes are held by the hold window as other work"
+            ),
         }
     }
 

@@ -119,7 +119,7 @@ pub async fn handle_once(
     config: Config,
     request: Request,
 ) -> Result<PassReport> {
-    let metrics = crate::metrics::Metrics::default().window;
+    let metrics = super::WindowMetrics::register(&mut crate::metrics::registry());
     let mut task = WindowTask::new(client, config, metrics, EventSink::none());
     task.report = Some(std::sync::Mutex::new(PassReport::default()));
     let record = task.store.load().await?;

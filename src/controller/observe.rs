@@ -123,7 +123,7 @@ impl WindowTask {
             .window
             .groups
             .key()
-            .map(|_| groups::display(group))
+            .map(|_| grouping::display(group))
     }
 
     /// A group's window (or the manual hold) that closed by itself lets its

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::due::Kept;
-use crate::core::groups::{Grouping, Windows};
+use crate::core::grouping::Grouping;
+use crate::core::groups::Windows;
 use crate::core::holds::HoldPolicy;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::pace::Pace;

@@ -189,6 +189,7 @@ fn spec(cronjob: &CronJob) -> CronJobSpec {
     let spec = &cronjob.spec;
     CronJobSpec {
         key: format!("{namespace}/{name}"),
+        uid: cronjob.metadata.uid.clone(),
         schedule: Schedule::parse(&spec.schedule, spec.time_zone.as_deref()),
         suspended: spec.suspend.unwrap_or(false),
     }
@@ -239,9 +240,12 @@ impl super::WindowTask {
             .map(|node| (node.name(), &**node))
             .collect();
         self.say_what_changed(&kept, &in_scope, &groups, &terms);
-        for (cronjob, why) in &known.unpredictable {
-            if self.unpredictable.insert(cronjob.clone()) {
-                tracing::warn!(%cronjob, "{why}: its runs keep no node");
+        for bad in &known.unpredictable {
+            if self.unpredictable.insert(bad.cronjob.clone()) {
+                let (cronjob, why) = (&bad.cronjob, &bad.why);
+                tracing::warn!(%cronjob, "{why}: its runs keep no node; the window holds them");
+                let event = HoldEvent::unpredictable(cronjob, bad.uid.as_deref(), why);
+                self.events.send(event);
             }
         }
         self.show_kept(&kept, known.unpredictable.len());

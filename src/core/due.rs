@@ -17,7 +17,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::known::KnownWork;
+use super::known::{KnownWork, Run};
 use super::plus;
 
 /// How long after a run's start its kept nodes stay kept while its pods
@@ -28,20 +28,6 @@ pub const RUN_GRACE: Duration = Duration::from_secs(60);
 /// How long a new node is kept before its pods tell whether the schedule
 /// explains it: a launched node's pods bind within seconds of its readiness.
 pub const SETTLE: Duration = Duration::from_secs(60);
-
-/// A CronJob's next run in a group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Run {
-    /// `namespace/name`.
-    pub cronjob: String,
-    /// When the CronJob controller starts it.
-    pub at: Timestamp,
-    /// How many nodes its last run occupied.
-    pub nodes: usize,
-    /// The nodes its last run occupied: kept for it first (its images are
-    /// there).
-    pub on: Vec<String>,
-}
 
 /// An idle node kept for a run.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,20 +8,35 @@
 //! (and a pod carries its Job's name in `batch.kubernetes.io/job-name`), so
 //! no Job needs to be read. A node that runs a known CronJob's pods (and no
 //! other Job's) is *explained*: the schedule says when its work comes back,
-//! so it opens no hold window.
+//! so it opens no hold window. A CronJob whose schedule cannot be predicted
+//! is not known: its pods are other work, which the window holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
-use super::due::Run;
 use super::schedule::{Schedule, ScheduleError};
+
+/// A CronJob's next run in a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// `namespace/name`.
+    pub cronjob: String,
+    /// When the CronJob controller starts it.
+    pub at: Timestamp,
+    /// How many nodes its last run occupied.
+    pub nodes: usize,
+    /// The nodes its last run occupied: kept for it first (its images are
+    /// there).
+    pub on: Vec<String>,
+}
 
 /// A CronJob as the hold reads it.
 #[derive(Debug, Clone)]
 pub struct CronJobSpec {
     /// `namespace/name`.
     pub key: String,
+    pub uid: Option<String>,
     pub schedule: Result<Schedule, ScheduleError>,
     pub suspended: bool,
 }
@@ -48,7 +63,16 @@ pub struct KnownWork {
     /// Nodes whose Job pods are all known CronJobs' (see the module doc).
     pub explained: BTreeSet<String>,
     /// CronJobs whose schedule cannot be predicted, and why.
-    pub unpredictable: Vec<(String, String)>,
+    pub unpredictable: Vec<Unpredictable>,
+}
+
+/// A CronJob whose schedule cannot be predicted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpredictable {
+    /// `namespace/name`.
+    pub cronjob: String,
+    pub uid: Option<String>,
+    pub why: String,
 }
 
 /// One CronJob's runs as its pods show them: the nodes of each run, by the
@@ -66,7 +90,11 @@ pub fn known_work<'a>(
     group_of: impl Fn(&str) -> Option<String>,
     now: Timestamp,
 ) -> KnownWork {
-    let keys: BTreeSet<&str> = cronjobs.iter().map(|c| c.key.as_str()).collect();
+    let keys: BTreeSet<&str> = cronjobs
+        .iter()
+        .filter(|c| c.schedule.is_ok())
+        .map(|c| c.key.as_str())
+        .collect();
     let mut seen: BTreeMap<String, Seen<'a>> = BTreeMap::new();
     let mut work = KnownWork::default();
     let mut others: BTreeSet<&str> = BTreeSet::new();
@@ -92,8 +120,11 @@ pub fn known_work<'a>(
         let schedule = match &cronjob.schedule {
             Ok(schedule) => schedule,
             Err(err) => {
-                work.unpredictable
-                    .push((cronjob.key.clone(), err.to_string()));
+                work.unpredictable.push(Unpredictable {
+                    cronjob: cronjob.key.clone(),
+                    uid: cronjob.uid.clone(),
+                    why: err.to_string(),
+                });
                 continue;
             }
         };
@@ -149,6 +180,7 @@ mod tests {
     fn cronjob(key: &str, schedule: &str) -> CronJobSpec {
         CronJobSpec {
             key: key.into(),
+            uid: None,
             schedule: Schedule::parse(schedule, None),
             suspended: false,
         }
@@ -234,9 +266,11 @@ mod tests {
         let work = known_work(&cronjobs, pods, group_of, at("2026-04-25T03:05:00Z"));
         assert!(work.runs.is_empty(), "{:?}", work.runs);
         assert_eq!(work.unpredictable.len(), 1);
-        assert!(work.unpredictable[0].1.contains("@every"));
-        // Its nodes are still explained: the CronJob is known.
-        assert_eq!(work.explained.len(), 2);
+        assert!(work.unpredictable[0].why.contains("@every"));
+        // The suspended one's node is still explained (its schedule is
+        // known); the unpredictable one's pods are other work, which the
+        // window holds.
+        assert_eq!(work.explained, BTreeSet::from(["a1".to_string()]));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod budget;
 pub mod due;
+pub mod grouping;
 pub mod groups;
 pub mod holds;
 pub mod known;

@@ -272,7 +272,7 @@ fn remove(path: PointerBuf) -> PatchOperation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::groups::Grouping;
+    use crate::core::grouping::Grouping;
     use crate::core::holds::{Preset, held_until_stamp};
     use serde_json::json;
 

@@ -289,7 +289,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::core::groups::Grouping;
+    use crate::core::grouping::Grouping;
     use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset};
     use crate::core::node::labels;
     use crate::core::selector::NodeScope;

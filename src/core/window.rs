@@ -21,7 +21,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::groups::Grouping;
+use super::grouping::Grouping;
 use super::pace::{Pace, Pacing};
 use super::plus;
 

@@ -24,7 +24,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::metrics::TlsMetrics;
+use super::metrics::TlsMetrics;
 
 /// How the TLS port serves: its drain time, connection bound and metrics.
 #[derive(Clone)]
@@ -284,7 +284,8 @@ impl Connection {
             Ok(Err(failed)) => failed,
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                self.metrics.handshake_error(HandshakeFailure::Timeout);
+                self.metrics
+                    .handshake_error(HandshakeFailure::Timeout.label());
                 return None;
             }
         };
@@ -292,7 +293,7 @@ impl Connection {
             None => tracing::debug!(%peer, "plain HTTP on the TLS port refused"),
             Some(err) => log_handshake_failure(failed.reason, peer, err),
         }
-        self.metrics.handshake_error(failed.reason);
+        self.metrics.handshake_error(failed.reason.label());
         None
     }
 

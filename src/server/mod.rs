@@ -2,6 +2,7 @@
 
 mod connection;
 mod error;
+pub mod metrics;
 #[cfg(test)]
 mod tests;
 pub mod tls;
@@ -29,7 +30,8 @@ use tower_http::timeout::TimeoutLayer;
 
 use crate::core::admission::{Decision, Outcome, decide, review_body};
 use crate::core::holds::HoldPolicy;
-use crate::metrics::Metrics;
+use crate::metrics::Exposition;
+use metrics::WebhookMetrics;
 
 /// Largest AdmissionReview accepted, as controller-runtime does.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -46,7 +48,9 @@ pub struct Limits {
 /// What the handlers share.
 pub struct WebhookState {
     pub policy: HoldPolicy,
-    pub metrics: Metrics,
+    pub metrics: WebhookMetrics,
+    /// Every subsystem's metrics, for `/metrics`.
+    pub exposition: Exposition,
 }
 
 /// The webhook's routes: `POST /mutate`, with body, time and concurrency
@@ -227,7 +231,7 @@ pub fn admin_router(readiness: Arc<Readiness>, state: Arc<WebhookState>) -> Rout
         .route(
             "/metrics",
             get(move || {
-                let text = state.metrics.encode();
+                let text = state.exposition.encode();
                 async move {
                     match text {
                         Ok(text) => (

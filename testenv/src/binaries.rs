@@ -417,7 +417,7 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         cert_manager: ensure_cert_manager_built()?,
         kubectl: ensure_kubectl_built()?,
         promtool: ensure_promtool_built()?,
-        crane: crate::registry::ensure_crane_built()?,
+        crane: ensure_crane_built()?,
     })
 }
 
@@ -624,4 +624,26 @@ pub fn prometheus_operator_crds() -> Result<String> {
         manifest.push_str(&text);
     }
     Ok(manifest)
+}
+
+const CRANE_MODULE: &str = "github.com/google/go-containerregistry";
+const CRANE_PKG: &str = "github.com/google/go-containerregistry/cmd/crane";
+
+/// Returns the path of crane from the pinned go-containerregistry module
+/// (`testenv/tools/registry`), building it first if needed.
+pub fn ensure_crane_built() -> Result<PathBuf> {
+    let module = tool_module_dir("registry");
+    let version = required_version(&module, CRANE_MODULE)?;
+    // As crane's release build stamps it, so `crane version` tells the pin.
+    let stamp = format!("-X {CRANE_MODULE}/cmd/crane/cmd.Version={version}");
+    let out = ensure_tools_built(
+        "registry",
+        &module,
+        &[GoTool {
+            package: CRANE_PKG,
+            binary: "crane",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("crane"))
 }

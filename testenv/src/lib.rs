@@ -34,6 +34,7 @@ use rcgen::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+pub use binaries::ensure_crane_built;
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
 pub use binaries::{
     CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, OHA_VERSION, cert_manager_crds,
@@ -49,7 +50,7 @@ pub use karpenter::{
     install_karpenter_crds, node_claims, node_pool_object, node_pools,
 };
 pub use process::ManagedChild;
-pub use registry::{LocalRegistry, ensure_crane_built};
+pub use registry::LocalRegistry;
 
 /// The namespace node-holder's restricted identity belongs to.
 pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";

@@ -11,33 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
-use crate::binaries::{GoTool, ensure_tools_built, required_version, tool_module_dir};
+use crate::binaries::ensure_crane_built;
 use crate::process::ManagedChild;
-
-const CRANE_MODULE: &str = "github.com/google/go-containerregistry";
-const CRANE_PKG: &str = "github.com/google/go-containerregistry/cmd/crane";
 
 /// How long the registry may take to say which port it serves on.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Returns the path of crane from the pinned go-containerregistry module
-/// (`testenv/tools/registry`), building it first if needed.
-pub fn ensure_crane_built() -> Result<PathBuf> {
-    let module = tool_module_dir("registry");
-    let version = required_version(&module, CRANE_MODULE)?;
-    // As crane's release build stamps it, so `crane version` tells the pin.
-    let stamp = format!("-X {CRANE_MODULE}/cmd/crane/cmd.Version={version}");
-    let out = ensure_tools_built(
-        "registry",
-        &module,
-        &[GoTool {
-            package: CRANE_PKG,
-            binary: "crane",
-            ldflags: &stamp,
-        }],
-    )?;
-    Ok(out.join("crane"))
-}
 
 /// A running in-memory registry. Dropping it stops it (and loses what was
 /// pushed).

@@ -454,27 +454,6 @@ pub fn node_holder_stamps(cp: &ControlPlane, name: &str) -> Vec<(Timestamp, u16)
     patch_log(cp, true).remove(name).unwrap_or_default()
 }
 
-/// Whether an audit event's JSON Patch (logged at Request level for
-/// node-holder: docs/audit-policy.yaml) only rewrites `held-until`: a `test`
-/// of the marker and the stamp's `add`.
-pub fn is_stamp(event: &Value) -> bool {
-    let Some(ops) = event["requestObject"].as_array() else {
-        return false;
-    };
-    let stamp = |op: &Value| match op["op"].as_str() {
-        Some("test") => op["path"] == "/metadata/labels/node-holder.dev~1held",
-        Some("add") => {
-            op["path"] == "/metadata/annotations/node-holder.dev~1held-until"
-                || (op["path"] == "/metadata/annotations"
-                    && op["value"].as_object().is_some_and(|map| {
-                        map.keys().all(|key| key == "node-holder.dev/held-until")
-                    }))
-        }
-        _ => false,
-    };
-    !ops.is_empty() && ops.iter().all(stamp)
-}
-
 /// node-holder's node PATCHes, stamps only or none of them, by node
 /// (read by [`crate::measure::audit::node_holder_patches`]).
 fn patch_log(cp: &ControlPlane, stamps: bool) -> BTreeMap<String, Vec<(Timestamp, u16)>> {

@@ -40,7 +40,7 @@ impl AuditPatch {
             resource: text(&event["objectRef"]["resource"]),
             name: text(&event["objectRef"]["name"]),
             code: event["responseStatus"]["code"].as_i64().unwrap_or(0),
-            stamp: crate::window::is_stamp(event),
+            stamp: is_stamp(event),
         })
     }
 }
@@ -117,4 +117,25 @@ pub fn describe(patches: &[&AuditPatch]) -> String {
             0.0
         }
     )
+}
+
+/// Whether an audit event's JSON Patch (logged at Request level for
+/// node-holder: docs/audit-policy.yaml) only rewrites `held-until`: a `test`
+/// of the marker and the stamp's `add`.
+pub fn is_stamp(event: &Value) -> bool {
+    let Some(ops) = event["requestObject"].as_array() else {
+        return false;
+    };
+    let stamp = |op: &Value| match op["op"].as_str() {
+        Some("test") => op["path"] == "/metadata/labels/node-holder.dev~1held",
+        Some("add") => {
+            op["path"] == "/metadata/annotations/node-holder.dev~1held-until"
+                || (op["path"] == "/metadata/annotations"
+                    && op["value"].as_object().is_some_and(|map| {
+                        map.keys().all(|key| key == "node-holder.dev/held-until")
+                    }))
+        }
+        _ => false,
+    };
+    !ops.is_empty() && ops.iter().all(stamp)
 }
