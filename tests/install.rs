@@ -415,7 +415,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     for (var, value) in [
         ("NODE_HOLDER_HOLD_DURATION", "20m"),
         ("NODE_HOLDER_MAX_HOLD", "2h"),
-        ("NODE_HOLDER_SCOPE", "cluster"),
         ("NODE_HOLDER_NODE_SELECTOR", ""),
         ("NODE_HOLDER_HOLD_MECHANISM", "annotation"),
         ("NODE_HOLDER_NODEPOOL_SELECTOR", ""),
@@ -442,6 +441,10 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
     assert!(!env.contains_key("NODE_HOLDER_RELEASE_PACE"));
     assert!(!env.contains_key("NODE_HOLDER_WINDOW_PER_LABEL"));
+    assert!(
+        !env.contains_key("NODE_HOLDER_LAUNCH_COST"),
+        "the schedule hold is off"
+    );
 
     let deployment = one(&objects, "Deployment");
     let pod = &deployment["spec"]["template"]["spec"];
