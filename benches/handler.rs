@@ -15,7 +15,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use node_holder::cli::{Cli, Command};
 use node_holder::core::admission::{decide, review_body};
-use node_holder::core::holds::HoldPolicy;
+use node_holder::core::holds::Holding;
 
 fn main() {
     divan::main();
@@ -27,10 +27,10 @@ fn node_create() -> Vec<u8> {
 }
 
 /// The policy `serve` builds from its default flags.
-fn default_policy() -> HoldPolicy {
+fn default_policy() -> Holding {
     use clap::Parser as _;
     match Cli::try_parse_from(["node-holder", "serve"]).map(|cli| cli.command) {
-        Ok(Command::Serve(args)) => args.policy.policy().expect("the default policy is valid"),
+        Ok(Command::Serve(args)) => args.holding.holding().expect("the default policy is valid"),
         _ => panic!("`node-holder serve` did not parse as serve"),
     }
 }

@@ -11,7 +11,7 @@ use tracing::level_filters::LevelFilter;
 
 use crate::core::budget::Mechanism;
 use crate::core::grouping::Grouping;
-use crate::core::holds::HoldPolicy;
+use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::names::{is_label_value, is_qualified_name};
 use crate::core::pace::Pace;
@@ -120,7 +120,7 @@ pub struct ServeArgs {
     pub client_ca_file: Option<PathBuf>,
 
     #[command(flatten)]
-    pub policy: PolicyArgs,
+    pub holding: HoldingArgs,
 
     #[command(flatten)]
     pub window: WindowArgs,
@@ -154,8 +154,8 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_HOLDER_NODE_EVENTS_PER_PASS", default_value_t = 500)]
     pub node_events_per_pass: usize,
 
-    /// Budget of one webhook request, reading the body included; keep it well
-    /// under the webhook configuration's timeoutSeconds.
+    /// The longest one webhook request may take, reading the body included;
+    /// keep it well under the webhook configuration's timeoutSeconds.
     #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
@@ -209,7 +209,7 @@ impl ServeArgs {
 
 /// Which nodes are held, and with what.
 #[derive(Debug, Clone, Args)]
-pub struct PolicyArgs {
+pub struct HoldingArgs {
     /// Well-known holds to place (karpenter-v1 when neither this nor
     /// --hold-annotation is given).
     #[arg(
@@ -436,7 +436,7 @@ pub struct RequestArgs {
 
     /// Used only when the record holds no settings (no leader has run).
     #[command(flatten)]
-    pub policy: PolicyArgs,
+    pub holding: HoldingArgs,
 
     /// Used only when the record holds no settings (no leader has run).
     #[command(flatten)]
@@ -685,7 +685,7 @@ fn table<'a>(out: &mut String, args: impl Iterator<Item = &'a clap::Arg>) {
     }
 }
 
-impl PolicyArgs {
+impl HoldingArgs {
     /// The NodePools held by budget (`--hold-mechanism budget`), or an
     /// error naming the flag; `None` for the annotation mechanism.
     pub fn pools(&self) -> anyhow::Result<Option<NodeScope>> {
@@ -695,8 +695,8 @@ impl PolicyArgs {
     }
 
     /// The admission policy the flags describe, or an error naming the flag.
-    pub fn policy(&self) -> anyhow::Result<HoldPolicy> {
-        Ok(HoldPolicy {
+    pub fn holding(&self) -> anyhow::Result<Holding> {
+        Ok(Holding {
             holds: Holds::new(&self.hold_preset, &self.hold_annotation)
                 .map_err(|e| anyhow::anyhow!("--hold-annotation: {e}"))?,
             scope: NodeScope::parse(&self.node_selector)

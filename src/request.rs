@@ -156,24 +156,24 @@ fn leader_config(
     settings: Option<Settings>,
     identity: String,
 ) -> Result<controller::Config> {
-    let (window, policy, pools, stamps) = match settings {
+    let (window, holding, pools, stamps) = match settings {
         Some(settings) => (
             settings.window_config(),
-            settings.policy()?,
+            settings.holding()?,
             settings.pools()?,
             settings.held_until_annotation,
         ),
         // As `serve` does by default.
         None => (
             args.window.window_config(),
-            args.policy.policy()?,
-            args.policy.pools()?,
+            args.holding.holding()?,
+            args.holding.pools()?,
             true,
         ),
     };
     Ok(controller::Config {
         window,
-        policy,
+        holding,
         pools,
         namespace: args.record.namespace.clone(),
         identity,

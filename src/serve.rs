@@ -15,7 +15,7 @@ use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::controller::WindowMetrics;
 use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
-use crate::core::holds::HoldPolicy;
+use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
 use crate::server::tls::{ReloadingCert, ReloadingClientCa};
@@ -50,13 +50,13 @@ impl ProcessMetrics {
 }
 
 /// The window task's configuration the flags describe.
-pub fn controller_config(args: &ServeArgs, policy: HoldPolicy) -> Result<controller::Config> {
+pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::Config> {
     check_window_flags(args)?;
     check_mechanism_flags(args)?;
     Ok(controller::Config {
         window: args.window.window_config(),
-        policy,
-        pools: args.policy.pools()?,
+        holding,
+        pools: args.holding.pools()?,
         namespace: args.record.namespace.clone(),
         identity: if args.leader.identity.is_empty() {
             controller::default_identity()
@@ -111,7 +111,7 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
 /// it cannot hold nodes one by one, pace a release node by node, or group
 /// windows by any label but the NodePool's.
 fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
-    if args.policy.hold_mechanism != Mechanism::Budget {
+    if args.holding.hold_mechanism != Mechanism::Budget {
         return Ok(());
     }
     if args.window.release_pace.is_some() {
@@ -133,8 +133,8 @@ fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {
-    let policy = args.policy.policy()?;
-    let controller_config = controller_config(&args, policy.clone())?;
+    let holding = args.holding.holding()?;
+    let controller_config = controller_config(&args, holding.clone())?;
     let webhook = match args.admission {
         Admission::Webhook => Some(Webhook::bind(&args).await?),
         Admission::Policy => None,
@@ -145,7 +145,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
-    log_start(&args, &policy, webhook.as_ref(), &admin_listener)?;
+    log_start(&args, &holding, webhook.as_ref(), &admin_listener)?;
     let ProcessMetrics {
         webhook: webhook_metrics,
         tls,
@@ -153,7 +153,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         exposition,
     } = ProcessMetrics::register();
     let state = Arc::new(WebhookState {
-        policy,
+        holding,
         metrics: webhook_metrics,
         exposition,
     });
@@ -190,11 +190,11 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 /// The line that says what this process serves and holds with.
 fn log_start(
     args: &ServeArgs,
-    policy: &HoldPolicy,
+    holding: &Holding,
     webhook: Option<&Webhook>,
     admin: &TcpListener,
 ) -> Result<()> {
-    let holds: Vec<String> = policy.holds.iter().map(ToString::to_string).collect();
+    let holds: Vec<String> = holding.holds.iter().map(ToString::to_string).collect();
     let webhook_addr = webhook
         .map(|w| w.listener.local_addr())
         .transpose()?
@@ -211,7 +211,7 @@ fn log_start(
         webhook = %webhook_addr,
         admin = %admin.local_addr()?,
         holds = %holds.join(","),
-        scope = %policy.scope,
+        scope = %holding.scope,
         client_certificates,
         "node-holder serving"
     );

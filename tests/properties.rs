@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use node_holder::core::admission::{decide, review_body};
-use node_holder::core::holds::{
-    HELD_KEYS_ANNOTATION, Hold, HoldPolicy, Holds, MARKER_LABEL, Preset,
-};
+use node_holder::core::holds::{HELD_KEYS_ANNOTATION, Hold, Holding, Holds, MARKER_LABEL, Preset};
 use node_holder::core::patch::{add_holds, release_holds};
 use node_holder::core::selector::NodeScope;
 use proptest::collection::{btree_map, vec};
@@ -158,8 +156,8 @@ proptest! {
     }
 }
 
-fn policy() -> HoldPolicy {
-    HoldPolicy {
+fn holding() -> Holding {
+    Holding {
         holds: Holds::new(&[], &[]).unwrap(),
         scope: NodeScope::parse("").unwrap(),
     }
@@ -168,8 +166,8 @@ fn policy() -> HoldPolicy {
 /// Checks the handler's answer to `body`: an error, or a review whose
 /// response answers the request's uid and whose patch applies.
 fn check_answer(body: &[u8]) -> Result<(), TestCaseError> {
-    let policy = policy();
-    let Ok(decision) = decide(body, &policy) else {
+    let holding = holding();
+    let Ok(decision) = decide(body, &holding) else {
         return Ok(());
     };
     let uid = decision.request.uid.clone();

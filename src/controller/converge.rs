@@ -259,7 +259,7 @@ pub(super) fn planner<'a>(
     Planner {
         windows,
         cfg,
-        holds: &config.policy.holds,
+        holds: &config.holding.holds,
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
         stamps: config.held_until_annotation,

@@ -70,7 +70,7 @@ pub struct WindowMetrics {
     patch_errors: Family<CodeLabel, Counter>,
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
-    pub reconcile: Histogram,
+    pub pass_duration: Histogram,
     /// `--hold-mechanism budget`: NodePools carrying node-holder's budget.
     pub pools_held: Gauge<i64, AtomicI64>,
     /// `--window-per-label`: each group's deadline and held nodes.
@@ -169,7 +169,7 @@ impl WindowMetrics {
             patch_errors: Family::default(),
             leader: Gauge::default(),
             // 1 ms .. ~65 s
-            reconcile: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            pass_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             pools_held: Gauge::default(),
             group_deadline: Family::default(),
             group_held_nodes: Family::default(),
@@ -200,9 +200,9 @@ impl WindowMetrics {
             window.leader.clone(),
         );
         registry.register(
-            "reconcile_duration_seconds",
+            "pass_duration_seconds",
             "Duration of one pass of the hold window task",
-            window.reconcile.clone(),
+            window.pass_duration.clone(),
         );
         window.register_groups(registry);
         window.register_labelled(registry);

@@ -48,7 +48,7 @@ use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::due::Terms;
 use crate::core::grouping::{self, Grouping, UNLABELLED};
 use crate::core::groups::Windows;
-use crate::core::holds::HoldPolicy;
+use crate::core::holds::Holding;
 use crate::core::holds::is_marked;
 use crate::core::node::NodeMeta;
 use crate::core::pace::Pacing;
@@ -68,7 +68,7 @@ use work::{WorkWatch, watch_work};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub window: WindowConfig,
-    pub policy: HoldPolicy,
+    pub holding: Holding,
     /// `--hold-mechanism budget`: the NodePools held by a budget (a label
     /// selector); `None`: nodes are held by annotation.
     pub pools: Option<NodeScope>,
@@ -97,7 +97,7 @@ impl Config {
     fn keep(&self) -> nodes::Keep {
         let groups = self.window.groups.key().map(str::to_string);
         let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
-        nodes::Keep::new(&self.policy, groups.into_iter().chain(pools).collect())
+        nodes::Keep::new(&self.holding, groups.into_iter().chain(pools).collect())
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
@@ -105,8 +105,8 @@ impl Config {
         Settings {
             hold_duration: self.window.hold,
             max_hold: self.window.max_hold,
-            holds: self.policy.holds.iter().map(ToString::to_string).collect(),
-            node_selector: self.policy.scope.text().to_string(),
+            holds: self.holding.holds.iter().map(ToString::to_string).collect(),
+            node_selector: self.holding.scope.text().to_string(),
             release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
@@ -356,7 +356,7 @@ impl WindowTask {
         let started = Instant::now();
         let outcome = self.pass(nodes).await;
         self.metrics
-            .reconcile
+            .pass_duration
             .observe(started.elapsed().as_secs_f64());
         match outcome {
             Ok(outcome) => outcome.wake,

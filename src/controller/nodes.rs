@@ -21,7 +21,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::core::holds::{HoldPolicy, Holds};
+use crate::core::holds::{Holding, Holds};
 use crate::core::node::NodeMeta;
 use crate::core::patch::keep_what_patches_read;
 use crate::core::selector::NodeScope;
@@ -92,10 +92,10 @@ pub struct Keep {
 }
 
 impl Keep {
-    pub fn new(policy: &HoldPolicy, also: Vec<String>) -> Self {
+    pub fn new(holding: &Holding, also: Vec<String>) -> Self {
         Keep {
-            holds: policy.holds.clone(),
-            scope: policy.scope.clone(),
+            holds: holding.holds.clone(),
+            scope: holding.scope.clone(),
             also,
         }
     }

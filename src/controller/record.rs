@@ -16,7 +16,7 @@ use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::due::Kept;
 use crate::core::grouping::Grouping;
 use crate::core::groups::Windows;
-use crate::core::holds::HoldPolicy;
+use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
@@ -478,14 +478,14 @@ impl Settings {
     }
 
     /// The holds and node scope these settings describe.
-    pub fn policy(&self) -> Result<HoldPolicy> {
+    pub fn holding(&self) -> Result<Holding> {
         let explicit = self
             .holds
             .iter()
             .map(|h| h.parse())
             .collect::<Result<Vec<Hold>, String>>()
             .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?;
-        Ok(HoldPolicy {
+        Ok(Holding {
             holds: Holds::new(&[], &explicit).map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
             scope: NodeScope::parse(&self.node_selector)
                 .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,

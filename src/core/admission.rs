@@ -1,6 +1,6 @@
 //! The admission decision: an AdmissionReview in, a response out. A pure
-//! function of the request and the policy, so every replica can answer, a
-//! dry-run needs no special path and `sideEffects: None` is true.
+//! function of the request and the [`Holding`], so every replica can answer,
+//! a dry-run needs no special path and `sideEffects: None` is true.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicResourceScope, Resource};
 
-use super::holds::{Hold, HoldPolicy};
+use super::holds::{Hold, Holding};
 use super::patch::add_holds;
 
 /// What happened to one request.
@@ -137,7 +137,7 @@ const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";
 
 /// Decides on the AdmissionReview in `body`.
-pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
+pub fn decide(body: &[u8], holding: &Holding) -> Result<Decision, BadReview> {
     let review: AdmissionReview<Admitted> = serde_json::from_slice(body)?;
     if review.types.api_version != API_VERSION || review.types.kind != KIND {
         return Err(BadReview::WrongType {
@@ -170,7 +170,7 @@ pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
         });
     };
 
-    let (response, outcome) = hold_new_node(&request, &node.metadata, policy);
+    let (response, outcome) = hold_new_node(&request, &node.metadata, holding);
     Ok(Decision {
         response,
         outcome,
@@ -183,14 +183,14 @@ pub fn decide(body: &[u8], policy: &HoldPolicy) -> Result<Decision, BadReview> {
 fn hold_new_node(
     request: &AdmissionRequest<Admitted>,
     node: &ObjectMeta,
-    policy: &HoldPolicy,
+    holding: &Holding,
 ) -> (AdmissionResponse, Outcome) {
     let labels = node.labels.clone().unwrap_or_default();
     let mut response = AdmissionResponse::from(request);
-    let outcome = if !policy.scope.matches(&labels) {
+    let outcome = if !holding.scope.matches(&labels) {
         Outcome::OutOfScope
     } else {
-        let (patch, added) = add_holds(node, &policy.holds);
+        let (patch, added) = add_holds(node, &holding.holds);
         if added.is_empty() {
             Outcome::AlreadyHeld
         } else {
@@ -205,7 +205,7 @@ fn hold_new_node(
             }
         }
     };
-    response.audit_annotations = audit_annotations(&outcome, &policy.scope.to_string());
+    response.audit_annotations = audit_annotations(&outcome, &holding.scope.to_string());
     (response, outcome)
 }
 

@@ -66,7 +66,7 @@ pub fn listed_keys(list: &str) -> Vec<&str> {
 /// the node selector (its scope of nodes). The webhook, the window task and
 /// `release` all hold by it.
 #[derive(Debug, Clone)]
-pub struct HoldPolicy {
+pub struct Holding {
     pub holds: Holds,
     pub scope: NodeScope,
 }

@@ -29,7 +29,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::core::admission::{Decision, Outcome, decide, review_body};
-use crate::core::holds::HoldPolicy;
+use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use metrics::WebhookMetrics;
 
@@ -39,7 +39,8 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// Limits of the webhook endpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Whole-request budget, well under the webhook's `timeoutSeconds`.
+    /// The longest a whole request may take, well under the webhook's
+    /// `timeoutSeconds`.
     pub request_timeout: Duration,
     /// Requests handled at once; more wait.
     pub max_concurrent: usize,
@@ -47,7 +48,7 @@ pub struct Limits {
 
 /// What the handlers share.
 pub struct WebhookState {
-    pub policy: HoldPolicy,
+    pub holding: Holding,
     pub metrics: WebhookMetrics,
     /// Every subsystem's metrics, for `/metrics`.
     pub exposition: Exposition,
@@ -56,11 +57,11 @@ pub struct WebhookState {
 /// The webhook's routes: `POST /mutate`, with body, time and concurrency
 /// bounds. Other paths get 404, other methods 405.
 pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
-    let body_budget = Arc::new(Semaphore::new(BODY_BUDGET_KIB));
+    let body_allowance = Arc::new(Semaphore::new(BODY_ALLOWANCE_KIB));
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(body_budget, reserve_body))
+        .layer(middleware::from_fn_with_state(body_allowance, reserve_body))
         .layer(ConcurrencyLimitLayer::new(limits.max_concurrent))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -77,7 +78,7 @@ pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
 /// (7 MiB), or thousands of real reviews (a Node's is about 6 KiB). Without it
 /// `--max-concurrent-requests` bodies of 7 MiB (1.8 GB at the default) could
 /// be read at once, far over the chart's memory limit.
-const BODY_BUDGET_KIB: usize = 32 * 1024;
+const BODY_ALLOWANCE_KIB: usize = 32 * 1024;
 
 /// Refuses a body whose declared length is over the limit before anything
 /// reads it when the client asked whether to send it (`Expect:
@@ -87,10 +88,10 @@ const BODY_BUDGET_KIB: usize = 32 * 1024;
 /// to the limit, as before, so it is not cut off mid-write.) Otherwise
 /// reserves the
 /// body's size (its Content-Length, or the largest allowed when it has none)
-/// from the body budget until the response is made; waits while the budget
-/// is spent (within the request timeout).
+/// from the body allowance until the response is made; waits while the
+/// allowance is spent (within the request timeout).
 async fn reserve_body(
-    State(budget): State<Arc<Semaphore>>,
+    State(allowance): State<Arc<Semaphore>>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -111,7 +112,7 @@ async fn reserve_body(
         usize::try_from(l).unwrap_or(MAX_BODY_BYTES)
     });
     let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-    let Ok(_reserved) = budget.acquire_many(kib).await else {
+    let Ok(_reserved) = allowance.acquire_many(kib).await else {
         // The semaphore is never closed.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
@@ -140,7 +141,7 @@ async fn mutate(
 ) -> Result<Response, WebhookError> {
     let started = Instant::now();
     expect_json(&headers)?;
-    let decision = decide(&body, &state.policy)?;
+    let decision = decide(&body, &state.holding)?;
     match &decision.outcome {
         Outcome::Held { .. } => state.metrics.mutation(),
         Outcome::Unpatched { reason } => {

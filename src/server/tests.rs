@@ -19,7 +19,7 @@ fn state() -> Arc<WebhookState> {
     let mut registry = crate::metrics::registry();
     let metrics = super::metrics::WebhookMetrics::register(&mut registry);
     Arc::new(WebhookState {
-        policy: HoldPolicy {
+        holding: Holding {
             holds: Holds::new(&[], &[]).unwrap(),
             scope: NodeScope::parse("").unwrap(),
         },
