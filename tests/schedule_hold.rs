@@ -214,6 +214,67 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
     .await;
 }
 
+/// A run whose pods need more nodes than its last run occupied finds the
+/// node kept for it and launches only the difference.
+#[tokio::test]
+async fn a_run_that_needs_more_than_last_time_launches_only_the_difference() {
+    let mut a = Autoscaled::start(&Disruption::default()).await;
+    let _served = install(&a).await;
+    let cronjobs = cronjobs_api(&a);
+    let first = Schedule::parse("* * * * *", None)
+        .unwrap()
+        .next_after(Timestamp::now() + Duration::from_secs(20))
+        .unwrap();
+    cronjobs
+        .create(&PostParams::default(), &cronjob("grows", "* * * * *"))
+        .await
+        .unwrap();
+    let kept = run_done(&mut a, "grows", 1, first).await;
+    a.until(
+        "its node kept for the next run",
+        Duration::from_secs(20),
+        async |a| carries_hold(a, &kept).await,
+    )
+    .await;
+    let before: BTreeSet<String> = a.nodes_launched().into_keys().collect();
+    // The next run has two pods, each filling a node.
+    let grow = serde_json::json!({"spec": {"jobTemplate": {"spec": {"parallelism": 2, "completions": 2}}}});
+    cronjobs
+        .patch("grows", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    let second = first + Duration::from_secs(60);
+    a.until(
+        "the second run's two pods done",
+        Duration::try_from(second.duration_since(Timestamp::now())).unwrap_or_default()
+            + KARPENTER_ROUND,
+        async |a| {
+            let runs = runs(a, "grows").await;
+            let done = |(_, node, phase): &&(String, Option<String>, String)| {
+                node.is_some() && phase == "Succeeded"
+            };
+            runs.iter().filter(done).count() >= 3
+        },
+    )
+    .await;
+    let nodes: BTreeSet<String> = runs(&a, "grows")
+        .await
+        .into_iter()
+        .skip(1)
+        .filter_map(|(_, node, _)| node)
+        .collect();
+    assert!(
+        nodes.contains(&kept),
+        "one pod ran on the kept node: {nodes:?}"
+    );
+    let after: BTreeSet<String> = a.nodes_launched().into_keys().collect();
+    assert_eq!(
+        after.difference(&before).count(),
+        1,
+        "one node launched for the second pod: {before:?} -> {after:?}"
+    );
+}
+
 fn cronjobs_api(a: &Autoscaled) -> Api<CronJob> {
     Api::namespaced(a.client.clone(), "default")
 }

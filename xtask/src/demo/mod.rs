@@ -136,16 +136,7 @@ async fn start_node_holder(
     say("building node-holder…");
     let binary = build_node_holder()?;
     let certs = cp.dir().join("certs");
-    let status = Command::new(&binary)
-        .args(["certs", "--out-dir"])
-        .arg(&certs)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .context("running node-holder certs")?;
-    if !status.success() {
-        bail!("node-holder certs failed: {status}");
-    }
+    make_certs(&binary, &certs)?;
     cp.install_node_holder_rbac().await?;
     let (webhook_port, admin_port) = (testenv::free_port()?, testenv::free_port()?);
     let log = cp.dir().join(format!(
@@ -195,6 +186,25 @@ async fn start_node_holder(
         log.display()
     ));
     Ok((serve, log))
+}
+
+/// Development certificates in `certs`, made with `node-holder certs`
+/// unless a first start (the first act) made them already.
+fn make_certs(binary: &Path, certs: &Path) -> Result<()> {
+    if certs.join("tls.crt").exists() {
+        return Ok(());
+    }
+    let status = Command::new(binary)
+        .args(["certs", "--out-dir"])
+        .arg(certs)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("running node-holder certs")?;
+    if !status.success() {
+        bail!("node-holder certs failed: {status}");
+    }
+    Ok(())
 }
 
 /// The two waves, told as they happen.
