@@ -9,7 +9,9 @@
 //!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
 //!   10m (`nh-*`) and the same holds with `--window-follows-work` (`nf-*`);
 //!   with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s, 2m and 5m
-//!   (`kaw-*`). The per-node and learned holds measured in earlier rounds
+//!   (`kaw-*`) and at `Balanced` (`kab-*`); node-holder's schedule hold
+//!   (`--launch-cost=5m`, `ns-5m`). The per-node and learned holds measured
+//!   in earlier rounds
 //!   (`ni-*`, `nil-5m`, `niw-5m`, `nilw-5m`, `nl-5m`) were removed with
 //!   their modes; their figures stay in docs/benchmarks.md.
 //!   `NODE_HOLDER_BENCH_ARMS=ka-,nh-` plays only the arms so named.
@@ -23,6 +25,10 @@
 //!   minutes with a little jitter: idle gaps between the 2m and 5m knobs),
 //!   `poisson` (a busy and a quiet phase of random arrivals) and `working`
 //!   (two busy stretches of minutes-long Jobs around a quiet 15-20 minutes).
+//!   The scheduled days run real CronJobs, fired by kube-controller-manager
+//!   at whole minutes of the day: `cronjob` (every 5 minutes), `two-schedules`
+//!   (every 3 and every 15 minutes in one pool) and `mixed` (every 4 minutes
+//!   beside random Jobs); `NODE_HOLDER_BENCH_DAYS=cronjob,two-schedules,mixed`.
 //!   Each arm's pool also runs two steady pods (whole nodes, all day) and a
 //!   service of small pods (several to a node) that scales down and up again,
 //!   so a hold's cost on the rest of the fleet shows.
@@ -52,7 +58,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use testenv::{ClusterOptions, Disruption, KarpenterCluster};
@@ -124,15 +130,28 @@ async fn run(day: &Day, arms: &[Arm]) -> Result<Trace> {
     let parts = arms::by_cluster(arms);
     let clusters =
         futures::future::try_join_all(parts.iter().map(|part| Prepared::start(part))).await?;
-    let started = Instant::now();
+    let (started, origin) = next_minute();
     let traces = futures::future::try_join_all(
         clusters
             .into_iter()
             .zip(&parts)
-            .map(|(cluster, part)| cluster.play(day, part, started)),
+            .map(|(cluster, part)| cluster.play(day, part, (started, origin))),
     )
     .await?;
     Ok(Trace::merge(day.name, day.seed, traces))
+}
+
+/// When the day starts: at the next minute at least 20 s away (so that the
+/// CronJobs exist by then and their runs fall on whole minutes of the day),
+/// as an instant and as the minute of its hour (UTC).
+fn next_minute() -> (Instant, u32) {
+    let now = jiff::Timestamp::now();
+    let soon = now.as_second() + 20;
+    let minute = soon.div_euclid(60) + 1;
+    let wait =
+        Duration::from_millis(u64::try_from(minute * 60_000 - now.as_millisecond()).unwrap_or(0));
+    let of_hour = u32::try_from(minute.rem_euclid(60)).unwrap_or(0);
+    (Instant::now() + wait, of_hour)
 }
 
 /// A cluster with its arms' NodePools and node-holder, ready to play.
@@ -157,10 +176,11 @@ impl Prepared {
 
     /// Plays the day from `started` and records it until the last node is
     /// gone.
-    async fn play(self, day: &Day, arms: &[Arm], started: Instant) -> Result<Trace> {
+    async fn play(self, day: &Day, arms: &[Arm], start: (Instant, u32)) -> Result<Trace> {
+        let started = start.0;
         let admin = self.cluster.control_plane().admin_client().await?;
         let recorder = Recorder::start(admin.clone(), started);
-        play(&admin, day, arms, started).await?;
+        play(&admin, day, arms, start).await?;
         let end = started.elapsed().as_secs_f64();
         let interrupted = workload::wait_jobs_done(&admin, arms, DRAIN_LIMIT).await?;
         recorder
@@ -214,6 +234,9 @@ async fn start_node_holder(
     if arms.iter().any(|a| a.follows_work) {
         common::install_rbac_for(cp, "nodeclaims").await;
     }
+    if arms.iter().any(|a| a.launch_cost.is_some()) {
+        common::install_rbac_for(cp, "schedules").await;
+    }
     let args = arms::serve_args(arms);
     let served = common::serve(cp, &common::window::strs(&args)).await;
     let pool = ("karpenter.sh/nodepool", first.name.as_str());
@@ -223,11 +246,19 @@ async fn start_node_holder(
 }
 
 /// The day's schedule on an absolute clock: each Job and each change of the
-/// service's size happens for every arm at the same instant.
-async fn play(client: &kube::Client, day: &Day, arms: &[Arm], started: Instant) -> Result<()> {
+/// service's size happens for every arm at the same instant, and each arm's
+/// CronJobs run at the same whole minutes (the day starts at minute
+/// `start.1` of its hour); they are suspended when the day's work ends.
+async fn play(client: &kube::Client, day: &Day, arms: &[Arm], start: (Instant, u32)) -> Result<()> {
+    let (started, origin) = start;
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let cronjobs: Api<CronJob> = Api::namespaced(client.clone(), "default");
     for arm in arms {
+        for scheduled in &day.cronjobs {
+            let cronjob = workload::cronjob(&arm.name, scheduled, origin)?;
+            cronjobs.create(&PostParams::default(), &cronjob).await?;
+        }
         let steady = workload::deployment(&arm.name, "steady", day.steady, testenv::POD_CPU)?;
         let service = workload::deployment(&arm.name, "service", day.service.0, days::SERVICE_CPU)?;
         for object in [steady, service] {
@@ -243,6 +274,9 @@ async fn play(client: &kube::Client, day: &Day, arms: &[Arm], started: Instant) 
     }
     tokio::time::sleep_until((started + Duration::from_secs_f64(day.end)).into()).await;
     for arm in arms {
+        for scheduled in &day.cronjobs {
+            workload::suspend(&cronjobs, &format!("{}-{}", arm.name, scheduled.name)).await?;
+        }
         for part in ["steady", "service"] {
             workload::scale(&deployments, &format!("{}-{part}", arm.name), 0).await?;
         }

@@ -21,9 +21,14 @@ pub struct Arm {
     pub hold: Option<u64>,
     /// node-holder with `--window-follows-work`.
     pub follows_work: bool,
-    /// The NodePool consolidates only empty nodes (`WhenEmpty`).
-    pub when_empty: bool,
+    /// node-holder's `--launch-cost` in seconds: the schedule hold.
+    pub launch_cost: Option<u64>,
+    /// The NodePool's `consolidationPolicy`.
+    pub policy: &'static str,
 }
+
+/// Karpenter's default consolidation policy.
+const DEFAULT_POLICY: &str = "WhenEmptyOrUnderutilized";
 
 impl Arm {
     fn karpenter(after: u64) -> Arm {
@@ -32,7 +37,8 @@ impl Arm {
             consolidate_after: after,
             hold: None,
             follows_work: false,
-            when_empty: false,
+            launch_cost: None,
+            policy: DEFAULT_POLICY,
         }
     }
 
@@ -41,7 +47,17 @@ impl Arm {
     fn karpenter_when_empty(after: u64) -> Arm {
         Arm {
             name: format!("kaw-{}", knob(after)),
-            when_empty: true,
+            policy: "WhenEmpty",
+            ..Arm::karpenter(after)
+        }
+    }
+
+    /// Karpenter alone with its pool at `Balanced` (v1.14: a move must save
+    /// at least half as much as it disrupts; no feature gate).
+    fn karpenter_balanced(after: u64) -> Arm {
+        Arm {
+            name: format!("kab-{}", knob(after)),
+            policy: "Balanced",
             ..Arm::karpenter(after)
         }
     }
@@ -52,7 +68,8 @@ impl Arm {
             consolidate_after: 0,
             hold: Some(hold),
             follows_work: false,
-            when_empty: false,
+            launch_cost: None,
+            policy: DEFAULT_POLICY,
         }
     }
 
@@ -64,17 +81,21 @@ impl Arm {
         }
     }
 
-    /// Its NodePool's disruption: Karpenter's defaults
-    /// (`WhenEmptyOrUnderutilized`, budget `nodes: 10%`; `WhenEmpty` for a
-    /// [`Arm::when_empty`] arm) with the arm's `consolidateAfter`.
+    /// The schedule hold at a launch cost of `launch` seconds (the day's
+    /// other work held by a window of the same length).
+    fn scheduled(launch: u64) -> Arm {
+        Arm {
+            name: format!("ns-{}", knob(launch)),
+            launch_cost: Some(launch),
+            ..Arm::node_holder(launch)
+        }
+    }
+
+    /// Its NodePool's disruption: Karpenter's default budget (`nodes:
+    /// 10%`) with the arm's policy and `consolidateAfter`.
     pub fn disruption(&self) -> Disruption {
-        let policy = if self.when_empty {
-            "WhenEmpty"
-        } else {
-            "WhenEmptyOrUnderutilized"
-        };
         Disruption {
-            consolidation_policy: policy.into(),
+            consolidation_policy: self.policy.into(),
             consolidate_after: format!("{}s", self.consolidate_after),
             budgets: json!([{"nodes": "10%"}]),
         }
@@ -84,29 +105,34 @@ impl Arm {
     pub fn all() -> Vec<Arm> {
         let karpenter = [0, 30, 60, 120, 300, 600].map(Arm::karpenter);
         let karpenter_when_empty = [0, 30, 120, 300].map(Arm::karpenter_when_empty);
+        let karpenter_balanced = [0, 30, 120, 300].map(Arm::karpenter_balanced);
         let holder = [120, 300, 600].map(Arm::node_holder);
         let following = [120, 300, 600].map(Arm::following_work);
         karpenter
             .into_iter()
             .chain(karpenter_when_empty)
+            .chain(karpenter_balanced)
             .chain(holder)
             .chain(following)
+            .chain([Arm::scheduled(300)])
             .collect()
     }
 }
 
-/// The arms of each node-holder configuration (following the work or
-/// not), for a cluster each: two installs in one cluster
-/// would strip each other's holds. Karpenter's own arms join the first of
+/// The arms of each node-holder configuration (following the work or not,
+/// holding for schedules or not), for a cluster each: two installs in one
+/// cluster would strip each other's holds. Karpenter's own arms join the first of
 /// them (node-holder's selector leaves their pools alone), or make a
 /// cluster of their own when no node-holder arm plays.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
     let karpenter: Vec<Arm> = arms.iter().filter(|a| a.hold.is_none()).cloned().collect();
-    let mut clusters: Vec<Vec<Arm>> = [false, true]
+    let configurations = [(false, false), (true, false), (false, true), (true, true)];
+    let mut clusters: Vec<Vec<Arm>> = configurations
         .iter()
-        .map(|&follows| {
+        .map(|&(follows, scheduled)| {
             arms.iter()
                 .filter(|a| a.hold.is_some() && a.follows_work == follows)
+                .filter(|a| a.launch_cost.is_some() == scheduled)
                 .cloned()
                 .collect()
         })
@@ -134,7 +160,7 @@ fn knob(seconds: u64) -> String {
 /// The flags of one `node-holder serve` for every node-holder arm of
 /// `arms`: a window per pool (`--window-per-label karpenter.sh/nodepool`),
 /// each with the arm's hold (`--group-hold-duration`), only those pools in
-/// scope, following the work if they do.
+/// scope, following the work or holding for schedules if they do.
 pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     let pools: Vec<&str> = arms
         .iter()
@@ -158,6 +184,9 @@ pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     }
     if arms.iter().any(|a| a.follows_work) {
         args.push("--window-follows-work".to_string());
+    }
+    if let Some(launch) = arms.iter().find_map(|a| a.launch_cost) {
+        args.push(format!("--launch-cost={launch}s"));
     }
     args
 }
@@ -190,8 +219,9 @@ mod tests {
             ]]
         );
         let all = by_cluster(&Arm::all());
-        assert_eq!(all.len(), 2, "{:?}", names(&all));
-        assert!(all[0].iter().take(10).all(|a| a.hold.is_none()));
+        assert_eq!(all.len(), 3, "{:?}", names(&all));
+        assert!(all[0].iter().take(14).all(|a| a.hold.is_none()));
+        assert_eq!(names(&all[2..]), [["ns-5m"]], "the schedule hold apart");
         assert!(all[1..].iter().flatten().all(|a| a.hold.is_some()));
     }
 
@@ -214,14 +244,20 @@ mod tests {
             args.contains(&"--group-hold-duration=nf-2m=120s,nf-5m=300s,nf-10m=600s".to_string())
         );
         assert!(args.contains(&"--window-follows-work".to_string()));
+        let scheduled = serve_args(&named(&["ns-"]));
+        assert!(scheduled.contains(&"--launch-cost=300s".to_string()));
     }
 
     #[test]
-    fn when_empty_arms_consolidate_only_empty_nodes() {
+    fn each_arm_runs_its_pool_at_its_policy() {
         for arm in Arm::all() {
             let policy = arm.disruption().consolidation_policy;
-            let expected = arm.name.starts_with("kaw-");
-            assert_eq!(policy == "WhenEmpty", expected, "{}", arm.name);
+            let expected = match &arm.name[..arm.name.find('-').unwrap()] {
+                "kaw" => "WhenEmpty",
+                "kab" => "Balanced",
+                _ => "WhenEmptyOrUnderutilized",
+            };
+            assert_eq!(policy, expected, "{}", arm.name);
         }
     }
 }

@@ -17,6 +17,47 @@ pub struct Wave {
     pub run_for: f64,
 }
 
+/// A CronJob of the day, run by the cluster's CronJob controller (not the
+/// bench): `pods` pods of `run_for` seconds, first `first` minutes into the
+/// day, then every `period` minutes, the last starting before minute
+/// `until`.
+#[derive(Debug, Clone)]
+pub struct Scheduled {
+    pub name: &'static str,
+    pub first: u32,
+    pub period: u32,
+    pub until: u32,
+    pub pods: i32,
+    pub run_for: f64,
+}
+
+impl Scheduled {
+    /// The minutes of the day its runs start at.
+    fn minutes(&self) -> impl Iterator<Item = u32> + '_ {
+        (self.first..self.until).step_by(self.period.max(1) as usize)
+    }
+
+    /// Its runs, as the Jobs they are.
+    pub fn runs(&self) -> impl Iterator<Item = Wave> + '_ {
+        self.minutes().map(|m| Wave {
+            at: f64::from(m) * 60.0,
+            pods: self.pods,
+            run_for: self.run_for,
+        })
+    }
+
+    /// Its schedule for a day that starts at minute `origin` of an hour
+    /// (UTC): the minutes of the hour its runs start at. A day is shorter
+    /// than an hour, so no minute comes twice, and its CronJob is suspended
+    /// when the day's work ends.
+    pub fn schedule(&self, origin: u32) -> String {
+        let mut minutes: Vec<u32> = self.minutes().map(|m| (origin + m) % 60).collect();
+        minutes.sort_unstable();
+        let minutes: Vec<String> = minutes.iter().map(u32::to_string).collect();
+        format!("{} * * * *", minutes.join(","))
+    }
+}
+
 /// Something the day does at an instant, the same for every arm: start
 /// Job `n`, or resize the service.
 pub enum Step<'a> {
@@ -38,7 +79,10 @@ impl Step<'_> {
 pub struct Day {
     pub name: &'static str,
     pub seed: u64,
+    /// The Jobs the bench starts.
     pub waves: Vec<Wave>,
+    /// The CronJobs the cluster runs.
+    pub cronjobs: Vec<Scheduled>,
     /// Pods of a whole node each, all day.
     pub steady: i32,
     /// The service's size: from the start, then each change `(at, replicas)`.
@@ -52,26 +96,34 @@ impl Day {
     /// The day called `name` played from `seed`.
     pub fn generate(name: &str, seed: u64) -> Result<Day> {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let waves = match name {
-            "compressed" => compressed(&mut rng),
-            "cron" => cron(&mut rng),
-            "poisson" => poisson(&mut rng),
-            "working" => working(&mut rng),
-            other => bail!("a day called {other:?}: expected compressed, cron, poisson or working"),
+        let (name, waves, cronjobs) = match name {
+            "compressed" => ("compressed", compressed(&mut rng), Vec::new()),
+            "cron" => ("cron", cron(&mut rng), Vec::new()),
+            "poisson" => ("poisson", poisson(&mut rng), Vec::new()),
+            "working" => ("working", working(&mut rng), Vec::new()),
+            "cronjob" => ("cronjob", Vec::new(), vec![every_five(&mut rng)]),
+            "two-schedules" => ("two-schedules", Vec::new(), two_schedules(&mut rng)),
+            "mixed" => ("mixed", mixed_jobs(&mut rng), vec![every_four(&mut rng)]),
+            other => bail!(
+                "a day called {other:?}: expected compressed, cron, poisson, working, \
+                 cronjob, two-schedules or mixed"
+            ),
         };
-        let name = match name {
-            "compressed" => "compressed",
-            "cron" => "cron",
-            "poisson" => "poisson",
-            _ => "working",
-        };
-        let end = waves.iter().map(|w| w.at + w.run_for).fold(0.0, f64::max) + 30.0;
+        let runs = cronjobs.iter().flat_map(Scheduled::runs);
+        let end = waves
+            .iter()
+            .cloned()
+            .chain(runs)
+            .map(|w| w.at + w.run_for)
+            .fold(0.0, f64::max)
+            + 30.0;
         // The service shrinks for the middle third of the day.
         let service = (6, vec![(end / 3.0, 2), (end * 2.0 / 3.0, 6)]);
         Ok(Day {
             name,
             seed,
             waves,
+            cronjobs,
             steady: 2,
             service,
             end,
@@ -91,13 +143,19 @@ impl Day {
         steps
     }
 
+    /// Every Job of the day: the bench's and the CronJobs' runs.
+    pub fn jobs(&self) -> impl Iterator<Item = Wave> + '_ {
+        let runs = self.cronjobs.iter().flat_map(Scheduled::runs);
+        self.waves.iter().cloned().chain(runs)
+    }
+
     /// The nodes the day's work needs over time, as `(seconds, change)`
     /// steps, if no pod ever waited: every Job pod and steady pod a node of
     /// its own, and the service's pods one beside each of those, the rest
     /// three to a node.
     pub fn demand(&self) -> Vec<(f64, i64)> {
         let mut instants: Vec<f64> = vec![0.0, self.end];
-        for wave in &self.waves {
+        for wave in self.jobs() {
             instants.extend([wave.at, wave.at + wave.run_for]);
         }
         instants.extend(self.service.1.iter().map(|c| c.0));
@@ -122,8 +180,7 @@ impl Day {
             return 0;
         }
         let batch: i64 = self
-            .waves
-            .iter()
+            .jobs()
             .filter(|w| w.at <= at && at < w.at + w.run_for)
             .map(|w| i64::from(w.pods))
             .sum();
@@ -167,6 +224,74 @@ fn cron(rng: &mut fastrand::Rng) -> Vec<Wave> {
             run_for: f64::from(rng.u32(60..=100)),
         })
         .collect()
+}
+
+/// One CronJob every 5 minutes for 40 minutes, three pods of 60-100 s (the
+/// same each run): the cron day as the cluster runs it.
+fn every_five(rng: &mut fastrand::Rng) -> Scheduled {
+    Scheduled {
+        name: "every-5m",
+        first: 1,
+        period: 5,
+        until: 40,
+        pods: 3,
+        run_for: f64::from(rng.u32(60..=100)),
+    }
+}
+
+/// Two CronJobs in one pool: one every 3 minutes, a pod of 40-80 s (its
+/// gaps, under 2.5 minutes, are worth holding at 5 node-minutes a launch),
+/// and one every 15 minutes, three pods of 60-120 s (its gaps are not).
+fn two_schedules(rng: &mut fastrand::Rng) -> Vec<Scheduled> {
+    vec![
+        Scheduled {
+            name: "every-3m",
+            first: 1,
+            period: 3,
+            until: 45,
+            pods: 1,
+            run_for: f64::from(rng.u32(40..=80)),
+        },
+        Scheduled {
+            name: "every-15m",
+            first: 2,
+            period: 15,
+            until: 45,
+            pods: 3,
+            run_for: f64::from(rng.u32(60..=120)),
+        },
+    ]
+}
+
+/// A CronJob every 4 minutes, two pods of 50-90 s, beside the mixed day's
+/// random Jobs and the service.
+fn every_four(rng: &mut fastrand::Rng) -> Scheduled {
+    Scheduled {
+        name: "every-4m",
+        first: 1,
+        period: 4,
+        until: 40,
+        pods: 2,
+        run_for: f64::from(rng.u32(50..=90)),
+    }
+}
+
+/// The mixed day's unscheduled Jobs: random arrivals, one every 5 minutes on
+/// average for 40 minutes, 1-3 pods of 30-120 s.
+fn mixed_jobs(rng: &mut fastrand::Rng) -> Vec<Wave> {
+    let mut waves = Vec::new();
+    let mut at = 60.0;
+    loop {
+        at += -300.0 * (1.0 - rng.f64()).ln();
+        if at >= 2400.0 {
+            return waves;
+        }
+        waves.push(Wave {
+            at: at.round(),
+            pods: rng.i32(1..=3),
+            run_for: f64::from(rng.u32(30..=120)),
+        });
+    }
 }
 
 /// Random arrivals: 20 busy minutes (one every 100 s on average), then 20
@@ -217,14 +342,23 @@ mod tests {
 
     #[test]
     fn every_day_is_the_same_for_the_same_seed_and_ends_after_its_last_job() {
-        for name in ["compressed", "cron", "poisson", "working"] {
+        for name in [
+            "compressed",
+            "cron",
+            "poisson",
+            "working",
+            "cronjob",
+            "two-schedules",
+            "mixed",
+        ] {
             let (a, b) = (
                 Day::generate(name, 3).unwrap(),
                 Day::generate(name, 3).unwrap(),
             );
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "{name}");
-            assert!(!a.waves.is_empty(), "{name}");
-            assert!(a.waves.iter().all(|w| w.at + w.run_for < a.end), "{name}");
+            assert!(a.jobs().next().is_some(), "{name}");
+            assert!(a.jobs().all(|w| w.at + w.run_for < a.end), "{name}");
+            assert!(a.end < 3600.0, "{name}: a day is shorter than an hour");
         }
         assert!(Day::generate("monday", 1).is_err());
     }
@@ -243,6 +377,7 @@ mod tests {
         let day = Day {
             name: "test",
             seed: 0,
+            cronjobs: Vec::new(),
             waves: vec![Wave {
                 at: 10.0,
                 pods: 3,
@@ -259,5 +394,20 @@ mod tests {
             day.demand(),
             vec![(0.0, 4), (10.0, 2), (30.0, -2), (50.0, -2), (100.0, -2)]
         );
+    }
+
+    #[test]
+    fn a_cronjobs_runs_are_its_schedules_minutes_from_the_days_start() {
+        let day = Day::generate("two-schedules", 1).unwrap();
+        let rare = &day.cronjobs[1];
+        let starts: Vec<f64> = rare.runs().map(|w| w.at).collect();
+        assert_eq!(starts, [120.0, 1020.0, 1920.0]);
+        // A day starting at minute 50: its runs at minutes 52, 7 and 22.
+        assert_eq!(rare.schedule(50), "7,22,52 * * * *");
+        // The short period's idle gaps are worth holding at 5 node-minutes
+        // a launch, the long one's are not.
+        let often = &day.cronjobs[0];
+        assert!(f64::from(often.period) * 60.0 - often.run_for < 300.0);
+        assert!(f64::from(rare.period) * 60.0 - rare.run_for > 300.0);
     }
 }

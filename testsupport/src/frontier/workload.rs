@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::arms::{ARM_LABEL, Arm};
-use super::days::Step;
+use super::days::{Scheduled, Step};
 
 /// A Deployment `<arm>-<part>` of `replicas` pods of `cpu`, pinned to the
 /// arm's pool.
@@ -40,6 +40,43 @@ pub fn job(arm: &str, n: usize, pods: i32, run_for: Duration) -> Result<Job> {
     template["metadata"]["labels"][ARM_LABEL] = json!(arm);
     testenv::in_pool(&mut template["spec"], arm);
     Ok(serde_json::from_value(object)?)
+}
+
+/// The CronJob `<arm>-<name>` of `scheduled`, for a day that starts at
+/// minute `origin` of an hour, pinned to the arm's pool; its Jobs and pods
+/// carry the arm's label, and every Job is kept to be counted.
+pub fn cronjob(arm: &str, scheduled: &Scheduled, origin: u32) -> Result<CronJob> {
+    let name = format!("{arm}-{}", scheduled.name);
+    let run_for = Duration::from_secs_f64(scheduled.run_for);
+    let mut object = serde_json::to_value(testenv::filler_cronjob(
+        &name,
+        &scheduled.schedule(origin),
+        run_for,
+    ))?;
+    object["metadata"]["labels"] = json!({ARM_LABEL: arm});
+    let spec = &mut object["spec"];
+    spec["successfulJobsHistoryLimit"] = json!(100);
+    spec["failedJobsHistoryLimit"] = json!(100);
+    let job = &mut spec["jobTemplate"]["spec"];
+    job["parallelism"] = json!(scheduled.pods);
+    job["completions"] = json!(scheduled.pods);
+    let template = &mut job["template"];
+    template["metadata"]["labels"][ARM_LABEL] = json!(arm);
+    testenv::in_pool(&mut template["spec"], arm);
+    Ok(serde_json::from_value(object)?)
+}
+
+/// Suspends the CronJob `name`: the day's work is over.
+pub async fn suspend(cronjobs: &Api<CronJob>, name: &str) -> Result<()> {
+    cronjobs
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .with_context(|| format!("suspending {name}"))?;
+    Ok(())
 }
 
 pub async fn scale(deployments: &Api<Deployment>, name: &str, replicas: i32) -> Result<()> {
