@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
 use crate::core::budget::Mechanism;
@@ -433,17 +433,16 @@ pub struct RequestArgs {
 
     #[command(flatten)]
     pub record: RecordArgs,
+}
 
-    /// Used only when the record holds no settings (no leader has run).
-    #[command(flatten)]
-    pub holding: HoldingArgs,
-
-    /// Used only when the record holds no settings (no leader has run).
-    #[command(flatten)]
-    pub window: WindowArgs,
-
-    #[command(flatten)]
-    pub patching: PatchingArgs,
+/// What `serve` runs with when no flag is given: what a command run by hand
+/// acts with when no leader has recorded its settings.
+pub fn serve_defaults() -> anyhow::Result<ServeArgs> {
+    let command = ServeArgs::augment_args(clap::Command::new("serve"));
+    let matches = command
+        .try_get_matches_from(["serve"])
+        .map_err(|e| anyhow::anyhow!("serve's defaults: {e}"))?;
+    ServeArgs::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("serve's defaults: {e}"))
 }
 
 #[derive(Debug, Args)]
@@ -769,6 +768,16 @@ impl ValueEnum for Preset {
 #[cfg(test)]
 mod value_tests {
     use super::*;
+
+    /// A command run by hand with no leader's settings acts as `serve`
+    /// does with no flag: every flag of `serve` has a default.
+    #[test]
+    fn serve_has_a_default_for_every_flag() {
+        let defaults = serve_defaults().unwrap();
+        assert_eq!(defaults.window.hold_duration, Duration::from_secs(20 * 60));
+        assert!(defaults.window.schedule_terms().is_none());
+        assert_eq!(defaults.patching.api_qps, 250);
+    }
 
     /// Each core enum's flag word parses back to it and is the word its
     /// `Display` and the record (serde) use.

@@ -71,13 +71,13 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--group` needs windows grouped by a label: as the last leader recorded,
-/// or, when none has run, as the flags say.
+/// `--group` needs windows grouped by a label, as the last leader recorded
+/// (with none, `serve`'s default is one window for every node).
 fn check_group(args: &ReleaseArgs, status: &status::Status) -> Result<()> {
-    let grouped = match &status.settings {
-        Some(settings) => settings.window_per_label.is_some(),
-        None => args.request.window.window_per_label.is_some(),
-    };
+    let grouped = status
+        .settings
+        .as_ref()
+        .is_some_and(|settings| settings.window_per_label.is_some());
     if args.group.is_some() && !grouped {
         bail!(
             "--group needs windows grouped by a label (serve --window-per-label); the leader runs one window for every node: release without --group"

@@ -150,12 +150,14 @@ async fn handle_with_lease(
 }
 
 /// The leader's configuration for a pass run here: the settings the last
-/// leader recorded, or, when none has run, the flags.
+/// leader recorded, or, when none has run, `serve`'s defaults; the bounds of
+/// its patching are always `serve`'s defaults.
 fn leader_config(
     args: &RequestArgs,
     settings: Option<Settings>,
     identity: String,
 ) -> Result<controller::Config> {
+    let defaults = crate::cli::serve_defaults()?;
     let (window, holding, pools, stamps) = match settings {
         Some(settings) => (
             settings.window_config(),
@@ -163,14 +165,14 @@ fn leader_config(
             settings.pools()?,
             settings.held_until_annotation,
         ),
-        // As `serve` does by default.
         None => (
-            args.window.window_config(),
-            args.holding.holding()?,
-            args.holding.pools()?,
-            true,
+            defaults.window.window_config(),
+            defaults.holding.holding()?,
+            defaults.holding.pools()?,
+            defaults.held_until_annotation,
         ),
     };
+    let patching = &defaults.patching;
     Ok(controller::Config {
         window,
         holding,
@@ -183,15 +185,15 @@ fn leader_config(
         follow_work: false,
         // Nor does it keep nodes for scheduled runs: it acts on the windows.
         schedule: None,
-        qps: args.patching.api_qps,
-        max_in_flight: args.patching.api_max_in_flight,
+        qps: patching.api_qps,
+        max_in_flight: patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).
         node_events_per_pass: 0,
         // As the leader does: a pass run here neither writes stamps the
         // leader would remove nor removes those it keeps.
         held_until_annotation: stamps,
-        coalesce_idle: args.patching.coalesce_idle,
-        coalesce_max: args.patching.coalesce_max,
+        coalesce_idle: patching.coalesce_idle,
+        coalesce_max: patching.coalesce_max,
     })
 }
 
