@@ -49,7 +49,7 @@ pub enum Admission {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the admission webhook and run the hold window.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Show the hold window, its leader and the held nodes.
     Status(StatusArgs),
     /// Say why one node is held, by whom, until when, and what was last

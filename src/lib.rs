@@ -45,7 +45,7 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Certs(args) => certs::run(&args),
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Status(args) => status::run(&args).await,
         Command::Explain(args) => explain::run(&args).await,
         Command::Release(args) => release::run(&args).await,

@@ -164,7 +164,7 @@ async fn the_schedule_keeps_the_nodes_of_a_run_due_soon_and_lets_the_others_go_a
             && ended
                 .iter()
                 .any(|m| m.contains("no scheduled run is due within the launch cost (2m)"))
-            && cronjob_events(a, "odd", "UnpredictableSchedule")
+            && a.events_about("CronJob", "odd", "UnpredictableSchedule")
                 .await
                 .iter()
                 .any(|m| m.contains("@every runs from when the controller started"))
@@ -277,21 +277,4 @@ async fn a_run_that_needs_more_than_last_time_launches_only_the_difference() {
 
 fn cronjobs_api(a: &Autoscaled) -> Api<CronJob> {
     Api::namespaced(a.client.clone(), "default")
-}
-
-/// The messages of node-holder's Events of `reason` about CronJob `name`.
-async fn cronjob_events(a: &Autoscaled, name: &str, reason: &str) -> Vec<String> {
-    a.events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.kind.as_deref() == Some("CronJob")
-                && e.involved_object.name.as_deref() == Some(name)
-                && e.reason.as_deref() == Some(reason)
-        })
-        .filter_map(|e| e.message)
-        .collect()
 }

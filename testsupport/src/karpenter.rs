@@ -255,8 +255,15 @@ impl Autoscaled {
         .await;
     }
 
-    /// The messages of Karpenter's Events of `reason` about Node `node`.
+    /// The messages of the Events of `reason` about Node `node`
+    /// (Karpenter's or node-holder's).
     pub async fn node_events(&self, node: &str, reason: &str) -> Vec<String> {
+        self.events_about("Node", node, reason).await
+    }
+
+    /// The messages of the Events of `reason` about the object of `kind`
+    /// named `name` (in `default`, or cluster-scoped).
+    pub async fn events_about(&self, kind: &str, name: &str, reason: &str) -> Vec<String> {
         self.events
             .list(&ListParams::default())
             .await
@@ -264,8 +271,8 @@ impl Autoscaled {
             .items
             .into_iter()
             .filter(|e| {
-                e.involved_object.kind.as_deref() == Some("Node")
-                    && e.involved_object.name.as_deref() == Some(node)
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(name)
                     && e.reason.as_deref() == Some(reason)
             })
             .filter_map(|e| e.message)
