@@ -91,6 +91,17 @@ impl Arm {
         }
     }
 
+    /// The schedule hold with its pool at `WhenEmpty`: a kept node is then
+    /// no destination of Karpenter's moves either (the two-schedules day,
+    /// seed 1, saw `Underutilized` moves fill the node kept for a run).
+    fn scheduled_when_empty(launch: u64) -> Arm {
+        Arm {
+            name: format!("nsw-{}", knob(launch)),
+            policy: "WhenEmpty",
+            ..Arm::scheduled(launch)
+        }
+    }
+
     /// Its NodePool's disruption: Karpenter's default budget (`nodes:
     /// 10%`) with the arm's policy and `consolidateAfter`.
     pub fn disruption(&self) -> Disruption {
@@ -114,7 +125,7 @@ impl Arm {
             .chain(karpenter_balanced)
             .chain(holder)
             .chain(following)
-            .chain([Arm::scheduled(300)])
+            .chain([Arm::scheduled(300), Arm::scheduled_when_empty(300)])
             .collect()
     }
 }
@@ -221,7 +232,11 @@ mod tests {
         let all = by_cluster(&Arm::all());
         assert_eq!(all.len(), 3, "{:?}", names(&all));
         assert!(all[0].iter().take(14).all(|a| a.hold.is_none()));
-        assert_eq!(names(&all[2..]), [["ns-5m"]], "the schedule hold apart");
+        assert_eq!(
+            names(&all[2..]),
+            [["ns-5m", "nsw-5m"]],
+            "the schedule hold apart"
+        );
         assert!(all[1..].iter().flatten().all(|a| a.hold.is_some()));
     }
 
@@ -253,7 +268,7 @@ mod tests {
         for arm in Arm::all() {
             let policy = arm.disruption().consolidation_policy;
             let expected = match &arm.name[..arm.name.find('-').unwrap()] {
-                "kaw" => "WhenEmpty",
+                "kaw" | "nsw" => "WhenEmpty",
                 "kab" => "Balanced",
                 _ => "WhenEmptyOrUnderutilized",
             };
