@@ -8,8 +8,8 @@
 //! goes on empty: every node is then held as if nothing were scheduled.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
 
 use futures::TryStreamExt;
 use jiff::Timestamp;
@@ -40,6 +40,9 @@ pub struct ScheduledWatch {
     cronjobs: Store<CronJob>,
     pods: Store<Pod>,
     listed: [Arc<AtomicBool>; 2],
+    /// Each CronJob as last read, by uid and resource version: a schedule
+    /// is parsed once per version of its CronJob, not at every pass.
+    read: std::sync::Mutex<BTreeMap<(String, String), CronJobSpec>>,
     pub changes: tokio::sync::watch::Receiver<u64>,
     _tasks: [AbortOnDropHandle<()>; 2],
 }
@@ -53,10 +56,28 @@ impl ScheduledWatch {
 
     /// The scheduled work at `now`; `group_of` names a node's group.
     pub fn known(&self, now: Timestamp, group_of: impl Fn(&str) -> Option<String>) -> KnownWork {
-        let cronjobs: Vec<CronJobSpec> = self.cronjobs.state().iter().map(|c| spec(c)).collect();
+        let cronjobs = self.read_cronjobs();
         let pods = self.pods.state();
         let job_pods = pods.iter().filter_map(|pod| job_pod(pod));
         known_work(&cronjobs, job_pods, group_of, now)
+    }
+
+    /// Every CronJob as the hold reads it, parsing only those new or
+    /// changed since the last pass.
+    fn read_cronjobs(&self) -> Vec<CronJobSpec> {
+        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut now = BTreeMap::new();
+        for cronjob in self.cronjobs.state() {
+            let meta = &cronjob.metadata;
+            let version = (
+                meta.uid.clone().unwrap_or_default(),
+                meta.resource_version.clone().unwrap_or_default(),
+            );
+            let spec = read.remove(&version).unwrap_or_else(|| spec(&cronjob));
+            now.insert(version, spec);
+        }
+        *read = now;
+        read.values().cloned().collect()
     }
 }
 
@@ -86,6 +107,7 @@ pub fn watch_scheduled(
         cronjobs,
         pods,
         listed: [cronjobs_listed, pods_listed],
+        read: Default::default(),
         changes,
         _tasks: [cronjob_task, pod_task],
     }

@@ -68,26 +68,22 @@ pub fn cronjob(arm: &str, scheduled: &Scheduled, origin: u32) -> Result<CronJob>
 
 /// Suspends the CronJob `name`: the day's work is over.
 pub async fn suspend(cronjobs: &Api<CronJob>, name: &str) -> Result<()> {
-    cronjobs
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
-        .await
-        .with_context(|| format!("suspending {name}"))?;
-    Ok(())
+    merge_spec(cronjobs, name, json!({"suspend": true})).await
 }
 
 pub async fn scale(deployments: &Api<Deployment>, name: &str, replicas: i32) -> Result<()> {
-    deployments
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-        )
+    merge_spec(deployments, name, json!({"replicas": replicas})).await
+}
+
+/// Merges `spec` into the spec of the object `name`.
+async fn merge_spec<K>(api: &Api<K>, name: &str, spec: serde_json::Value) -> Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = Patch::Merge(json!({ "spec": &spec }));
+    api.patch(name, &PatchParams::default(), &patch)
         .await
-        .with_context(|| format!("scaling {name} to {replicas}"))?;
+        .with_context(|| format!("setting {spec} on {name}"))?;
     Ok(())
 }
 
