@@ -66,6 +66,51 @@ pub enum Command {
     Uninstall(UninstallArgs),
     /// Write a development CA and webhook serving certificate.
     Certs(CertsArgs),
+    /// Check that node-holder works in the cluster, as the chart's `helm
+    /// test` does: a Node created as a server-side dry run comes back with
+    /// every hold, and a replica leads the hold window. Fails, saying which
+    /// check did not pass, when one still fails at --timeout.
+    SelfCheck(SelfCheckArgs),
+}
+
+/// `self-check` (`crate::selfcheck`).
+#[derive(Debug, Args)]
+pub struct SelfCheckArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// The well-known holds the test Node must get, as `serve` takes them
+    /// (karpenter-v1 when neither this nor --hold-annotation is given).
+    #[arg(
+        long,
+        env = "NODE_HOLDER_HOLD_PRESETS",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub hold_preset: Vec<Preset>,
+
+    /// More holds the test Node must get, as key=value, as `serve` takes
+    /// them; repeat or comma-separate.
+    #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
+    pub hold_annotation: Vec<Hold>,
+
+    /// Labels of the test Node, as key=value, so that it falls inside
+    /// --node-selector and the webhook's objectSelector; repeat or
+    /// comma-separate.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_SELF_CHECK_NODE_LABELS",
+        value_delimiter = ','
+    )]
+    pub node_label: Vec<String>,
+
+    /// How long the checks may take together, each tried again every 2 s
+    /// while it fails.
+    #[arg(long, env = "NODE_HOLDER_SELF_CHECK_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]

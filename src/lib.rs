@@ -7,6 +7,7 @@
 //! - [`controller`]: the hold window task (leader only).
 //! - [`cluster`]: the Kubernetes client.
 //! - [`certs`]: development certificates for the webhook.
+//! - [`selfcheck`]: what the chart's `helm test` runs.
 //! - [`telemetry`]: text or JSON logs.
 
 pub mod certs;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod release;
 pub mod request;
 pub mod retry;
+pub mod selfcheck;
 pub mod serve;
 pub mod server;
 pub mod status;
@@ -51,5 +53,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Release(args) => release::run(&args).await,
         Command::Hold(args) => hold::run(&args).await,
         Command::Uninstall(args) => uninstall::run(&args).await,
+        Command::SelfCheck(args) => selfcheck::run(&args).await,
     }
 }

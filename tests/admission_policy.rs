@@ -348,8 +348,8 @@ fn policy_mode_renders_the_policy_and_nothing_of_the_webhooks() {
     let service = install::one(&objects, "Service");
     assert_eq!(service["spec"]["ports"].as_array().unwrap().len(), 1);
     assert_eq!(install::env_of(&objects)["NODE_HOLDER_ADMISSION"], "policy");
-    // Webhook mode, the default, says so too.
-    let objects = install::template(&[]);
+    // Webhook mode, the default (with cert-manager served), says so too.
+    let objects = install::template(&["--api-versions=cert-manager.io/v1/Certificate"]);
     assert_eq!(
         install::env_of(&objects)["NODE_HOLDER_ADMISSION"],
         "webhook"

@@ -1,25 +1,32 @@
 //! The chart's values for a real cluster (`chart/values.yaml`): the escape
 //! hatches (`extraArgs`, `extraEnv`, `extraVolumes`, `extraVolumeMounts`,
-//! `podSecurityContext`, `additionalLabels`), `hostNetwork`, the optional
-//! NetworkPolicy, the default priority class and scheduling, the `helm test`
-//! hook and the chart's metadata:
+//! `extraObjects`, `podSecurityContext`, `additionalLabels`), `hostNetwork`,
+//! the optional NetworkPolicy, the ServiceAccount, the default priority class
+//! and placement (shared by the hooks' pods), the checks of what the cluster
+//! serves (cert-manager, the Prometheus Operator, EKS Auto Mode), the
+//! ServiceMonitor's relabelings and the alerts' runbook URLs, the `helm test`
+//! hook, NOTES.txt and the chart's metadata:
 //! - each value's default, and its effect when set, in the rendered objects;
 //! - the values schema refuses a wrong type for each;
 //! - the objects rendered with them are accepted by the API server, and the
-//!   `helm test` Pod's script, run with the pinned kubectl as the hook's
-//!   ServiceAccount, passes only while new nodes are held.
+//!   `helm test` Pod's command, `node-holder self-check` run as the hook's
+//!   ServiceAccount, passes only while new nodes are held and a replica leads.
 
 use testsupport as common;
 use testsupport::install;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use install::{
     NAMESPACE, RELEASE, all_of, chart, container, create_namespace, helm,
-    install_cert_manager_crds, kind, name, one, pod_of, repo, template, try_template,
+    install_cert_manager_crds, install_prometheus_operator_crds, kind, name, one, pod_of, repo,
+    try_template,
 };
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use serde_json::{Value, json};
 use testenv::ControlPlane;
 
@@ -28,6 +35,25 @@ const HOOK_DELETE: &str = "helm.sh/hook-delete-policy";
 const TEST_NAME: &str = "node-holder-test";
 /// The namespace whose Pod Security level lets a host-network pod in.
 const PRIVILEGED_NAMESPACE: &str = "node-holder-privileged";
+
+/// What a cluster with cert-manager serves, for `helm template` (the default
+/// TLS mode renders its Certificates only where they are served).
+const CERT_MANAGER: &str = "--api-versions=cert-manager.io/v1/Certificate";
+const SERVICE_MONITOR: &str = "--api-versions=monitoring.coreos.com/v1/ServiceMonitor";
+const PROMETHEUS_RULE: &str = "--api-versions=monitoring.coreos.com/v1/PrometheusRule";
+/// What EKS Auto Mode serves.
+const AUTO_MODE: &str = "--api-versions=eks.amazonaws.com/v1/NodeClass";
+
+/// `helm template` with `values`, on a cluster that serves cert-manager's and
+/// the Prometheus Operator's APIs.
+fn try_render(values: &[&str]) -> Result<Vec<Value>, String> {
+    let served = [CERT_MANAGER, SERVICE_MONITOR, PROMETHEUS_RULE];
+    try_template(&[&served[..], values].concat())
+}
+
+fn render(values: &[&str]) -> Vec<Value> {
+    try_render(values).unwrap_or_else(|err| panic!("helm template {values:?} failed:\n{err}"))
+}
 
 fn pod_spec(objects: &[Value]) -> &Value {
     &one(objects, "Deployment")["spec"]["template"]["spec"]
@@ -54,17 +80,21 @@ fn hook_of<'a>(objects: &'a [Value], k: &str) -> &'a Value {
     found[0]
 }
 
-/// The test Pod's environment variable `var`.
-fn test_env(objects: &[Value], var: &str) -> String {
+/// The test Pod's environment: literal values, and `fieldRef:<path>` for
+/// values taken from the pod.
+fn test_env(objects: &[Value]) -> BTreeMap<String, String> {
     hook_of(objects, "Pod")["spec"]["containers"][0]["env"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["name"] == var)
-        .unwrap_or_else(|| panic!("{var} in the test Pod"))["value"]
-        .as_str()
-        .unwrap()
-        .to_string()
+        .map(|e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some(path) => format!("fieldRef:{path}"),
+                None => e["value"].as_str().unwrap().to_string(),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
 }
 
 fn names_of(list: &Value) -> Vec<&str> {
@@ -77,7 +107,7 @@ fn names_of(list: &Value) -> Vec<&str> {
 
 #[test]
 fn the_escape_hatches_are_appended_to_the_pod_and_empty_by_default() {
-    let plain = template(&[]);
+    let plain = render(&[]);
     let c = container(&plain);
     assert_eq!(c["args"], json!(["serve"]));
     assert!(
@@ -88,7 +118,7 @@ fn the_escape_hatches_are_appended_to_the_pod_and_empty_by_default() {
     assert_eq!(names_of(&c["volumeMounts"]), ["tls"]);
     assert_eq!(names_of(&pod_spec(&plain)["volumes"]), ["tls"]);
 
-    let objects = template(&[
+    let objects = render(&[
         "--set=extraArgs={--log-level=debug,--api-qps=10}",
         "--set-json=extraEnv=[{\"name\":\"RUST_BACKTRACE\",\"value\":\"1\"},{\"name\":\"TOKEN\",\"valueFrom\":{\"secretKeyRef\":{\"name\":\"s\",\"key\":\"k\"}}}]",
         "--set-json=extraVolumes=[{\"name\":\"scratch\",\"emptyDir\":{}}]",
@@ -135,7 +165,7 @@ fn hardened() -> Value {
 
 #[test]
 fn the_pod_security_context_defaults_to_the_hardened_one_and_can_be_replaced() {
-    let objects = template(&[]);
+    let objects = render(&[]);
     assert_eq!(pod_spec(&objects)["securityContext"], hardened());
     // The test Pod runs with the same.
     assert_eq!(
@@ -143,7 +173,7 @@ fn the_pod_security_context_defaults_to_the_hardened_one_and_can_be_replaced() {
         hardened()
     );
     // Helm merges a given key into the default; null drops one.
-    let objects = template(&[
+    let objects = render(&[
         "--set=podSecurityContext.fsGroup=null",
         "--set=podSecurityContext.runAsUser=1000",
         "--set=podSecurityContext.supplementalGroups={5}",
@@ -162,7 +192,7 @@ fn the_pod_security_context_defaults_to_the_hardened_one_and_can_be_replaced() {
 #[test]
 fn additional_labels_land_on_every_object_and_the_pods() {
     for mode in ["webhook", "policy"] {
-        let objects = template(&[
+        let objects = render(&[
             &format!("--set=admission.mode={mode}"),
             "--set=additionalLabels.team=infra",
             "--set-string=additionalLabels.example\\.com/cost-center=42",
@@ -190,7 +220,7 @@ fn additional_labels_land_on_every_object_and_the_pods() {
         );
     }
     // Default: the chart's labels only.
-    let objects = template(&[]);
+    let objects = render(&[]);
     for object in &objects {
         let labels = object["metadata"]["labels"].as_object().unwrap();
         assert!(
@@ -203,7 +233,7 @@ fn additional_labels_land_on_every_object_and_the_pods() {
         );
     }
     // podLabels win over additionalLabels on the pods.
-    let objects = template(&["--set=additionalLabels.tier=a", "--set=podLabels.tier=b"]);
+    let objects = render(&["--set=additionalLabels.tier=a", "--set=podLabels.tier=b"]);
     assert_eq!(
         one(&objects, "Deployment")["spec"]["template"]["metadata"]["labels"]["tier"],
         "b"
@@ -216,11 +246,11 @@ fn additional_labels_land_on_every_object_and_the_pods() {
 
 #[test]
 fn host_network_binds_the_ports_on_the_node_and_is_off_by_default() {
-    let objects = template(&[]);
+    let objects = render(&[]);
     let pod = pod_spec(&objects);
     assert!(pod.get("hostNetwork").is_none());
     assert!(pod.get("dnsPolicy").is_none());
-    let objects = template(&[
+    let objects = render(&[
         "--set=hostNetwork=true",
         "--set=webhookPort=9443",
         "--set=adminPort=9080",
@@ -245,7 +275,7 @@ fn host_network_binds_the_ports_on_the_node_and_is_off_by_default() {
 fn network_policy(values: &[&str]) -> (Vec<(Value, Value)>, Value) {
     let mut args = vec!["--set=networkPolicy.enabled=true"];
     args.extend_from_slice(values);
-    let objects = template(&args);
+    let objects = render(&args);
     let policy = one(&objects, "NetworkPolicy").clone();
     assert_eq!(
         policy["spec"]["podSelector"]["matchLabels"],
@@ -268,7 +298,7 @@ fn network_policy(values: &[&str]) -> (Vec<(Value, Value)>, Value) {
 #[test]
 fn the_network_policy_lets_in_the_webhook_and_admin_ports_only() {
     assert!(
-        all_of(&template(&[]), "NetworkPolicy").is_empty(),
+        all_of(&render(&[]), "NetworkPolicy").is_empty(),
         "off by default"
     );
     // Anyone may reach both ports; egress is not restricted.
@@ -303,14 +333,14 @@ fn the_network_policy_lets_in_the_webhook_and_admin_ports_only() {
 
 #[test]
 fn the_priority_class_defaults_to_system_cluster_critical() {
-    let objects = template(&[]);
+    let objects = render(&[]);
     assert_eq!(
         pod_spec(&objects)["priorityClassName"],
         "system-cluster-critical"
     );
-    let objects = template(&["--set=priorityClassName="]);
+    let objects = render(&["--set=priorityClassName="]);
     assert!(pod_spec(&objects).get("priorityClassName").is_none());
-    let objects = template(&["--set=priorityClassName=platform"]);
+    let objects = render(&["--set=priorityClassName=platform"]);
     assert_eq!(pod_spec(&objects)["priorityClassName"], "platform");
 }
 
@@ -323,7 +353,7 @@ fn off_karpenter_nodes() -> Value {
 
 #[test]
 fn default_scheduling_avoids_karpenter_nodes_and_spreads_over_zones() {
-    let objects = template(&[]);
+    let objects = render(&[]);
     let pod = pod_spec(&objects);
     assert_eq!(pod["affinity"]["nodeAffinity"], off_karpenter_nodes());
     let anti =
@@ -342,14 +372,14 @@ fn default_scheduling_avoids_karpenter_nodes_and_spreads_over_zones() {
         }])
     );
     // avoidKarpenterNodes=false: only the anti-affinity.
-    let objects = template(&["--set=avoidKarpenterNodes=false"]);
+    let objects = render(&["--set=avoidKarpenterNodes=false"]);
     let affinity = &pod_spec(&objects)["affinity"];
     assert!(affinity.get("nodeAffinity").is_none());
     assert!(affinity.get("podAntiAffinity").is_some());
     // A given affinity or spread replaces the default whole.
     let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}});
     let spread = json!([{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"a": "b"}}}]);
-    let objects = template(&[
+    let objects = render(&[
         &format!("--set-json=affinity={affinity}"),
         &format!("--set-json=topologySpreadConstraints={spread}"),
     ]);
@@ -359,12 +389,20 @@ fn default_scheduling_avoids_karpenter_nodes_and_spreads_over_zones() {
 }
 
 /// The test hooks: their order and deletion, and RBAC that allows the
-/// test's own ServiceAccount to create nodes and nothing else.
-fn assert_hooks_with_create_only_rbac(objects: &[Value]) {
+/// test's own ServiceAccount to create nodes and to read the Lease, nothing
+/// else.
+fn assert_hooks_with_least_rbac(objects: &[Value]) {
     let found: Vec<&str> = hooks(objects).iter().map(|o| kind(o)).collect();
     assert_eq!(
         found,
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Pod"]
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Pod"
+        ]
     );
     for hook in hooks(objects) {
         assert_eq!(name(hook), TEST_NAME);
@@ -377,95 +415,458 @@ fn assert_hooks_with_create_only_rbac(objects: &[Value]) {
         let weight = if kind(hook) == "Pod" { "0" } else { "-1" };
         assert_eq!(annotations["helm.sh/hook-weight"], weight, "{}", kind(hook));
     }
-    // Create on nodes, nothing else, for the test's own ServiceAccount.
+    // Create on nodes; get on the Lease by name, in the release namespace.
     assert_eq!(
         hook_of(objects, "ClusterRole")["rules"],
         json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["create"]}])
     );
-    let binding = hook_of(objects, "ClusterRoleBinding");
-    assert_eq!(binding["roleRef"]["name"], TEST_NAME);
+    let role = hook_of(objects, "Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": TEST_NAME, "namespace": NAMESPACE}])
+        role["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["node-holder-window"], "verbs": ["get"]}])
     );
+    let subjects = json!([{"kind": "ServiceAccount", "name": TEST_NAME, "namespace": NAMESPACE}]);
+    for (binding, role) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let binding = hook_of(objects, binding);
+        assert_eq!(binding["roleRef"]["kind"], role);
+        assert_eq!(binding["roleRef"]["name"], TEST_NAME);
+        assert_eq!(binding["subjects"], subjects);
+    }
 }
 
 #[test]
-fn the_helm_test_hook_dry_runs_a_node_create_with_create_only_rbac() {
-    let objects = template(&[]);
-    assert_hooks_with_create_only_rbac(&objects);
+fn the_helm_test_hook_runs_node_holders_self_check_with_least_rbac() {
+    let objects = render(&[]);
+    assert_hooks_with_least_rbac(&objects);
     let pod = hook_of(&objects, "Pod");
     assert_eq!(pod["spec"]["serviceAccountName"], TEST_NAME);
     assert_eq!(pod["spec"]["restartPolicy"], "Never");
-    assert_eq!(
-        pod["spec"]["containers"][0]["image"],
-        "bitnami/kubectl:1.36"
-    );
-    let script = pod["spec"]["containers"][0]["args"][0].as_str().unwrap();
-    assert!(
-        script.contains("kubectl create --dry-run=server -f -"),
-        "{script}"
-    );
+    // node-holder's own image, the Deployment's; no third-party image.
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["image"], container(&objects)["image"]);
+    assert_eq!(c["image"], "node-holder:0.1.0");
+    assert_eq!(c["imagePullPolicy"], container(&objects)["imagePullPolicy"]);
+    assert_eq!(c["args"], json!(["self-check"]));
+    assert!(c.get("command").is_none());
     // Not one of the Deployment's pods (Service, PDB, NetworkPolicy).
     let labels = &pod["metadata"]["labels"];
     assert_ne!(
         labels["app.kubernetes.io/name"],
         selector(&objects)["app.kubernetes.io/name"]
     );
-    // The default hold, on an unlabelled Node of the test's name.
+    // The default hold (no hold variables), the release namespace, no labels.
     assert_eq!(
-        test_env(&objects, "HOLD_KEY"),
-        "karpenter.sh/do-not-disrupt"
-    );
-    assert_eq!(test_env(&objects, "HOLD_VALUE"), "true");
-    assert_eq!(
-        test_env(&objects, "HOLD_PATH"),
-        r"{.metadata.annotations.karpenter\.sh/do-not-disrupt}"
-    );
-    let node: Value = serde_json::from_str(&test_env(&objects, "NODE")).unwrap();
-    assert_eq!(
-        node,
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-holder-helm-test"}})
+        test_env(&objects),
+        BTreeMap::from([(
+            "NODE_HOLDER_NAMESPACE".to_string(),
+            "fieldRef:metadata.namespace".to_string()
+        )])
     );
 }
 
 #[test]
 fn the_helm_test_hook_follows_the_holds_and_can_be_turned_off() {
-    // The first configured hold, as the webhook and the policy add them:
-    // presets first.
-    let objects = template(&[
+    // The holds as the Deployment's container has them, and the labels.
+    let objects = render(&[
         "--set=config.holdPresets={cluster-autoscaler}",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=test.nodeLabels.pool=a",
-        "--set=test.image=registry.example/kubectl@sha256:0123",
+        "--set=test.nodeLabels.zone=b",
     ]);
-    assert_eq!(
-        test_env(&objects, "HOLD_KEY"),
-        "cluster-autoscaler.kubernetes.io/scale-down-disabled"
-    );
-    assert_eq!(
-        test_env(&objects, "HOLD_PATH"),
-        r"{.metadata.annotations.cluster-autoscaler\.kubernetes\.io/scale-down-disabled}"
-    );
-    let node: Value = serde_json::from_str(&test_env(&objects, "NODE")).unwrap();
-    assert_eq!(node["metadata"]["labels"], json!({"pool": "a"}));
-    assert_eq!(
-        hook_of(&objects, "Pod")["spec"]["containers"][0]["image"],
-        "registry.example/kubectl@sha256:0123"
-    );
-    let objects = template(&["--set=config.holdAnnotations.example\\.com/hold=yes"]);
-    assert_eq!(test_env(&objects, "HOLD_KEY"), "example.com/hold");
-    assert_eq!(test_env(&objects, "HOLD_VALUE"), "yes");
+    let env = test_env(&objects);
+    let deployment = install::env_of(&objects);
+    for var in ["NODE_HOLDER_HOLD_PRESETS", "NODE_HOLDER_HOLD_ANNOTATIONS"] {
+        assert_eq!(env[var], deployment[var], "{var}");
+    }
+    assert_eq!(env["NODE_HOLDER_HOLD_PRESETS"], "cluster-autoscaler");
+    assert_eq!(env["NODE_HOLDER_HOLD_ANNOTATIONS"], "example.com/hold=yes");
+    assert_eq!(env["NODE_HOLDER_SELF_CHECK_NODE_LABELS"], "pool=a,zone=b");
     // Off, or nothing that holds at CREATE (no webhook registered): no hook.
     for values in [
         ["--set=test.enabled=false"],
         ["--set=webhook.enabled=false"],
     ] {
-        assert!(hooks(&template(&values)).is_empty(), "{values:?}");
+        assert!(hooks(&render(&values)).is_empty(), "{values:?}");
     }
     // Policy mode holds at CREATE with or without the webhook value.
-    let objects = template(&["--set=admission.mode=policy", "--set=webhook.enabled=false"]);
-    assert_eq!(hooks(&objects).len(), 4);
+    let objects = render(&["--set=admission.mode=policy", "--set=webhook.enabled=false"]);
+    assert_eq!(hooks(&objects).len(), 6);
+}
+
+/// The pod spec of each pod the chart makes: the Deployment's, the `helm
+/// test` Pod's and the pre-delete Job's.
+fn every_pod_spec(objects: &[Value]) -> [(&'static str, &Value); 3] {
+    let job = objects
+        .iter()
+        .find(|o| kind(o) == "Job")
+        .expect("the pre-delete Job");
+    [
+        ("Deployment", pod_spec(objects)),
+        ("test Pod", &hook_of(objects, "Pod")["spec"]),
+        ("uninstall Job", &job["spec"]["template"]["spec"]),
+    ]
+}
+
+/// Every pod of the chart is placed, sized and secured like the
+/// Deployment's.
+fn assert_placed_alike(objects: &[Value]) -> &Value {
+    let [(_, deployment), others @ ..] = every_pod_spec(objects);
+    for (what, spec) in others {
+        for field in [
+            "priorityClassName",
+            "imagePullSecrets",
+            "securityContext",
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+        ] {
+            assert_eq!(spec.get(field), deployment.get(field), "{what}: {field}");
+        }
+        let (mine, theirs) = (&spec["containers"][0], &deployment["containers"][0]);
+        for field in ["resources", "securityContext", "image"] {
+            assert_eq!(mine[field], theirs[field], "{what}: container {field}");
+        }
+    }
+    deployment
+}
+
+#[test]
+fn every_pod_runs_on_linux_tolerating_critical_addons_only_placed_like_the_deployment() {
+    let deployment = assert_placed_alike(&render(&[])).clone();
+    assert_eq!(
+        deployment["nodeSelector"],
+        json!({"kubernetes.io/os": "linux"})
+    );
+    assert_eq!(
+        deployment["tolerations"],
+        json!([{"key": "CriticalAddonsOnly", "operator": "Exists"}])
+    );
+    assert_eq!(
+        deployment["affinity"]["nodeAffinity"],
+        off_karpenter_nodes()
+    );
+    assert_eq!(
+        deployment["containers"][0]["resources"],
+        json!({"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}})
+    );
+    // Given values reach every pod alike: a nodeSelector merged into the
+    // default (null drops the default's key), tolerations, affinity,
+    // resources, the pod's securityContext, priority and pull secrets.
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}});
+    let tolerations =
+        json!([{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}]);
+    let objects = render(&[
+        "--set=nodeSelector.pool=system",
+        &format!("--set-json=tolerations={tolerations}"),
+        &format!("--set-json=affinity={affinity}"),
+        "--set=resources.requests.cpu=100m",
+        "--set=resources.limits.memory=512Mi",
+        "--set=podSecurityContext.runAsUser=1000",
+        "--set=priorityClassName=platform",
+        "--set-json=imagePullSecrets=[{\"name\":\"pull\"}]",
+        "--set=image.repository=registry.example/node-holder",
+        "--set=image.tag=1.2.3",
+    ]);
+    let deployment = assert_placed_alike(&objects);
+    assert_eq!(
+        deployment["nodeSelector"],
+        json!({"kubernetes.io/os": "linux", "pool": "system"})
+    );
+    assert_eq!(deployment["tolerations"], tolerations);
+    assert_eq!(deployment["affinity"], affinity);
+    assert_eq!(
+        deployment["containers"][0]["resources"],
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}})
+    );
+    assert_eq!(deployment["securityContext"]["runAsUser"], 1000);
+    assert_eq!(deployment["priorityClassName"], "platform");
+    assert_eq!(
+        deployment["containers"][0]["image"],
+        "registry.example/node-holder:1.2.3"
+    );
+    // Everything dropped: no selector, no toleration, no priority.
+    let objects = render(&[
+        "--set=nodeSelector.kubernetes\\.io/os=null",
+        "--set=tolerations=null",
+        "--set=priorityClassName=",
+    ]);
+    for (what, spec) in every_pod_spec(&objects) {
+        for field in ["nodeSelector", "tolerations", "priorityClassName"] {
+            assert!(spec.get(field).is_none(), "{what}: {field}");
+        }
+    }
+}
+
+#[test]
+fn on_eks_auto_mode_avoiding_karpenter_nodes_is_refused_with_the_fix() {
+    // Every node of Auto Mode carries karpenter.sh/nodepool.
+    let err = try_render(&[AUTO_MODE]).expect_err("avoidKarpenterNodes on Auto Mode");
+    assert!(
+        err.contains("this cluster is EKS Auto Mode")
+            && err.contains("Set avoidKarpenterNodes=false"),
+        "{err}"
+    );
+    // With the value off the pods may run on Auto Mode's nodes.
+    let objects = render(&[AUTO_MODE, "--set=avoidKarpenterNodes=false"]);
+    for (what, spec) in every_pod_spec(&objects) {
+        assert!(spec["affinity"].get("nodeAffinity").is_none(), "{what}");
+    }
+    // An affinity of one's own replaces the default, and is taken as given.
+    let affinity = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "eks.amazonaws.com/compute-type", "operator": "In", "values": ["auto"]}]}]}}});
+    let objects = render(&[AUTO_MODE, &format!("--set-json=affinity={affinity}")]);
+    assert_eq!(pod_spec(&objects)["affinity"], affinity);
+    // Elsewhere the default stays.
+    assert_eq!(
+        pod_spec(&render(&[]))["affinity"]["nodeAffinity"],
+        off_karpenter_nodes()
+    );
+}
+
+#[test]
+fn objects_of_cert_manager_or_the_prometheus_operator_need_their_apis_served() {
+    // The default TLS mode, where cert-manager is not served: a clear
+    // message, with the way out and how to render without a cluster.
+    let err = try_template(&[]).expect_err("certManager mode without cert-manager");
+    assert!(
+        err.contains(
+            "tls.mode=certManager, but this cluster does not serve cert-manager.io/v1 Certificate"
+        ) && err.contains("pass --api-versions cert-manager.io/v1/Certificate"),
+        "{err}"
+    );
+    assert!(!all_of(&template_with(&[CERT_MANAGER]), "Certificate").is_empty());
+    // The modes without a Certificate need nothing.
+    for values in [
+        &["--set=admission.mode=policy"][..],
+        &[
+            "--set=tls.mode=provided",
+            "--set=tls.provided.secretName=s",
+            "--set=tls.provided.caBundle=Y2E=",
+        ],
+    ] {
+        let objects = template_with(values);
+        assert!(all_of(&objects, "Certificate").is_empty(), "{values:?}");
+    }
+    // The ServiceMonitor and the PrometheusRule, each on its own kind.
+    for (kind_, value, served) in [
+        ("ServiceMonitor", "serviceMonitor", SERVICE_MONITOR),
+        ("PrometheusRule", "prometheusRule", PROMETHEUS_RULE),
+    ] {
+        let enabled = format!("--set=metrics.{value}.enabled=true");
+        let err = try_template(&[CERT_MANAGER, &enabled]).expect_err(kind_);
+        assert!(
+            err.contains(&format!(
+                "metrics.{value}.enabled, but this cluster does not serve monitoring.coreos.com/v1 {kind_}"
+            )) && err.contains(&format!("pass --api-versions monitoring.coreos.com/v1/{kind_}")),
+            "{err}"
+        );
+        let objects = template_with(&[CERT_MANAGER, &enabled, served]);
+        assert_eq!(all_of(&objects, kind_).len(), 1);
+    }
+}
+
+/// `helm template` with `values` as given, no API assumed served but those
+/// passed with --api-versions.
+fn template_with(values: &[&str]) -> Vec<Value> {
+    try_template(values).unwrap_or_else(|err| panic!("{values:?}: {err}"))
+}
+
+#[test]
+fn the_service_account_can_be_annotated_or_brought_by_the_user() {
+    // Made by default, with the given annotations (IRSA, Pod Identity).
+    let role = "arn:aws:iam::111122223333:role/node-holder";
+    let objects = render(&[&format!(
+        "--set=serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn={role}"
+    )]);
+    let release = install::release_objects(&objects);
+    let account = one(&release, "ServiceAccount");
+    assert_eq!(name(account), "node-holder");
+    assert_eq!(
+        account["metadata"]["annotations"],
+        json!({"eks.amazonaws.com/role-arn": role})
+    );
+    // Brought by the user: not made, and named, or refused.
+    let err = try_render(&["--set=serviceAccount.create=false"]).expect_err("no name");
+    assert!(
+        err.contains("serviceAccount.name is required with serviceAccount.create=false"),
+        "{err}"
+    );
+    let objects = render(&[
+        "--set=serviceAccount.create=false",
+        "--set=serviceAccount.name=platform-node-holder",
+    ]);
+    let release = install::release_objects(&objects);
+    assert!(all_of(&release, "ServiceAccount").is_empty());
+    assert_eq!(
+        pod_spec(&objects)["serviceAccountName"],
+        "platform-node-holder"
+    );
+    // node-holder's RBAC is bound to it.
+    for binding in all_of(&release, "ClusterRoleBinding")
+        .into_iter()
+        .chain(all_of(&release, "RoleBinding"))
+    {
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "platform-node-holder", "namespace": NAMESPACE}]),
+            "{}",
+            name(binding)
+        );
+    }
+}
+
+/// Two extra objects: a map whose strings are templates, and a YAML string.
+const EXTRA_OBJECTS: &str = r#"--set-json=extraObjects=[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"{{ include \"node-holder.fullname\" . }}-extra","namespace":"{{ .Release.Namespace }}"},"data":{"release":"{{ .Release.Name }}"}},"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-a-string\n  namespace: {{ .Release.Namespace }}\ndata:\n  replicas: \"{{ .Values.replicaCount }}\"\n"]"#;
+
+#[test]
+fn extra_objects_are_rendered_with_tpl_and_none_by_default() {
+    let plain = render(&[]);
+    let objects = render(&[EXTRA_OBJECTS]);
+    assert_eq!(objects.len(), plain.len() + 2);
+    let maps: Vec<&Value> = all_of(&objects, "ConfigMap");
+    assert_eq!(
+        maps.iter().map(|m| name(m)).collect::<Vec<_>>(),
+        ["node-holder-extra", "from-a-string"]
+    );
+    assert_eq!(maps[0]["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(maps[0]["data"], json!({"release": RELEASE}));
+    assert_eq!(maps[1]["data"], json!({"replicas": "2"}));
+    assert!(all_of(&plain, "ConfigMap").is_empty());
+}
+
+#[test]
+fn the_service_monitor_takes_relabelings_and_the_runbooks_a_base_url() {
+    let monitor = |values: &[&str]| {
+        let mut args = vec!["--set=metrics.serviceMonitor.enabled=true"];
+        args.extend_from_slice(values);
+        one(&render(&args), "ServiceMonitor")["spec"]["endpoints"][0].clone()
+    };
+    let endpoint = monitor(&[]);
+    assert!(endpoint.get("relabelings").is_none());
+    assert!(endpoint.get("metricRelabelings").is_none());
+    let relabelings =
+        json!([{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]);
+    let metric = json!([{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]);
+    let endpoint = monitor(&[
+        &format!("--set-json=metrics.serviceMonitor.relabelings={relabelings}"),
+        &format!("--set-json=metrics.serviceMonitor.metricRelabelings={metric}"),
+    ]);
+    assert_eq!(endpoint["relabelings"], relabelings);
+    assert_eq!(endpoint["metricRelabelings"], metric);
+
+    // Each alert's runbook: the base, then its section's anchor.
+    let runbooks = |values: &[&str]| -> Vec<String> {
+        let mut args = vec!["--set=metrics.prometheusRule.enabled=true"];
+        args.extend_from_slice(values);
+        let objects = render(&args);
+        let rule = one(&objects, "PrometheusRule");
+        rule["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .filter_map(|r| r["annotations"]["runbook_url"].as_str())
+            .map(str::to_string)
+            .collect()
+    };
+    let default = runbooks(&[]);
+    assert!(default.len() > 5);
+    let base = "https://node-holder.dev/docs/operations#";
+    assert!(default.iter().all(|u| u.starts_with(base)), "{default:?}");
+    let own = runbooks(&[
+        "--set=metrics.prometheusRule.runbookUrlBase=https://wiki.example/runbooks/node-holder/",
+    ]);
+    let expected: Vec<String> = default
+        .iter()
+        .map(|u| u.replace(base, "https://wiki.example/runbooks/node-holder#"))
+        .collect();
+    assert_eq!(own, expected);
+}
+
+/// NOTES.txt as `helm install` prints it, rendered offline (a client-side
+/// dry run: no cluster, no API beyond the built-in ones).
+fn notes(values: &[&str]) -> String {
+    let out = helm()
+        .args(["install", RELEASE])
+        .arg(chart())
+        .args([
+            "--namespace",
+            NAMESPACE,
+            "--dry-run=client",
+            "--output=json",
+        ])
+        .args(values)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let release: Value = serde_json::from_slice(&out.stdout).unwrap();
+    release["info"]["notes"].as_str().unwrap().to_string()
+}
+
+/// Provided TLS: renders without cert-manager's API.
+const PROVIDED: [&str; 3] = [
+    "--set=tls.mode=provided",
+    "--set=tls.provided.secretName=s",
+    "--set=tls.provided.caBundle=Y2E=",
+];
+
+#[test]
+fn notes_say_what_is_configured() {
+    // The defaults (TLS provided): the webhook, every node, 20m, drift held.
+    let said = notes(&PROVIDED);
+    for line in [
+        "Which nodes: every node.",
+        "The hold: karpenter.sh/do-not-disrupt=true.",
+        "every new node in scope is held by node-holder's webhook",
+        "The window: one for every node in scope; each new node opens or extends it\nfor 20m, 2h at most.",
+        "Karpenter neither\nconsolidates nor drifts them",
+        "holds come off at once.",
+        "helm test node-holder -n node-holder --logs",
+        "kubectl node-holder status -n node-holder",
+    ] {
+        assert!(said.contains(line), "{line:?} not in:\n{said}");
+    }
+    assert!(!said.contains("Schedule hold"), "{said}");
+    assert!(!said.contains("whole cluster"), "{said}");
+
+    // Policy mode, a scope, groups, the budget mechanism and the schedule
+    // hold: each said as configured.
+    let said = notes(&[
+        "--set=admission.mode=policy",
+        "--set=config.nodeSelector=pool=batch",
+        "--set=config.holdAnnotations.example\\.com/hold=yes",
+        "--set=config.windowPerLabel=karpenter.sh/nodepool",
+        "--set=config.holdDuration=45m",
+        "--set=config.maxHold=0",
+        "--set=config.holdMechanism=budget",
+        "--set=config.launchCost=5m",
+    ]);
+    for line in [
+        "Which nodes: those matching config.nodeSelector `pool=batch`.",
+        "The hold: example.com/hold=yes.",
+        "held by the MutatingAdmissionPolicy node-holder",
+        "The window: one per value of node label karpenter.sh/nodepool",
+        "for 45m, with no cap.",
+        "every Karpenter NodePool in scope carries a\ndisruption budget that stops consolidation; drift goes on.",
+        "Schedule hold (config.launchCost 5m)",
+        "kubectl get mutatingadmissionpolicy,mutatingadmissionpolicybinding node-holder",
+    ] {
+        assert!(said.contains(line), "{line:?} not in:\n{said}");
+    }
+    assert!(!said.contains("node-holder's webhook"), "{said}");
+
+    // Nothing at CREATE: said, and no helm test to run.
+    let mut values = PROVIDED.to_vec();
+    values.push("--set=webhook.enabled=false");
+    let said = notes(&values);
+    assert!(
+        said.contains("nothing holds new nodes (webhook.enabled=false)"),
+        "{said}"
+    );
+    assert!(!said.contains("helm test"), "{said}");
 }
 
 /// A wrong value of each new key, and what the schema's refusal says.
@@ -544,7 +945,11 @@ const WRONG_TYPES: &[(&str, &str)] = &[
         "--set=test.enabled=maybe",
         "at '/test/enabled': got string, want boolean",
     ),
-    ("--set=test.image=", "at '/test/image'"),
+    (
+        // node-holder's own image runs the test now.
+        "--set=test.image=bitnami/kubectl:1.36",
+        "at '/test': additional properties 'image' not allowed",
+    ),
     (
         "--set-json=test.nodeLabels={\"pool\":1}",
         "at '/test/nodeLabels/pool': got number, want string",
@@ -553,12 +958,37 @@ const WRONG_TYPES: &[(&str, &str)] = &[
         "--set=test.timeout=1m",
         "at '/test': additional properties 'timeout' not allowed",
     ),
+    (
+        "--set=serviceAccount.create=no",
+        "at '/serviceAccount/create': got string, want boolean",
+    ),
+    (
+        "--set=extraObjects=x",
+        "at '/extraObjects': got string, want array",
+    ),
+    ("--set-json=extraObjects=[{}]", "at '/extraObjects/0'"),
+    (
+        "--set=metrics.serviceMonitor.relabelings=x",
+        "at '/metrics/serviceMonitor/relabelings': got string, want array",
+    ),
+    (
+        "--set-json=metrics.serviceMonitor.metricRelabelings=[1]",
+        "at '/metrics/serviceMonitor/metricRelabelings/0': got number, want object",
+    ),
+    (
+        "--set=metrics.prometheusRule.runbookUrlBase=wiki/node-holder",
+        "at '/metrics/prometheusRule/runbookUrlBase'",
+    ),
+    (
+        "--set=tolerations=CriticalAddonsOnly",
+        "at '/tolerations': got string, want array",
+    ),
 ];
 
 #[test]
 fn the_schema_refuses_a_wrong_type_for_each_new_value() {
     for (value, says) in WRONG_TYPES {
-        let err = try_template(&[value]).expect_err(&format!("{value} renders"));
+        let err = try_render(&[value]).expect_err(&format!("{value} renders"));
         assert!(err.contains(says), "{value}: {err}");
     }
 }
@@ -580,7 +1010,7 @@ fn helm_lint_passes_with_the_new_values_set() {
 }
 
 #[test]
-fn the_chart_names_its_sources_maintainers_and_the_workspaces_license() {
+fn the_chart_names_its_sources_maintainers_and_the_workspaces_license_whose_text_is_beside_it() {
     let text = std::fs::read_to_string(chart().join("Chart.yaml")).unwrap();
     let meta = &testenv::parse_manifests(&text).unwrap()[0];
     assert!(!meta["sources"].as_array().unwrap().is_empty());
@@ -592,6 +1022,25 @@ fn the_chart_names_its_sources_maintainers_and_the_workspaces_license() {
         .expect("the workspace's license")
         .trim_matches('"');
     assert_eq!(meta["annotations"]["artifacthub.io/license"], license);
+    // The license's full text beside it (krew and the image claim it too).
+    let text = std::fs::read_to_string(repo().join("LICENSE")).expect("LICENSE");
+    assert_eq!(license, "Apache-2.0");
+    assert!(text.contains("Apache License\n                           Version 2.0, January 2004"));
+    for section in [
+        "1. Definitions.",
+        "2. Grant of Copyright License.",
+        "3. Grant of Patent License.",
+        "4. Redistribution.",
+        "5. Submission of Contributions.",
+        "6. Trademarks.",
+        "7. Disclaimer of Warranty.",
+        "8. Limitation of Liability.",
+        "9. Accepting Warranty or Additional Liability.",
+        "END OF TERMS AND CONDITIONS",
+        "APPENDIX: How to apply the Apache License to your work.",
+    ] {
+        assert!(text.contains(section), "{section} missing from LICENSE");
+    }
 }
 
 /// Every new value set at once (for lint and the API server).
@@ -609,6 +1058,15 @@ fn everything_set() -> Vec<&'static str> {
         "--set=podSecurityContext.supplementalGroups={65532}",
         "--set=additionalLabels.team=infra",
         "--set=test.nodeLabels.pool=a",
+        "--set=serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/node-holder",
+        "--set=nodeSelector.pool=system",
+        "--set-json=tolerations=[{\"key\":\"dedicated\",\"operator\":\"Equal\",\"value\":\"ops\",\"effect\":\"NoSchedule\"}]",
+        EXTRA_OBJECTS,
+        "--set=metrics.serviceMonitor.enabled=true",
+        "--set-json=metrics.serviceMonitor.relabelings=[{\"sourceLabels\":[\"__meta_kubernetes_pod_node_name\"],\"targetLabel\":\"node\"}]",
+        "--set-json=metrics.serviceMonitor.metricRelabelings=[{\"sourceLabels\":[\"__name__\"],\"regex\":\"go_.*\",\"action\":\"drop\"}]",
+        "--set=metrics.prometheusRule.enabled=true",
+        "--set=metrics.prometheusRule.runbookUrlBase=https://wiki.example/runbooks/node-holder",
     ]
 }
 
@@ -619,11 +1077,14 @@ async fn objects_with_the_new_values_are_accepted_by_the_api_server() {
     create_namespace(&client, NAMESPACE, "restricted").await;
     create_namespace(&client, PRIVILEGED_NAMESPACE, "privileged").await;
     install_cert_manager_crds(&cp).await;
-    let objects = tokio::task::spawn_blocking(|| template(&everything_set()))
+    install_prometheus_operator_crds(&cp).await;
+    let objects = tokio::task::spawn_blocking(|| render(&everything_set()))
         .await
         .unwrap();
     assert_eq!(all_of(&objects, "NetworkPolicy").len(), 1);
-    assert_eq!(hooks(&objects).len(), 4);
+    assert_eq!(all_of(&objects, "ServiceMonitor").len(), 1);
+    assert_eq!(all_of(&objects, "ConfigMap").len(), 2);
+    assert_eq!(hooks(&objects).len(), 6);
     // Every object, the test Pod under `restricted` enforcement included.
     testenv::dry_run_objects(&client, &objects)
         .await
@@ -640,7 +1101,7 @@ async fn objects_with_the_new_values_are_accepted_by_the_api_server() {
     // The defaults (priority class, node affinity, zone spread) and the
     // policy mode's NetworkPolicy, the pod under `restricted` enforcement.
     let objects = tokio::task::spawn_blocking(|| {
-        template(&[
+        render(&[
             "--set=networkPolicy.enabled=true",
             "--set=admission.mode=policy",
         ])
@@ -671,29 +1132,27 @@ fn test_account_kubeconfig(cp: &ControlPlane, dir: &Path) -> std::path::PathBuf 
     path
 }
 
-/// The test Pod's container run here as the kubelet would run it: its
-/// command and environment, with the pinned kubectl on `PATH`, the
-/// kubeconfig in place of the ServiceAccount's mounted token and a scratch
-/// home in place of its emptyDir. (It blocks the test's runtime thread for
-/// a second: nothing else runs on it meanwhile.)
-fn run_test_pod(objects: &[Value], kubeconfig: &Path, home: &Path) -> Output {
+/// The test Pod's container run here as the kubelet would run it: node-holder
+/// (this build) with its arguments and environment, the namespace filled in
+/// from the pod, the kubeconfig in place of the ServiceAccount's mounted
+/// token, and each check tried once. (It blocks the test's runtime thread
+/// for a second: nothing else runs on it meanwhile.)
+fn run_test_pod(objects: &[Value], kubeconfig: &Path) -> Output {
     let c = &hook_of(objects, "Pod")["spec"]["containers"][0];
-    let command: Vec<String> = serde_json::from_value(c["command"].clone()).unwrap();
     let args: Vec<String> = serde_json::from_value(c["args"].clone()).unwrap();
-    let kubectl = testenv::ensure_kubectl_built().expect("kubectl from the control plane's pin");
-    let mut run = Command::new(&command[0]);
-    run.args(&command[1..]).args(&args).env_clear();
-    for e in c["env"].as_array().unwrap() {
-        run.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+    let mut run = Command::new(env!("CARGO_BIN_EXE_node-holder"));
+    run.args(&args).env_clear();
+    for (var, value) in test_env(objects) {
+        let value = match value.as_str() {
+            "fieldRef:metadata.namespace" => NAMESPACE.to_string(),
+            other => other.to_string(),
+        };
+        run.env(var, value);
     }
-    run.env(
-        "PATH",
-        format!("{}:/usr/bin:/bin", kubectl.parent().unwrap().display()),
-    )
-    .env("HOME", home)
-    .env("KUBECONFIG", kubeconfig)
-    .output()
-    .unwrap()
+    run.env("KUBECONFIG", kubeconfig)
+        .env("NODE_HOLDER_SELF_CHECK_TIMEOUT", "0s")
+        .output()
+        .unwrap()
 }
 
 fn text(out: &Output) -> String {
@@ -701,19 +1160,21 @@ fn text(out: &Output) -> String {
 }
 
 #[tokio::test]
-async fn the_helm_test_pod_passes_only_while_new_nodes_are_held() {
+async fn the_helm_test_pod_passes_only_while_new_nodes_are_held_and_a_replica_leads() {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.admin_client().await.unwrap();
     create_namespace(&admin, NAMESPACE, "restricted").await;
     // Policy mode: the API server holds without node-holder running. A hold
-    // key of its own and a node selector the test Node must match.
+    // key of its own beside a preset, and a node selector the test Node must
+    // match.
     let values = [
         "--set=admission.mode=policy",
+        "--set=config.holdPresets={karpenter-v1}",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.nodeSelector=pool=a",
         "--set=test.nodeLabels.pool=a",
     ];
-    let objects = tokio::task::spawn_blocking(move || template(&values))
+    let objects = tokio::task::spawn_blocking(move || render(&values))
         .await
         .unwrap();
     // The hook's RBAC, which `helm test` creates before the Pod.
@@ -725,38 +1186,69 @@ async fn the_helm_test_pod_passes_only_while_new_nodes_are_held() {
     testenv::apply_objects(&admin, &rbac).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = test_account_kubeconfig(&cp, dir.path());
-    let home = dir.path();
 
     // Nothing holds new nodes yet: the test fails, and says why.
-    let out = run_test_pod(&objects, &kubeconfig, home);
+    let out = run_test_pod(&objects, &kubeconfig);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("not held: a new Node gets example.com/hold=\"\""),
+        text(&out).contains("not held: a new Node gets karpenter.sh/do-not-disrupt=\"\" (not \"true\"), example.com/hold=\"\" (not \"yes\")"),
         "{}",
         text(&out)
     );
 
-    // The chart's policy in place: it passes.
+    // The chart's policy in place, but no replica leads: it fails on that.
     hold_with_the_charts_policy(&cp, &objects).await;
-    let out = run_test_pod(&objects, &kubeconfig, home);
+    let out = run_test_pod(&objects, &kubeconfig);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "held: a new Node gets karpenter.sh/do-not-disrupt=true, example.com/hold=yes"
+        ),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("no leader: nobody holds the Lease node-holder/node-holder-window"),
+        "{}",
+        text(&out)
+    );
+
+    // A replica holds the Lease: it passes.
+    lead(&admin, "node-holder-5d8f7-abcde").await;
+    let out = run_test_pod(&objects, &kubeconfig);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("held: a new Node gets example.com/hold=yes"),
+        text(&out).contains(
+            "leading: node-holder-5d8f7-abcde holds the Lease node-holder/node-holder-window"
+        ),
         "{}",
         text(&out)
     );
 
-    // Its identity may not read nodes, and the dry run stored nothing.
-    assert_forbidden_to_list_nodes(&kubeconfig, home);
+    // Its identity may not read nodes, and the dry runs stored nothing.
+    assert_forbidden_to_list_nodes(&kubeconfig, dir.path());
     let nodes: kube::Api<Node> = kube::Api::all(admin);
-    assert!(
-        nodes
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    let stored = nodes.list(&Default::default()).await.unwrap().items;
+    assert!(stored.is_empty(), "{stored:?}");
+}
+
+/// The Lease `node-holder-window`, held by `identity` and just renewed, as a
+/// leading replica keeps it.
+async fn lead(admin: &kube::Client, identity: &str) {
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("node-holder-window".to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(identity.to_string()),
+            lease_duration_seconds: Some(60),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    let leases: kube::Api<Lease> = kube::Api::namespaced(admin.clone(), NAMESPACE);
+    leases.create(&Default::default(), &lease).await.unwrap();
 }
 
 /// Applies the chart's MutatingAdmissionPolicy and binding in `objects` and

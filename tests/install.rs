@@ -24,7 +24,7 @@ use common::window::{eventually_logging, held, strs};
 use common::{Served, has_node_events, launch, make_certs, node, register_webhook};
 use install::{
     NAMESPACE, RELEASE, all_of, chart, container, env_of, helm, install_cert_manager_crds, kind,
-    name, one, pod_command, pod_of, release_objects, repo, template, try_template, use_cert_files,
+    name, one, pod_command, pod_of, release_objects, repo, use_cert_files,
 };
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -38,6 +38,20 @@ use testenv::ControlPlane;
 const HOLD: &str = "karpenter.sh/do-not-disrupt";
 const WINDOW: &str = "node-holder-window";
 const CERT_MANAGER_GROUPS: [&str; 2] = ["cert-manager.io", "acme.cert-manager.io"];
+/// What a cluster with cert-manager serves, for `helm template`.
+const CERT_MANAGER_API: &str = "--api-versions=cert-manager.io/v1/Certificate";
+
+/// `helm template` with `values` on a cluster that serves cert-manager: the
+/// default TLS mode renders cert-manager's Certificate only where it is
+/// served (`.Capabilities.APIVersions`; `helm template` knows the built-in
+/// APIs and those given with --api-versions).
+fn try_template(values: &[&str]) -> Result<Vec<Value>, String> {
+    install::try_template(&[&[CERT_MANAGER_API][..], values].concat())
+}
+
+fn template(values: &[&str]) -> Vec<Value> {
+    install::template(&[&[CERT_MANAGER_API][..], values].concat())
+}
 
 /// The values of each TLS mode, by name.
 fn tls_modes() -> Vec<(&'static str, Vec<String>)> {

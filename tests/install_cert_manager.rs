@@ -102,7 +102,9 @@ async fn cert_manager_issues_the_charts_certificate_and_the_webhook_holds_with_i
     // chart's own self-signed CA.
     // What `helm install` creates: the release's objects, not its hooks
     // (`helm test`'s, the pre-delete cleanup's).
-    let objects = tokio::task::spawn_blocking(|| release_objects(&template(&[])))
+    // The API cert-manager's CRDs serve, as `helm install` would see it.
+    let served = "--api-versions=cert-manager.io/v1/Certificate";
+    let objects = tokio::task::spawn_blocking(move || release_objects(&template(&[served])))
         .await
         .unwrap();
     // The rendered registration has no caBundle: cert-manager's cainjector

@@ -17,8 +17,21 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::install::{install_prometheus_operator_crds, one, repo, template};
+use common::install::{self, install_prometheus_operator_crds, one, repo};
+use serde_json::Value;
 use testenv::ControlPlane;
+
+/// `helm template` with `values` on a cluster that serves cert-manager and
+/// the Prometheus Operator's ServiceMonitor and PrometheusRule: the chart
+/// renders their objects only where they are served.
+fn template(values: &[&str]) -> Vec<Value> {
+    let served = [
+        "--api-versions=cert-manager.io/v1/Certificate",
+        "--api-versions=monitoring.coreos.com/v1/ServiceMonitor",
+        "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
+    ];
+    install::template(&[&served[..], values].concat())
+}
 
 fn rules_file() -> PathBuf {
     repo().join("chart/files/node-holder-rules.yaml")

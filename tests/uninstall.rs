@@ -29,10 +29,17 @@ use serde_json::{Value, json};
 use testenv::{ControlPlane, Disruption};
 
 const HOOK_USER: &str = "system:serviceaccount:node-holder:node-holder-uninstall";
+/// What a cluster with cert-manager serves (the default TLS mode's
+/// Certificate), for `helm template`.
+const CERT_MANAGER_API: &str = "--api-versions=cert-manager.io/v1/Certificate";
 
 /// The hook's roles and bindings as the chart renders them for `values`.
 fn hook_rbac(values: &[&str]) -> Vec<Value> {
-    let mut args = vec!["--show-only", "templates/uninstall-hook.yaml"];
+    let mut args = vec![
+        "--show-only",
+        "templates/uninstall-hook.yaml",
+        CERT_MANAGER_API,
+    ];
     args.extend_from_slice(values);
     template(&args)
         .into_iter()
@@ -262,7 +269,11 @@ async fn uninstall_with_the_budget_mechanism_takes_node_holders_entry_off_and_ke
 #[test]
 fn the_hook_runs_uninstall_with_the_releases_names_for_each_mode() {
     let render = |values: &[&str]| {
-        let mut args = vec!["--show-only", "templates/uninstall-hook.yaml"];
+        let mut args = vec![
+            "--show-only",
+            "templates/uninstall-hook.yaml",
+            CERT_MANAGER_API,
+        ];
         args.extend_from_slice(values);
         template(&args)
     };
@@ -307,6 +318,7 @@ fn the_hook_runs_uninstall_with_the_releases_names_for_each_mode() {
     let none = testsupport::install::try_template(&[
         "--show-only",
         "templates/uninstall-hook.yaml",
+        CERT_MANAGER_API,
         "--set",
         "uninstall.cleanup=false",
     ]);

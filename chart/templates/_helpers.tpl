@@ -42,8 +42,119 @@ app.kubernetes.io/name: {{ include "node-holder.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+node-holder's ServiceAccount: the chart's (the full name unless named), or
+one of yours, which must then be named.
+*/}}
 {{- define "node-holder.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
 {{- default (include "node-holder.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required with serviceAccount.create=false: the ServiceAccount of yours the chart binds node-holder's RBAC to" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* node-holder's image: the Deployment's, and the hooks' too. */}}
+{{- define "node-holder.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+The pod spec's fields every pod of the chart shares (the Deployment's, the
+`helm test` Pod's and the pre-delete Job's): priority, pull secrets, the
+pod's securityContext and the placement (nodeSelector, tolerations,
+affinity), so that the hooks run wherever the replicas can and never stay
+Pending on a cluster where node-holder runs.
+*/}}
+{{- define "node-holder.podCommon" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+affinity:
+  {{- include "node-holder.affinity" . | trim | nindent 2 }}
+{{- end }}
+
+{{/*
+The pods' affinity: the given one, else the replicas' hosts avoided where
+possible and, with avoidKarpenterNodes, Karpenter's nodes always.
+*/}}
+{{- define "node-holder.affinity" -}}
+{{- if .Values.affinity }}
+{{- toYaml .Values.affinity }}
+{{- else }}
+{{- if .Values.avoidKarpenterNodes }}
+# Off the nodes Karpenter manages, which it may take away: node-holder
+# holds them, it should not depend on them.
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - key: karpenter.sh/nodepool
+            operator: DoesNotExist
+{{- end }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "node-holder.selectorLabels" . | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The container fields every container of the chart shares: its resources and
+its securityContext (non-root, read-only root, no privilege escalation, no
+capabilities; fixed).
+*/}}
+{{- define "node-holder.containerCommon" -}}
+{{- with .Values.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  readOnlyRootFilesystem: true
+  allowPrivilegeEscalation: false
+  privileged: false
+  capabilities:
+    drop: ["ALL"]
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+
+{{/*
+The holds as `serve` reads them (--hold-preset, --hold-annotation), for the
+Deployment's container and `self-check`'s alike.
+*/}}
+{{- define "node-holder.holdEnv" -}}
+{{- with .Values.config.holdPresets }}
+- name: NODE_HOLDER_HOLD_PRESETS
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with .Values.config.holdAnnotations }}
+- name: NODE_HOLDER_HOLD_ANNOTATIONS
+  value: {{ include "node-holder.keyValues" . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The Secret holding the serving certificate. */}}
@@ -87,6 +198,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $timeout := int .Values.webhook.timeoutSeconds }}
 {{- if or (lt $timeout 1) (gt $timeout 30) }}
 {{- fail "webhook.timeoutSeconds must be between 1 and 30 (keep it small: 1-5)" }}
+{{- end }}
+{{- include "node-holder.validateCluster" . }}
+{{- end }}
+
+{{/*
+What the values ask of the cluster, checked against the APIs it serves
+(`.Capabilities.APIVersions`: the cluster's own at `helm install` and
+`helm upgrade`; with `helm template`, the built-in APIs and those given with
+--api-versions): a clear message at render time instead of an object the API
+server cannot map, or pods that can never be scheduled.
+*/}}
+{{- define "node-holder.validateCluster" -}}
+{{- $apis := .Capabilities.APIVersions }}
+{{- $offline := "(helm template without a cluster: pass --api-versions %s)" }}
+{{- if and (eq .Values.tls.mode "certManager") (not (include "node-holder.policyMode" .)) (not ($apis.Has "cert-manager.io/v1/Certificate")) }}
+{{- fail (printf "tls.mode=certManager, but this cluster does not serve cert-manager.io/v1 Certificate: install cert-manager (with its CRDs) first, or use tls.mode=provided with a Secret of your own, or admission.mode=policy (Kubernetes 1.36 or later: no certificate at all). %s" (printf $offline "cert-manager.io/v1/Certificate")) }}
+{{- end }}
+{{- range $kind, $enabled := dict "ServiceMonitor" .Values.metrics.serviceMonitor.enabled "PrometheusRule" .Values.metrics.prometheusRule.enabled }}
+{{- if and $enabled (not ($apis.Has (printf "monitoring.coreos.com/v1/%s" $kind))) }}
+{{- fail (printf "metrics.%s.enabled, but this cluster does not serve monitoring.coreos.com/v1 %s: install the Prometheus Operator's CRDs first, or leave it off. %s" (untitle $kind) $kind (printf $offline (printf "monitoring.coreos.com/v1/%s" $kind))) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.avoidKarpenterNodes (not .Values.affinity) ($apis.Has "eks.amazonaws.com/v1/NodeClass") }}
+{{- fail "avoidKarpenterNodes=true, but this cluster is EKS Auto Mode (it serves eks.amazonaws.com/v1 NodeClass), where every node carries karpenter.sh/nodepool: the pods would never be scheduled. Set avoidKarpenterNodes=false to run on Auto Mode's nodes, or give an affinity that picks nodes of your own." }}
 {{- end }}
 {{- end }}
 
@@ -222,12 +357,4 @@ webhook.objectSelector's own, every one must match.
 {{- $expressions = concat . $expressions }}
 {{- end }}
 {{- toJson $expressions }}
-{{- end }}
-
-{{/*
-The hold `helm test` looks for: the first configured hold (the one the
-admission policy and the webhook add first), as [key, value].
-*/}}
-{{- define "node-holder.testHold" -}}
-{{- first (fromJsonArray (include "node-holder.holdsJson" .)) | toJson }}
 {{- end }}
