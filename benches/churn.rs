@@ -10,7 +10,8 @@
 //!   10m (`nh-*`) and the same holds with `--window-follows-work` (`nf-*`);
 //!   with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s, 2m and 5m
 //!   (`kaw-*`) and at `Balanced` (`kab-*`); node-holder's schedule hold
-//!   (`--launch-cost=5m`, `ns-5m`). The per-node and learned holds measured
+//!   (`--launch-cost=5m`, `ns-5m`; its pool at `WhenEmpty`, `nsw-5m`; and
+//!   with `--warm-before-runs=90s`, `nsx-5m`). The per-node and learned holds measured
 //!   in earlier rounds
 //!   (`ni-*`, `nil-5m`, `niw-5m`, `nilw-5m`, `nl-5m`) were removed with
 //!   their modes; their figures stay in docs/benchmarks.md.
@@ -28,7 +29,8 @@
 //!   The scheduled days run real CronJobs, fired by kube-controller-manager
 //!   at whole minutes of the day: `cronjob` (every 5 minutes), `two-schedules`
 //!   (every 3 and every 15 minutes in one pool) and `mixed` (every 4 minutes
-//!   beside random Jobs); `NODE_HOLDER_BENCH_DAYS=cronjob,two-schedules,mixed`.
+//!   beside random Jobs), and `long-gaps` (one every 15 minutes: gaps no
+//!   hold pays for); `NODE_HOLDER_BENCH_DAYS=cronjob,two-schedules,mixed`.
 //!   Each arm's pool also runs two steady pods (whole nodes, all day) and a
 //!   service of small pods (several to a node) that scales down and up again,
 //!   so a hold's cost on the rest of the fleet shows.
@@ -236,6 +238,9 @@ async fn start_node_holder(
     }
     if arms.iter().any(|a| a.launch_cost.is_some()) {
         common::install_rbac_for(cp, "schedules").await;
+    }
+    if arms.iter().any(|a| a.warm.is_some()) {
+        common::install_rbac_for(cp, "warm").await;
     }
     let args = arms::serve_args(arms);
     let served = common::serve(cp, &common::window::strs(&args)).await;

@@ -346,6 +346,15 @@ pub struct WindowArgs {
     /// keeps the window. `0`: off.
     #[arg(long, env = "NODE_HOLDER_LAUNCH_COST", default_value = "0s", value_parser = humantime::parse_duration)]
     pub launch_cost: Duration,
+
+    /// With `--launch-cost`: this long before a scheduled run whose nodes
+    /// were let go (its gap is longer than the launch cost), node-holder
+    /// asks the autoscaler for the nodes the run will need, with placeholder
+    /// pods shaped like the run's at a negative priority that any real pod
+    /// preempts; they go just before the run starts. Set it to the pool's
+    /// launch time plus a margin. `0`: off.
+    #[arg(long, env = "NODE_HOLDER_WARM_BEFORE_RUNS", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub warm_before_runs: Duration,
 }
 
 /// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
@@ -757,6 +766,11 @@ impl WindowArgs {
             grace: crate::core::due::RUN_GRACE,
             settle: crate::core::due::SETTLE,
         })
+    }
+
+    /// `--warm-before-runs`, `None` when it is off.
+    pub fn warm_lead(&self) -> Option<Duration> {
+        (!self.warm_before_runs.is_zero()).then_some(self.warm_before_runs)
     }
 
     /// The window's arithmetic the flags describe (`--max-hold 0`: no cap).

@@ -185,6 +185,7 @@ fn leader_config(
         follow_work: false,
         // Nor does it keep nodes for scheduled runs: it acts on the windows.
         schedule: None,
+        warm_lead: None,
         qps: patching.api_qps,
         max_in_flight: patching.api_max_in_flight,
         // Run by hand, the pass publishes no Events (`EventSink::none`).

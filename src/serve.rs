@@ -66,6 +66,7 @@ pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controlle
         lease_duration: args.leader.lease_duration,
         follow_work: args.window.window_follows_work,
         schedule: args.window.schedule_terms(),
+        warm_lead: args.window.warm_lead(),
         qps: args.patching.api_qps,
         max_in_flight: args.patching.api_max_in_flight,
         node_events_per_pass: args.node_events_per_pass,
@@ -77,6 +78,11 @@ pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controlle
 
 /// Window flags a pass could not honour, refused by name.
 fn check_window_flags(args: &ServeArgs) -> Result<()> {
+    if !args.window.warm_before_runs.is_zero() && args.window.launch_cost.is_zero() {
+        bail!(
+            "--warm-before-runs needs --launch-cost: warms are for the runs the schedule hold lets go"
+        );
+    }
     if args.window.hold_duration.is_zero() {
         bail!("--hold-duration must be longer than 0");
     }

@@ -6,7 +6,10 @@
 //!    holds a node late any more;
 //! 3. every hold and budget entry comes off, as `release` does with no
 //!    leader (holding the Lease while it works);
-//! 4. the record ConfigMap and the Lease are deleted.
+//! 4. the record ConfigMap and the Lease are deleted;
+//! 5. `--warm-before-runs`' placeholder Jobs and their PriorityClass are
+//!    deleted (without the permission, which only warms grant, there are
+//!    none: said and skipped).
 
 use std::time::Duration;
 
@@ -14,8 +17,10 @@ use anyhow::{Context, Result, bail};
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -24,6 +29,7 @@ use crate::cli::UninstallArgs;
 use crate::controller::Request;
 use crate::controller::record::{self, ReleaseRequest};
 use crate::core::holds::MARKED;
+use crate::core::warm::{PRIORITY_CLASS, WARM_LABEL};
 use crate::request::{self, Handled};
 
 /// The `uninstall` subcommand.
@@ -51,7 +57,10 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
         record::NAME,
     )
     .await?;
-    println!("uninstalled: no hold, budget entry, record or Lease of node-holder's is left");
+    delete_placeholders(&client, namespace).await?;
+    println!(
+        "uninstalled: no hold, budget entry, record, Lease or placeholder of node-holder's is left"
+    );
     Ok(())
 }
 
@@ -132,6 +141,26 @@ async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Resu
         Handled::ByLeader { leader, .. } => println!("released by {leader}"),
     }
     Ok(())
+}
+
+/// Deletes every placeholder Job in `namespace` (their pods with them) and
+/// the PriorityClass they run at.
+async fn delete_placeholders(client: &kube::Client, namespace: &str) -> Result<()> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let label = format!("{}={}", WARM_LABEL.0, WARM_LABEL.1);
+    let params = ListParams::default().labels(&label);
+    match jobs
+        .delete_collection(&DeleteParams::background(), &params)
+        .await
+    {
+        Ok(_) => println!("deleted the placeholder Jobs in {namespace}"),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            println!("no placeholder Jobs to delete: warms were never allowed here (403)");
+            return Ok(());
+        }
+        Err(err) => return Err(err).context("deleting the placeholder Jobs"),
+    }
+    delete(&Api::<PriorityClass>::all(client.clone()), PRIORITY_CLASS).await
 }
 
 async fn still_marked(client: &kube::Client) -> Result<usize> {

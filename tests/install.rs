@@ -299,6 +299,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
     for (values, says) in [
         (vec!["--set=tls.mode=provided"], "tls.provided.caBundle"),
         (
+            vec!["--set=config.warmBeforeRuns=2m"],
+            "config.warmBeforeRuns needs config.launchCost",
+        ),
+        (
             vec![
                 "--set=tls.mode=provided",
                 "--set=tls.provided.caBundle=Zm9v",
@@ -392,6 +396,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.groupHoldDurations.gpu=45m",
         "--set=config.windowFollowsWork=true",
         "--set=config.launchCost=5m",
+        "--set=config.warmBeforeRuns=2m",
     ]);
     let env = env_of(&objects);
     let names: BTreeSet<String> = env.keys().cloned().collect();
@@ -645,6 +650,48 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
     adds_exactly("--set=config.holdMechanism=budget", "nodepools");
     adds_exactly("--set=config.windowFollowsWork=true", "nodeclaims");
     adds_exactly("--set=config.launchCost=5m", "schedules");
+    warms_add_exactly_their_rbac();
+}
+
+/// Warms (`config.warmBeforeRuns`, beside `config.launchCost`) add exactly
+/// `webhook-config/rbac-warm.yaml`: a Role for the placeholder Jobs in the
+/// release's namespace and a ClusterRole for their PriorityClass.
+fn warms_add_exactly_their_rbac() {
+    let plain = manifest("webhook-config/rbac-warm.yaml");
+    let values = [
+        "--set=config.launchCost=5m",
+        "--set=config.warmBeforeRuns=2m",
+    ];
+    let objects = release_objects(&template(&values));
+    for role_kind in ["Role", "ClusterRole"] {
+        let added = objects
+            .iter()
+            .find(|o| kind(o) == role_kind && name(o).ends_with("-warm"))
+            .unwrap_or_else(|| panic!("the warm {role_kind}"));
+        assert_eq!(
+            rules_of(added),
+            rules_of(one(&plain, role_kind)),
+            "{role_kind}"
+        );
+        let binding_kind = format!("{role_kind}Binding");
+        let binding = objects
+            .iter()
+            .find(|o| kind(o) == binding_kind && name(o).ends_with("-warm"))
+            .unwrap_or_else(|| panic!("the warm {binding_kind}"));
+        assert_eq!(binding["roleRef"]["name"], name(added));
+        assert_eq!(binding["subjects"], one(&plain, &binding_kind)["subjects"]);
+    }
+    let env = objects
+        .iter()
+        .find(|o| kind(o) == "Deployment")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["env"].clone())
+        .unwrap_or_default();
+    let warm = env
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "NODE_HOLDER_WARM_BEFORE_RUNS");
+    assert_eq!(warm.map(|e| e["value"].clone()), Some(Value::from("2m")));
 }
 
 /// With `value` set, the chart adds one ClusterRole and its binding, named

@@ -194,6 +194,25 @@ impl HoldEvent {
     /// `--launch-cost`: a CronJob whose schedule node-holder cannot predict
     /// (`namespace/name`): its runs are held as other work is.
     pub fn unpredictable(cronjob: &str, uid: Option<&str>, why: &str) -> Self {
+        let note = format!(
+            "{why}: node-holder keeps no node for its runs; their nodes are held by the hold window as other work"
+        );
+        HoldEvent::on_cronjob(cronjob, uid, "UnpredictableSchedule", "Hold", note)
+    }
+
+    /// `--warm-before-runs`: what a run's warm did, or why it was cut short.
+    pub fn warm(cronjob: &str, uid: Option<&str>, reason: &'static str, note: String) -> Self {
+        HoldEvent::on_cronjob(cronjob, uid, reason, "Warm", note)
+    }
+
+    /// An Event on a CronJob (`namespace/name`).
+    fn on_cronjob(
+        cronjob: &str,
+        uid: Option<&str>,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) -> Self {
         let (namespace, name) = cronjob.split_once('/').unwrap_or(("default", cronjob));
         HoldEvent {
             regarding: Regarding::CronJob {
@@ -201,11 +220,9 @@ impl HoldEvent {
                 name: name.to_string(),
                 uid: uid.map(str::to_string),
             },
-            reason: "UnpredictableSchedule",
-            action: "Hold",
-            note: format!(
-                "{why}: node-holder keeps no node for its runs; their nodes are held by the hold window as other work"
-            ),
+            reason,
+            action,
+            note,
         }
     }
 

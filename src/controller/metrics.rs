@@ -82,11 +82,22 @@ pub struct WindowMetrics {
     pub schedule: ScheduleMetrics,
 }
 
-/// `--launch-cost`: what the schedule keeps, set by the leader each pass.
+/// `--launch-cost`: what the schedule keeps, set by the leader each pass;
+/// `--warm-before-runs`: what the warms did.
 #[derive(Clone, Default)]
 pub struct ScheduleMetrics {
     kept_nodes: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
     unpredictable: Gauge<i64, AtomicI64>,
+    /// Placeholder pods at their run's hand-over, by whether they were on
+    /// a node (`ready`) or still waiting for one (`late`).
+    warm_placeholders: Family<OutcomeLabel, Counter>,
+    /// Node-seconds the warm nodes were up before their runs.
+    warm_node_seconds: Counter<f64, AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
 }
 
 impl ScheduleMetrics {
@@ -109,7 +120,34 @@ impl ScheduleMetrics {
             "With --launch-cost: CronJobs whose schedule node-holder cannot predict (their runs keep no node)",
             metrics.unpredictable.clone(),
         );
+        for outcome in ["ready", "late"] {
+            metrics
+                .warm_placeholders
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc_by(0);
+        }
+        registry.register(
+            "warm_placeholders",
+            "With --warm-before-runs: placeholder pods at their run's start, by outcome: ready (on a node), late (still waiting for one)",
+            metrics.warm_placeholders.clone(),
+        );
+        registry.register(
+            "warm_node_seconds",
+            "With --warm-before-runs: node-seconds the warm nodes were up before their runs started",
+            metrics.warm_node_seconds.clone(),
+        );
         metrics
+    }
+
+    /// Counts one run's hand-over: its placeholders ready and late, and the
+    /// node-seconds its warm nodes were up before it.
+    pub fn warmed(&self, ready: usize, late: usize, node_seconds: f64) {
+        for (outcome, n) in [("ready", ready), ("late", late)] {
+            self.warm_placeholders
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc_by(n as u64);
+        }
+        self.warm_node_seconds.inc_by(node_seconds.max(0.0));
     }
 
     /// Shows one pass's counts: nodes kept by reason (its label), and the

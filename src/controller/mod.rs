@@ -18,6 +18,7 @@ pub mod patcher;
 pub mod record;
 mod requests;
 mod scheduled;
+mod warming;
 mod watches;
 mod work;
 
@@ -28,7 +29,7 @@ use error::PassError;
 pub use leader::{default_identity, handle_once, run};
 use watches::{nodes_seen, pool_changed, sleep_until, watch_pools, watch_record, work_changed};
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,9 @@ pub struct Config {
     /// `--launch-cost`: the schedule keeps exactly the nodes due runs will
     /// use; `None`: off.
     pub schedule: Option<Terms>,
+    /// `--warm-before-runs`: how long before a run whose nodes the schedule
+    /// let go its placeholders ask for them; `None`: off.
+    pub warm_lead: Option<Duration>,
     pub qps: u32,
     pub max_in_flight: usize,
     /// How many nodes of one pass's patches one way get an Event each;
@@ -131,7 +135,8 @@ impl Config {
 struct Saved {
     windows: Windows,
     budgets: AddedBudgets,
-    kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
+    kept: BTreeMap<String, crate::core::due::Kept>,
+    last_runs: BTreeMap<String, crate::core::known::LastRun>,
 }
 
 /// What an operator asks of the window through the record.
@@ -179,6 +184,11 @@ struct WindowTask {
     kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
     /// CronJobs whose schedule was said to be unpredictable (once each).
     unpredictable: BTreeSet<String>,
+    /// `--warm-before-runs`: the placeholder Jobs made.
+    warming: warming::Warming,
+    /// `--launch-cost`: each CronJob's last run, remembered once its nodes
+    /// are gone.
+    last_runs: BTreeMap<String, crate::core::known::LastRun>,
     /// A release request not handled yet.
     release_request: Option<ReleaseRequest>,
     /// A release request handled but not yet recorded as done: some of its
@@ -244,6 +254,8 @@ impl WindowTask {
             explained: BTreeSet::new(),
             kept: Default::default(),
             unpredictable: BTreeSet::new(),
+            warming: Default::default(),
+            last_runs: BTreeMap::new(),
             release_request: None,
             release_unconfirmed: None,
             releasing: false,
@@ -276,7 +288,7 @@ impl WindowTask {
         self.scheduled = self
             .config
             .schedule
-            .map(|_| watch_scheduled(self.client.clone(), watch_backoff));
+            .map(|_| watch_scheduled(self.client.clone(), &self.config.namespace, watch_backoff));
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
@@ -327,10 +339,12 @@ impl WindowTask {
         self.added = record.budgets.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
         self.kept = record.schedule.clone();
+        self.last_runs = record.last_runs.clone();
         self.saved = (record.exists && settings_current).then_some(Saved {
             windows: record.window,
             budgets: record.budgets,
             kept: record.schedule,
+            last_runs: record.last_runs,
         });
         let done = record.release_done_at;
         self.release_request = record
@@ -387,13 +401,22 @@ impl WindowTask {
         let snapshot = nodes.snapshot();
         self.apply_requests(now);
         self.follow_work(&snapshot, now);
-        self.keep_for_schedules(&snapshot, now);
+        let known = self.keep_for_schedules(&snapshot, now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;
         let pool_budgets = self.hold_pools(now).await?;
-        Ok(self.converge(&snapshot, now, pool_budgets.as_ref()).await?)
+        let mut outcome = self.converge(&snapshot, now, pool_budgets.as_ref()).await?;
+        if let Some(known) = known {
+            self.warm_for_runs(&known, &snapshot, now).await;
+            let warm_wake = self.warming.wake.and_then(|at| {
+                let after = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+                Instant::now().checked_add(after)
+            });
+            outcome.wake = outcome.wake.into_iter().chain(warm_wake).min();
+        }
+        Ok(outcome)
     }
 
     /// Saves the windows if they changed since last saved, and shows the
@@ -403,6 +426,7 @@ impl WindowTask {
             windows: self.windows.clone(),
             budgets: self.added.clone(),
             kept: self.kept.clone(),
+            last_runs: self.last_runs.clone(),
         };
         if self.saved.as_ref() != Some(&now) {
             self.store
@@ -410,6 +434,7 @@ impl WindowTask {
                     &now.windows,
                     &now.budgets,
                     &now.kept,
+                    &now.last_runs,
                     &self.config.settings(),
                 )
                 .await?;

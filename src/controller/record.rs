@@ -18,6 +18,7 @@ use crate::core::grouping::Grouping;
 use crate::core::groups::Windows;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::known::LastRun;
 use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, WindowConfig};
@@ -36,6 +37,9 @@ const WINDOW_KEY: &str = "window.json";
 const BUDGETS_KEY: &str = "budgets.json";
 /// `--launch-cost`: the nodes the schedule keeps, for `status`.
 const SCHEDULE_KEY: &str = "schedule.json";
+/// `--launch-cost`: each CronJob's last run, for a new leader to warm for
+/// runs whose nodes are gone.
+const LAST_RUNS_KEY: &str = "last-runs.json";
 const SETTINGS_KEY: &str = "settings.json";
 
 /// Annotation through which `release` asks the leader to close the window:
@@ -190,6 +194,8 @@ pub struct Record {
     pub budgets: AddedBudgets,
     /// The nodes the schedule keeps, by name.
     pub schedule: BTreeMap<String, Kept>,
+    /// Each CronJob's last run (`namespace/name`).
+    pub last_runs: BTreeMap<String, LastRun>,
     pub settings: Option<Settings>,
     /// What `release` last asked for.
     pub release_request: Option<ReleaseRequest>,
@@ -237,6 +243,7 @@ impl RecordStore {
         window: &Windows,
         budgets: &AddedBudgets,
         schedule: &BTreeMap<String, Kept>,
+        last_runs: &BTreeMap<String, LastRun>,
         settings: &Settings,
     ) -> Result<()> {
         let mut data = BTreeMap::from([
@@ -259,6 +266,12 @@ impl RecordStore {
             data.insert(
                 SCHEDULE_KEY.to_string(),
                 serde_json::to_string(schedule).context("serialising the schedule's nodes")?,
+            );
+        }
+        if !last_runs.is_empty() {
+            data.insert(
+                LAST_RUNS_KEY.to_string(),
+                serde_json::to_string(last_runs).context("serialising the CronJobs' last runs")?,
             );
         }
         self.apply(
@@ -402,6 +415,12 @@ impl Record {
             })?,
             None => BTreeMap::new(),
         };
+        let last_runs = match data.get(LAST_RUNS_KEY) {
+            Some(text) => serde_json::from_str(text).with_context(|| {
+                format!("ConfigMap {NAME}: {LAST_RUNS_KEY} is not the CronJobs' last runs")
+            })?,
+            None => BTreeMap::new(),
+        };
         let settings = match data.get(SETTINGS_KEY) {
             Some(text) => Some(serde_json::from_str(text).with_context(|| {
                 format!("ConfigMap {NAME}: {SETTINGS_KEY} is not node-holder's settings")
@@ -412,6 +431,7 @@ impl Record {
             window,
             budgets,
             schedule,
+            last_runs,
             settings,
             release_request: release_request(&config_map.metadata),
             release_done_at: release_done_at(&config_map.metadata),

@@ -13,8 +13,8 @@ use std::sync::{Arc, PoisonError};
 
 use futures::TryStreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::CronJob;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::batch::v1::{CronJob, JobSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec, ResourceRequirements};
 use kube::Resource;
 use kube::api::{Api, ObjectMeta};
 use kube::runtime::WatchStreamExt;
@@ -27,9 +27,10 @@ use super::events::HoldEvent;
 use crate::core::due::{
     Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
 };
-use crate::core::known::{CronJobSpec, JobPod, KnownWork, known_work};
+use crate::core::known::{CronJobSpec, JobPod, KnownWork, LastRun, PodShape, known_work};
 use crate::core::node::NodeMeta;
 use crate::core::schedule::Schedule;
+use crate::core::warm::{WARM_LABEL, is_placeholder};
 
 /// The label the Job controller puts on each of its pods.
 pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
@@ -40,6 +41,8 @@ pub struct ScheduledWatch {
     cronjobs: Store<CronJob>,
     pods: Store<Pod>,
     listed: [Arc<AtomicBool>; 2],
+    /// node-holder's namespace, where its placeholders run.
+    namespace: String,
     /// Each CronJob as last read, by uid and resource version: a schedule
     /// is parsed once per version of its CronJob, not at every pass.
     read: std::sync::Mutex<BTreeMap<(String, String), CronJobSpec>>,
@@ -54,12 +57,28 @@ impl ScheduledWatch {
         self.listed.iter().all(|l| l.load(Ordering::Acquire))
     }
 
-    /// The scheduled work at `now`; `group_of` names a node's group.
-    pub fn known(&self, now: Timestamp, group_of: impl Fn(&str) -> Option<String>) -> KnownWork {
+    /// The scheduled work after `from`; `group_of` names a node's group,
+    /// `remembered` each CronJob's last run whose nodes may be gone.
+    pub fn known(
+        &self,
+        from: Timestamp,
+        group_of: impl Fn(&str) -> Option<String>,
+        remembered: &BTreeMap<String, LastRun>,
+    ) -> KnownWork {
         let cronjobs = self.read_cronjobs();
         let pods = self.pods.state();
-        let job_pods = pods.iter().filter_map(|pod| job_pod(pod));
-        known_work(&cronjobs, job_pods, group_of, now)
+        let job_pods = pods.iter().filter_map(|pod| job_pod(pod, &self.namespace));
+        known_work(&cronjobs, job_pods, group_of, from, remembered)
+    }
+
+    /// The placeholder pods seen: each one's Job and node (if bound).
+    pub fn placeholders(&self) -> Vec<(String, Option<String>)> {
+        let pods = self.pods.state();
+        pods.iter()
+            .filter_map(|pod| job_pod(pod, &self.namespace))
+            .filter(|pod| pod.placeholder)
+            .map(|pod| (pod.job.to_string(), pod.node.map(str::to_string)))
+            .collect()
     }
 
     /// Every CronJob as the hold reads it, parsing only those new or
@@ -84,6 +103,7 @@ impl ScheduledWatch {
 /// Starts both watches.
 pub fn watch_scheduled(
     client: kube::Client,
+    namespace: &str,
     backoff: fn() -> watcher::ExponentialBackoff,
 ) -> ScheduledWatch {
     let (tick, changes) = tokio::sync::watch::channel(0u64);
@@ -107,6 +127,7 @@ pub fn watch_scheduled(
         cronjobs,
         pods,
         listed: [cronjobs_listed, pods_listed],
+        namespace: namespace.to_string(),
         read: Default::default(),
         changes,
         _tasks: [cronjob_task, pod_task],
@@ -163,16 +184,58 @@ where
 }
 
 /// Keeps of a CronJob what the hold reads: its name, schedule, zone and
-/// `suspend`.
+/// `suspend`, and of its pod template what a placeholder copies
+/// ([`PodShape`]).
 fn trim_cronjob(cronjob: &mut CronJob) {
     cronjob.metadata = keep_identity(&cronjob.metadata, &[]);
     cronjob.status = None;
-    cronjob.spec.job_template = Default::default();
+    let template = std::mem::take(&mut cronjob.spec.job_template);
+    let pod = template.spec.and_then(|job| job.template.spec);
+    let Some(pod) = pod else { return };
+    let containers = pod.containers.into_iter().map(|c| Container {
+        name: c.name,
+        resources: c.resources.map(|r| ResourceRequirements {
+            requests: r.requests,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let pod = PodSpec {
+        containers: containers.collect(),
+        node_selector: pod.node_selector,
+        tolerations: pod.tolerations,
+        affinity: pod.affinity,
+        ..Default::default()
+    };
+    cronjob.spec.job_template.spec = Some(JobSpec {
+        template: PodTemplateSpec {
+            spec: Some(pod),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
 }
 
-/// Keeps of a pod what the hold reads: its name, Job, node and phase.
+/// What the trimmed template says the run's pods ask of a node.
+fn shape(cronjob: &CronJob) -> Option<PodShape> {
+    let job = cronjob.spec.job_template.spec.as_ref()?;
+    let pod = job.template.spec.as_ref()?;
+    let requests = |c: &Container| {
+        let requests = c.resources.as_ref().and_then(|r| r.requests.clone());
+        (c.name.clone(), requests.unwrap_or_default())
+    };
+    Some(PodShape {
+        containers: pod.containers.iter().map(requests).collect(),
+        node_selector: pod.node_selector.clone(),
+        tolerations: pod.tolerations.clone(),
+        affinity: pod.affinity.clone(),
+    })
+}
+
+/// Keeps of a pod what the hold reads: its name, Job, node and phase, and
+/// whether it is a placeholder.
 fn trim_pod(pod: &mut Pod) {
-    pod.metadata = keep_identity(&pod.metadata, &[JOB_NAME_LABEL]);
+    pod.metadata = keep_identity(&pod.metadata, &[JOB_NAME_LABEL, WARM_LABEL.0]);
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
         node_name,
@@ -214,16 +277,26 @@ fn spec(cronjob: &CronJob) -> CronJobSpec {
         uid: cronjob.metadata.uid.clone(),
         schedule: Schedule::parse(&spec.schedule, spec.time_zone.as_deref()),
         suspended: spec.suspend.unwrap_or(false),
+        shape: shape(cronjob).map(Arc::new),
     }
 }
 
-fn job_pod(pod: &Pod) -> Option<JobPod<'_>> {
+/// A Job's pod as the hold reads it; a placeholder is one in node-holder's
+/// `namespace` with its label and name.
+fn job_pod<'a>(pod: &'a Pod, namespace: &str) -> Option<JobPod<'a>> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let labels = pod.metadata.labels.as_ref()?;
+    let job = labels.get(JOB_NAME_LABEL)?;
+    let pod_namespace = pod.metadata.namespace.as_deref()?;
+    let placeholder = pod_namespace == namespace
+        && labels.get(WARM_LABEL.0).map(String::as_str) == Some(WARM_LABEL.1)
+        && is_placeholder(job);
     Some(JobPod {
-        namespace: pod.metadata.namespace.as_deref()?,
-        job: pod.metadata.labels.as_ref()?.get(JOB_NAME_LABEL)?,
+        namespace: pod_namespace,
+        job,
         node: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         running: !matches!(phase, Some("Succeeded" | "Failed")),
+        placeholder,
     })
 }
 
@@ -231,13 +304,14 @@ impl super::WindowTask {
     /// `--launch-cost`: the nodes the schedule keeps this pass, and the nodes
     /// it explains (which no window counts). What changed is logged: each
     /// node kept for a run, each let go because nothing is due.
+    /// Returns what the schedules say, for the warm ([`super::warming`]).
     pub(super) fn keep_for_schedules(
         &mut self,
         snapshot: &[std::sync::Arc<NodeMeta>],
         now: Timestamp,
-    ) {
+    ) -> Option<KnownWork> {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
-            return;
+            return None;
         };
         let grouping = &self.config.window.groups;
         let views: Vec<NodeView<'_>> = snapshot
@@ -251,7 +325,10 @@ impl super::WindowTask {
             })
             .collect();
         let groups: BTreeMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
-        let known = watch.known(now, |node| groups.get(node).map(|g| g.to_string()));
+        let from = now.saturating_sub(terms.grace).unwrap_or(now);
+        let group_of = |node: &str| groups.get(node).map(|g| g.to_string());
+        let known = watch.known(from, group_of, &self.last_runs);
+        self.last_runs.clone_from(&known.last);
         self.explained.extend(known.explained.iter().cloned());
         self.explained
             .retain(|node| groups.contains_key(node.as_str()));
@@ -275,6 +352,7 @@ impl super::WindowTask {
             .iter()
             .map(|(node, keep)| (node.to_string(), Kept::from(keep)))
             .collect();
+        Some(known)
     }
 
     /// The schedule's gauges after a pass.

@@ -30,7 +30,7 @@ pub const RUN_GRACE: Duration = Duration::from_secs(60);
 pub const SETTLE: Duration = Duration::from_secs(60);
 
 /// An idle node kept for a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Reserved<'a> {
     pub node: &'a str,
     pub run: &'a Run,
@@ -52,7 +52,7 @@ pub struct Terms {
 }
 
 /// Why the schedule keeps a node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Keep<'a> {
     /// It runs a known CronJob's pod: kept until the run ends.
     Busy,
@@ -198,9 +198,10 @@ pub fn counts_in_window(
 
 impl Terms {
     /// Whether keeping an idle node from `now` until a run at `at` costs no
-    /// more than launching one again for it.
+    /// more than launching one again for it (a run that started less than
+    /// the grace ago still counts: its pods are landing).
     pub fn pays(&self, now: Timestamp, at: Timestamp) -> bool {
-        now < at && at <= plus(now, self.launch_cost)
+        now < plus(at, self.grace) && at <= plus(now, self.launch_cost)
     }
 }
 
@@ -259,9 +260,12 @@ mod tests {
     fn run(cronjob: &str, at: i64, nodes: usize) -> Run {
         Run {
             cronjob: cronjob.into(),
+            uid: None,
             at: t(at),
             nodes,
+            pods: nodes,
             on: Vec::new(),
+            shape: None,
         }
     }
 
@@ -365,8 +369,10 @@ mod tests {
         // The same idle nodes, still there 56 minutes later: keeping them
         // for the last 4 minutes now pays.
         assert_eq!(reserve(&["a", "b", "c"], &runs, t(56), &terms(5)).len(), 3);
-        // A run that has started is no longer a reason to keep idle nodes.
-        assert!(reserve(&["a"], &runs, t(60), &terms(5)).is_empty());
+        // A run that has started keeps them while its pods land (the
+        // grace), and no longer.
+        assert_eq!(reserve(&["a"], &runs, t(60), &terms(5)).len(), 1);
+        assert!(reserve(&["a"], &runs, t(61), &terms(5)).is_empty());
     }
 
     #[test]

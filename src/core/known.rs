@@ -12,23 +12,42 @@
 //! is not known: its pods are other work, which the window holds.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::schedule::{Schedule, ScheduleError};
 
+/// What a run's pods ask of a node, read from the CronJob's pod template
+/// (what a placeholder copies, [`super::warm`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodShape {
+    /// Each container's name and requests.
+    pub containers: Vec<(String, BTreeMap<String, Quantity>)>,
+    pub node_selector: Option<BTreeMap<String, String>>,
+    pub tolerations: Option<Vec<Toleration>>,
+    pub affinity: Option<Affinity>,
+}
+
 /// A CronJob's next run in a group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     /// `namespace/name`.
     pub cronjob: String,
+    pub uid: Option<String>,
     /// When the CronJob controller starts it.
     pub at: Timestamp,
     /// How many nodes its last run occupied.
     pub nodes: usize,
+    /// How many pods its last run had on them.
+    pub pods: usize,
     /// The nodes its last run occupied: kept for it first (its images are
     /// there).
     pub on: Vec<String>,
+    /// What its pods ask of a node (`None`: unknown).
+    pub shape: Option<Arc<PodShape>>,
 }
 
 /// A CronJob as the hold reads it.
@@ -39,6 +58,8 @@ pub struct CronJobSpec {
     pub uid: Option<String>,
     pub schedule: Result<Schedule, ScheduleError>,
     pub suspended: bool,
+    /// What its pods ask of a node, from its Job template.
+    pub shape: Option<Arc<PodShape>>,
 }
 
 /// A Job's pod as the hold reads it.
@@ -51,10 +72,22 @@ pub struct JobPod<'a> {
     pub node: Option<&'a str>,
     /// Not finished (neither `Succeeded` nor `Failed`).
     pub running: bool,
+    /// A placeholder of node-holder's ([`super::warm`]): it keeps its node
+    /// for the run it warms, and is no run's pod.
+    pub placeholder: bool,
+}
+
+/// Where and how large a CronJob's last run was: remembered by the caller
+/// once its nodes are gone (a run after a long gap finds none of them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LastRun {
+    pub group: String,
+    pub nodes: usize,
+    pub pods: usize,
 }
 
 /// What the CronJobs and their pods say, at one instant.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct KnownWork {
     /// Each group's CronJobs' next runs, by group.
     pub runs: BTreeMap<String, Vec<Run>>,
@@ -64,6 +97,9 @@ pub struct KnownWork {
     pub explained: BTreeSet<String>,
     /// CronJobs whose schedule cannot be predicted, and why.
     pub unpredictable: Vec<Unpredictable>,
+    /// Each predictable CronJob's last run, from its nodes or as remembered:
+    /// what the caller remembers next.
+    pub last: BTreeMap<String, LastRun>,
 }
 
 /// A CronJob whose schedule cannot be predicted.
@@ -75,20 +111,24 @@ pub struct Unpredictable {
     pub why: String,
 }
 
-/// One CronJob's runs as its pods show them: the nodes of each run, by the
-/// run's scheduled minute.
+/// One CronJob's runs as its pods show them: the nodes of each run and its
+/// pods, by the run's scheduled minute.
 #[derive(Default)]
 struct Seen<'a> {
-    runs: BTreeMap<i64, BTreeSet<&'a str>>,
+    runs: BTreeMap<i64, (BTreeSet<&'a str>, usize)>,
 }
 
-/// Reads the scheduled work: `group_of` names the group of a node (`None`
-/// for a node that is gone or out of scope).
+/// Reads the scheduled work: each CronJob's first run after `from` (the
+/// caller's now less the grace a started run's pods get to land), and
+/// `group_of` names the group of a node (`None` for a node that is gone or
+/// out of scope). A CronJob whose runs' nodes are all gone counts with its
+/// last run as `remembered`.
 pub fn known_work<'a>(
     cronjobs: &[CronJobSpec],
     pods: impl IntoIterator<Item = JobPod<'a>>,
     group_of: impl Fn(&str) -> Option<String>,
-    now: Timestamp,
+    from: Timestamp,
+    remembered: &BTreeMap<String, LastRun>,
 ) -> KnownWork {
     let keys: BTreeSet<&str> = cronjobs
         .iter()
@@ -100,10 +140,16 @@ pub fn known_work<'a>(
     let mut others: BTreeSet<&str> = BTreeSet::new();
     for pod in pods {
         let Some(node) = pod.node else { continue };
+        if pod.placeholder {
+            work.explained.insert(node.to_string());
+            work.busy.insert(node.to_string());
+            continue;
+        }
         match cronjob_of(pod.namespace, pod.job, &keys) {
             Some((key, minute)) => {
-                let runs = &mut seen.entry(key).or_default().runs;
-                runs.entry(minute).or_default().insert(node);
+                let run = seen.entry(key).or_default().runs.entry(minute).or_default();
+                run.0.insert(node);
+                run.1 += 1;
                 work.explained.insert(node.to_string());
                 if pod.running {
                     work.busy.insert(node.to_string());
@@ -128,16 +174,27 @@ pub fn known_work<'a>(
                 continue;
             }
         };
-        let next = schedule.next_after(now).filter(|_| !cronjob.suspended);
-        let last = seen.get(&cronjob.key).and_then(|s| last_run(s, &group_of));
-        if let (Some(at), Some((group, on))) = (next, last) {
-            work.runs.entry(group).or_default().push(Run {
+        let next = schedule.next_after(from).filter(|_| !cronjob.suspended);
+        let seen_last = seen.get(&cronjob.key).and_then(|s| last_run(s, &group_of));
+        let (last, on) = match seen_last {
+            Some((last, on)) => (last, on),
+            None => match remembered.get(&cronjob.key) {
+                Some(last) => (last.clone(), Vec::new()),
+                None => continue,
+            },
+        };
+        if let Some(at) = next {
+            work.runs.entry(last.group.clone()).or_default().push(Run {
                 cronjob: cronjob.key.clone(),
+                uid: cronjob.uid.clone(),
                 at,
-                nodes: on.len(),
+                nodes: last.nodes,
+                pods: last.pods,
                 on: on.into_iter().map(str::to_string).collect(),
+                shape: cronjob.shape.clone(),
             });
         }
+        work.last.insert(cronjob.key.clone(), last);
     }
     work
 }
@@ -151,13 +208,13 @@ fn cronjob_of(namespace: &str, job: &str, keys: &BTreeSet<&str>) -> Option<(Stri
     keys.contains(key.as_str()).then_some((key, minute))
 }
 
-/// The group and nodes of the CronJob's latest run whose nodes are still
-/// known: the group most of its nodes are in.
+/// The CronJob's latest run whose nodes are still known (its group the one
+/// most of its nodes are in), and those nodes.
 fn last_run<'a>(
     seen: &Seen<'a>,
     group_of: &impl Fn(&str) -> Option<String>,
-) -> Option<(String, Vec<&'a str>)> {
-    seen.runs.values().rev().find_map(|nodes| {
+) -> Option<(LastRun, Vec<&'a str>)> {
+    seen.runs.values().rev().find_map(|(nodes, pods)| {
         let mut groups: BTreeMap<String, usize> = BTreeMap::new();
         for node in nodes {
             if let Some(group) = group_of(node) {
@@ -165,7 +222,12 @@ fn last_run<'a>(
             }
         }
         let (group, _) = groups.into_iter().max_by_key(|&(_, n)| n)?;
-        Some((group, nodes.iter().copied().collect()))
+        let last = LastRun {
+            group,
+            nodes: nodes.len(),
+            pods: *pods,
+        };
+        Some((last, nodes.iter().copied().collect()))
     })
 }
 
@@ -183,6 +245,7 @@ mod tests {
             uid: None,
             schedule: Schedule::parse(schedule, None),
             suspended: false,
+            shape: None,
         }
     }
 
@@ -192,6 +255,7 @@ mod tests {
             job,
             node: Some(node),
             running,
+            placeholder: false,
         }
     }
 
@@ -219,16 +283,25 @@ mod tests {
             pod("team", "report-29618890", "a2", false),
             pod("team", "report-29618890", "a3", true),
         ];
-        let work = known_work(&cronjobs, pods, group_of, at("2026-04-25T03:05:00Z"));
+        let work = known_work(
+            &cronjobs,
+            pods,
+            group_of,
+            at("2026-04-25T03:05:00Z"),
+            &BTreeMap::new(),
+        );
         assert_eq!(
             work.runs,
             BTreeMap::from([(
                 "batch".to_string(),
                 vec![Run {
                     cronjob: "team/report".into(),
+                    uid: None,
                     at: at("2026-04-25T03:10:00Z"),
                     nodes: 3,
-                    on: vec!["a1".into(), "a2".into(), "a3".into()]
+                    pods: 3,
+                    on: vec!["a1".into(), "a2".into(), "a3".into()],
+                    shape: None,
                 }]
             )])
         );
@@ -246,7 +319,13 @@ mod tests {
             pod("team", "backfill", "a2", true),
             pod("other", "report-29618890", "a3", true),
         ];
-        let work = known_work(&cronjobs, pods, group_of, at("2026-04-25T03:05:00Z"));
+        let work = known_work(
+            &cronjobs,
+            pods,
+            group_of,
+            at("2026-04-25T03:05:00Z"),
+            &BTreeMap::new(),
+        );
         assert_eq!(work.explained, BTreeSet::from(["a1".to_string()]));
         assert_eq!(
             work.busy,
@@ -263,7 +342,13 @@ mod tests {
             pod("team", "report-29618890", "a1", false),
             pod("team", "every-29618890", "a2", false),
         ];
-        let work = known_work(&cronjobs, pods, group_of, at("2026-04-25T03:05:00Z"));
+        let work = known_work(
+            &cronjobs,
+            pods,
+            group_of,
+            at("2026-04-25T03:05:00Z"),
+            &BTreeMap::new(),
+        );
         assert!(work.runs.is_empty(), "{:?}", work.runs);
         assert_eq!(work.unpredictable.len(), 1);
         assert!(work.unpredictable[0].why.contains("@every"));
@@ -274,13 +359,60 @@ mod tests {
     }
 
     #[test]
+    fn a_cronjob_whose_nodes_are_all_gone_counts_with_its_remembered_last_run() {
+        let cronjobs = [cronjob("team/hourly", "0 * * * *")];
+        let pods = [
+            pod("team", "hourly-29618880", "gone-1", false),
+            pod("team", "hourly-29618880", "gone-2", false),
+        ];
+        let now = at("2026-04-25T03:05:00Z");
+        let nothing = known_work(&cronjobs, pods.clone(), group_of, now, &BTreeMap::new());
+        assert!(nothing.runs.is_empty() && nothing.last.is_empty());
+        let last = LastRun {
+            group: "batch".into(),
+            nodes: 2,
+            pods: 4,
+        };
+        let remembered = BTreeMap::from([("team/hourly".to_string(), last.clone())]);
+        let work = known_work(&cronjobs, pods, group_of, now, &remembered);
+        let run = &work.runs["batch"][0];
+        assert_eq!(
+            (run.at, run.nodes, run.pods),
+            (at("2026-04-25T04:00:00Z"), 2, 4)
+        );
+        assert!(run.on.is_empty());
+        assert_eq!(work.last, remembered, "remembered again");
+    }
+
+    #[test]
+    fn a_placeholder_keeps_and_explains_its_node_and_is_no_runs_pod() {
+        let cronjobs = [cronjob("team/report", "*/10 * * * *")];
+        let mut warm = pod("node-holder", "node-holder-warm-29618900-abcd", "a9", true);
+        warm.placeholder = true;
+        let pods = [pod("team", "report-29618890", "a1", false), warm];
+        let now = at("2026-04-25T03:05:00Z");
+        let work = known_work(&cronjobs, pods, group_of, now, &BTreeMap::new());
+        assert!(work.busy.contains("a9") && work.explained.contains("a9"));
+        assert_eq!(
+            work.runs["batch"][0].nodes, 1,
+            "the placeholder's node is not the run's"
+        );
+    }
+
+    #[test]
     fn a_run_whose_nodes_are_gone_counts_with_the_latest_run_still_known() {
         let cronjobs = [cronjob("team/report", "*/10 * * * *")];
         let pods = [
             pod("team", "report-29618880", "w1", false),
             pod("team", "report-29618890", "gone-1", false),
         ];
-        let work = known_work(&cronjobs, pods, group_of, at("2026-04-25T03:05:00Z"));
+        let work = known_work(
+            &cronjobs,
+            pods,
+            group_of,
+            at("2026-04-25T03:05:00Z"),
+            &BTreeMap::new(),
+        );
         assert_eq!(work.runs["web"][0].nodes, 1);
     }
 }

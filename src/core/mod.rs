@@ -17,6 +17,7 @@ pub mod plan;
 pub mod requests;
 pub mod schedule;
 pub mod selector;
+pub mod warm;
 pub mod window;
 
 use std::time::Duration;

@@ -397,8 +397,15 @@ fn start_controller_manager(cp: &ControlPlane, binaries: &ClusterBinaries) -> Re
 /// kwok manages exactly Karpenter's KWOK nodes (the annotation its cloud
 /// provider sets) and the pods bound to them, with its upstream stages:
 /// nodes Ready at once with Lease heartbeats; pods Ready at once; a Job's pod
-/// finishes after `pod-complete.stage.kwok.x-k8s.io/delay` (set
-/// `.../jitter-delay` to the same value for an exact time); deleted pods go.
+/// that says how long it runs finishes after
+/// `pod-complete.stage.kwok.x-k8s.io/delay` (set `.../jitter-delay` to the
+/// same value for an exact time); deleted pods go.
+///
+/// Upstream's pod-complete stage finishes every Job pod within seconds,
+/// delay or not; a real container runs until its process exits, and a pause
+/// container (node-holder's placeholders) never does. So the stage here
+/// finishes only the pods that carry the delay: the others run until they
+/// are deleted or their Job's deadline ends them.
 fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
     let stages = binaries.kwok_source.join("kustomize/stage");
     let mut args = vec![
@@ -414,13 +421,31 @@ fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedCh
         "pod/general/pod-complete.yaml",
         "pod/fast/pod-delete.yaml",
     ] {
-        let path = stages.join(stage);
+        let mut path = stages.join(stage);
         if !path.exists() {
             bail!("kwok stage {} is missing", path.display());
+        }
+        if stage == "pod/general/pod-complete.yaml" {
+            path = only_pods_that_end(&path, cp.dir())?;
         }
         args.push(format!("--config={}", path.display()));
     }
     ManagedChild::spawn("kwok", &binaries.kwok, &args, &cp.dir().join("kwok.log"))
+}
+
+/// kwok's pod-complete stage narrowed to the pods that carry its delay
+/// annotation (see [`start_kwok`]), written into `dir`.
+fn only_pods_that_end(stage: &Path, dir: &Path) -> Result<PathBuf> {
+    const SELECTOR: &str = "  selector:\n    matchExpressions:\n";
+    const DELAY_SET: &str = "    - key: '.metadata.annotations[\"pod-complete.stage.kwok.x-k8s.io/delay\"]'\n      operator: 'Exists'\n";
+    let text = std::fs::read_to_string(stage).with_context(|| format!("{}", stage.display()))?;
+    if !text.contains(SELECTOR) {
+        bail!("kwok stage {} has no selector to narrow", stage.display());
+    }
+    let narrowed = text.replacen(SELECTOR, &format!("{SELECTOR}{DELAY_SET}"), 1);
+    let path = dir.join("pod-complete.yaml");
+    std::fs::write(&path, narrowed).with_context(|| format!("{}", path.display()))?;
+    Ok(path)
 }
 
 fn start_karpenter(

@@ -33,7 +33,15 @@ pub struct Autoscaled {
 
 impl Autoscaled {
     pub async fn start(disruption: &Disruption) -> Autoscaled {
-        let cluster = KarpenterCluster::start(disruption)
+        Autoscaled::start_with(&testenv::ClusterOptions::default(), disruption).await
+    }
+
+    /// [`Autoscaled::start`] with `options` (a cloud's boot time, say).
+    pub async fn start_with(
+        options: &testenv::ClusterOptions,
+        disruption: &Disruption,
+    ) -> Autoscaled {
+        let cluster = KarpenterCluster::start_with(options, disruption)
             .await
             .expect("the Karpenter cluster starts");
         let client = cluster.control_plane().admin_client().await.unwrap();

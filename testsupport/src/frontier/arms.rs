@@ -23,12 +23,17 @@ pub struct Arm {
     pub follows_work: bool,
     /// node-holder's `--launch-cost` in seconds: the schedule hold.
     pub launch_cost: Option<u64>,
+    /// node-holder's `--warm-before-runs` in seconds: capacity in time.
+    pub warm: Option<u64>,
     /// The NodePool's `consolidationPolicy`.
     pub policy: &'static str,
 }
 
 /// Karpenter's default consolidation policy.
 const DEFAULT_POLICY: &str = "WhenEmptyOrUnderutilized";
+
+/// `--warm-before-runs` of the warmed arms, in seconds.
+const WARM_LEAD: u64 = 90;
 
 impl Arm {
     fn karpenter(after: u64) -> Arm {
@@ -38,6 +43,7 @@ impl Arm {
             hold: None,
             follows_work: false,
             launch_cost: None,
+            warm: None,
             policy: DEFAULT_POLICY,
         }
     }
@@ -69,6 +75,7 @@ impl Arm {
             hold: Some(hold),
             follows_work: false,
             launch_cost: None,
+            warm: None,
             policy: DEFAULT_POLICY,
         }
     }
@@ -102,6 +109,17 @@ impl Arm {
         }
     }
 
+    /// The schedule hold at `WhenEmpty` with warms: placeholders ask for a
+    /// run's nodes 90 s before it (KWOK nodes register 45 s after their
+    /// launch) when the gap let them go.
+    fn warmed(launch: u64) -> Arm {
+        Arm {
+            name: format!("nsx-{}", knob(launch)),
+            warm: Some(WARM_LEAD),
+            ..Arm::scheduled_when_empty(launch)
+        }
+    }
+
     /// Its NodePool's disruption: Karpenter's default budget (`nodes:
     /// 10%`) with the arm's policy and `consolidateAfter`.
     pub fn disruption(&self) -> Disruption {
@@ -125,7 +143,11 @@ impl Arm {
             .chain(karpenter_balanced)
             .chain(holder)
             .chain(following)
-            .chain([Arm::scheduled(300), Arm::scheduled_when_empty(300)])
+            .chain([
+                Arm::scheduled(300),
+                Arm::scheduled_when_empty(300),
+                Arm::warmed(300),
+            ])
             .collect()
     }
 }
@@ -137,17 +159,22 @@ impl Arm {
 /// cluster of their own when no node-holder arm plays.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
     let karpenter: Vec<Arm> = arms.iter().filter(|a| a.hold.is_none()).cloned().collect();
-    let configurations = [(false, false), (true, false), (false, true), (true, true)];
+    let configuration = |a: &Arm| (a.follows_work, a.launch_cost.is_some(), a.warm.is_some());
+    let mut configurations: Vec<(bool, bool, bool)> = arms
+        .iter()
+        .filter(|a| a.hold.is_some())
+        .map(configuration)
+        .collect();
+    configurations.sort_unstable();
+    configurations.dedup();
     let mut clusters: Vec<Vec<Arm>> = configurations
         .iter()
-        .map(|&(follows, scheduled)| {
+        .map(|&c| {
             arms.iter()
-                .filter(|a| a.hold.is_some() && a.follows_work == follows)
-                .filter(|a| a.launch_cost.is_some() == scheduled)
+                .filter(|a| a.hold.is_some() && configuration(a) == c)
                 .cloned()
                 .collect()
         })
-        .filter(|part: &Vec<Arm>| !part.is_empty())
         .collect();
     if clusters.is_empty() {
         clusters.push(Vec::new());
@@ -199,6 +226,9 @@ pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     if let Some(launch) = arms.iter().find_map(|a| a.launch_cost) {
         args.push(format!("--launch-cost={launch}s"));
     }
+    if let Some(lead) = arms.iter().find_map(|a| a.warm) {
+        args.push(format!("--warm-before-runs={lead}s"));
+    }
     args
 }
 
@@ -230,12 +260,12 @@ mod tests {
             ]]
         );
         let all = by_cluster(&Arm::all());
-        assert_eq!(all.len(), 3, "{:?}", names(&all));
+        assert_eq!(all.len(), 4, "{:?}", names(&all));
         assert!(all[0].iter().take(14).all(|a| a.hold.is_none()));
-        assert_eq!(
-            names(&all[2..]),
-            [["ns-5m", "nsw-5m"]],
-            "the schedule hold apart"
+        let names = names(&all);
+        assert!(
+            names.contains(&vec!["ns-5m", "nsw-5m"]) && names.contains(&vec!["nsx-5m"]),
+            "the schedule hold apart, and with warms apart again: {names:?}"
         );
         assert!(all[1..].iter().flatten().all(|a| a.hold.is_some()));
     }
@@ -261,6 +291,13 @@ mod tests {
         assert!(args.contains(&"--window-follows-work".to_string()));
         let scheduled = serve_args(&named(&["ns-"]));
         assert!(scheduled.contains(&"--launch-cost=300s".to_string()));
+        assert!(
+            !scheduled
+                .iter()
+                .any(|a| a.starts_with("--warm-before-runs"))
+        );
+        let warmed = serve_args(&named(&["nsx-"]));
+        assert!(warmed.contains(&"--warm-before-runs=90s".to_string()));
     }
 
     #[test]
@@ -268,7 +305,7 @@ mod tests {
         for arm in Arm::all() {
             let policy = arm.disruption().consolidation_policy;
             let expected = match &arm.name[..arm.name.find('-').unwrap()] {
-                "kaw" | "nsw" => "WhenEmpty",
+                "kaw" | "nsw" | "nsx" => "WhenEmpty",
                 "kab" => "Balanced",
                 _ => "WhenEmptyOrUnderutilized",
             };

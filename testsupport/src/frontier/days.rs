@@ -93,6 +93,16 @@ pub struct Day {
 }
 
 impl Day {
+    /// Its CronJobs whose gaps are longer than `launch` seconds: holding
+    /// their nodes through a gap costs more than a launch.
+    pub fn long_gaps(&self, launch: f64) -> Vec<&'static str> {
+        self.cronjobs
+            .iter()
+            .filter(|c| f64::from(c.period) * 60.0 > launch)
+            .map(|c| c.name)
+            .collect()
+    }
+
     /// The day called `name` played from `seed`.
     pub fn generate(name: &str, seed: u64) -> Result<Day> {
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -103,10 +113,11 @@ impl Day {
             "working" => ("working", working(&mut rng), Vec::new()),
             "cronjob" => ("cronjob", Vec::new(), vec![every_five(&mut rng)]),
             "two-schedules" => ("two-schedules", Vec::new(), two_schedules(&mut rng)),
+            "long-gaps" => ("long-gaps", Vec::new(), vec![every_fifteen(&mut rng)]),
             "mixed" => ("mixed", mixed_jobs(&mut rng), vec![every_four(&mut rng)]),
             other => bail!(
                 "a day called {other:?}: expected compressed, cron, poisson, working, \
-                 cronjob, two-schedules or mixed"
+                 cronjob, two-schedules, long-gaps or mixed"
             ),
         };
         let runs = cronjobs.iter().flat_map(Scheduled::runs);
@@ -261,6 +272,20 @@ fn two_schedules(rng: &mut fastrand::Rng) -> Vec<Scheduled> {
             run_for: f64::from(rng.u32(60..=120)),
         },
     ]
+}
+
+/// One CronJob every 15 minutes, three pods of 60-120 s: its gaps are
+/// longer than the break-even time at 5 node-minutes a launch, so its nodes
+/// go between runs and each run waits for a launch, unless it is warmed.
+fn every_fifteen(rng: &mut fastrand::Rng) -> Scheduled {
+    Scheduled {
+        name: "every-15m",
+        first: 1,
+        period: 15,
+        until: 46,
+        pods: 3,
+        run_for: f64::from(rng.u32(60..=120)),
+    }
 }
 
 /// A CronJob every 4 minutes, two pods of 50-90 s, beside the mixed day's

@@ -143,9 +143,13 @@ fn saw_pod(trace: &mut Trace, pod: &Pod, at: f64) {
     ) else {
         return;
     };
+    // A CronJob's pods carry `cronjob: <arm>-<name>`.
+    let cronjob = pod.metadata.labels.as_ref().and_then(|l| l.get("cronjob"));
+    let cronjob = cronjob.and_then(|c| c.strip_prefix(&format!("{arm}-")).map(str::to_string));
     let seen = trace.pods.entry(uid).or_insert_with(|| PodSeen {
         arm: arm.clone(),
         seen: at,
+        cronjob,
         ..PodSeen::default()
     });
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());

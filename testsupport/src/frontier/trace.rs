@@ -24,6 +24,9 @@ pub struct PodSeen {
     pub seen: f64,
     pub bound: Option<f64>,
     pub node: Option<String>,
+    /// The day's CronJob whose run it is (`every-15m`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cronjob: Option<String>,
 }
 
 /// Everything one run of one day recorded: its raw trace.
@@ -86,22 +89,27 @@ pub struct Outcome {
     pub waited_for_launch: usize,
     pub wait_p50: f64,
     pub wait_p95: f64,
+    /// The wait p95 of the pods of the CronJobs `long_gaps` names (those
+    /// whose gaps are longer than the launch cost: their nodes are let go
+    /// between runs).
+    pub long_gap_wait_p95: f64,
     pub interrupted: i32,
 }
 
 impl Outcome {
-    pub fn of(trace: &Trace, arm: &str) -> Outcome {
+    pub fn of(trace: &Trace, arm: &str, long_gaps: &[&str]) -> Outcome {
         let claims: Vec<&Claim> = trace.claims.values().filter(|c| c.pool == arm).collect();
         let node_seconds = claims
             .iter()
             .map(|c| c.gone.unwrap_or(trace.end) - c.created)
             .sum();
         let pods: Vec<&PodSeen> = trace.pods.values().filter(|p| p.arm == arm).collect();
-        let mut waits: Vec<f64> = pods
+        let waits = sorted_waits(pods.iter().copied());
+        let long_gap = pods
             .iter()
-            .filter_map(|p| Some(p.bound? - p.seen))
-            .collect();
-        waits.sort_by(f64::total_cmp);
+            .copied()
+            .filter(|p| p.cronjob.as_deref().is_some_and(|c| long_gaps.contains(&c)));
+        let long_gap = sorted_waits(long_gap);
         Outcome {
             launches: claims.len(),
             node_seconds,
@@ -109,6 +117,7 @@ impl Outcome {
             waited_for_launch: waited_for_launch(&claims, &pods),
             wait_p50: percentile(&waits, 50.0),
             wait_p95: percentile(&waits, 95.0),
+            long_gap_wait_p95: percentile(&long_gap, 95.0),
             interrupted: trace.interrupted.get(arm).copied().unwrap_or(0),
         }
     }
@@ -116,6 +125,14 @@ impl Outcome {
     pub fn total(&self, launch: f64) -> f64 {
         super::total(self.node_seconds, self.launches, launch)
     }
+}
+
+/// The waits of the bound pods, from their appearance to their binding,
+/// shortest first.
+fn sorted_waits<'a>(pods: impl Iterator<Item = &'a PodSeen>) -> Vec<f64> {
+    let mut waits: Vec<f64> = pods.filter_map(|p| Some(p.bound? - p.seen)).collect();
+    waits.sort_by(f64::total_cmp);
+    waits
 }
 
 /// The pods bound to a node launched after they appeared.

@@ -1,0 +1,379 @@
+//! Capacity in time (`--warm-before-runs`): before a scheduled run whose
+//! nodes the schedule hold let go (its gap is longer than the launch cost),
+//! ask the autoscaler for what the run will need, so that its pods find
+//! nodes ready instead of waiting for a launch.
+//!
+//! The ask is a placeholder Job in node-holder's namespace: pods shaped like
+//! the run's (each container's requests, the node selector, tolerations and
+//! affinity of the CronJob's pod template) at a negative priority that never
+//! preempts, so any real pod preempts them. The autoscaler launches nodes
+//! for them as for any pending pod. node-holder deletes the Job just before
+//! the run starts (its nodes are then idle, held and kept for the run by the
+//! schedule hold), and the Job carries its own end: the Job controller
+//! stops it at the run's start plus the grace, whatever became of
+//! node-holder. Pure: what to ask for and when; the caller creates and
+//! deletes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::due::{Kept, Reason, Terms};
+use super::known::{KnownWork, Run};
+use super::plus;
+
+/// The PriorityClass of every placeholder: below every real pod (whose
+/// default priority is 0), and never preempting.
+pub const PRIORITY_CLASS: &str = "node-holder-warm";
+pub const PRIORITY: i32 = -100;
+/// What every placeholder Job and pod carries, so that node-holder (and
+/// `uninstall`) finds its own and nothing else.
+pub const WARM_LABEL: (&str, &str) = ("node-holder.dev/warm", "true");
+/// The placeholder Job's annotations: the CronJob and the run it warms for.
+pub const FOR_ANNOTATION: &str = "node-holder.dev/warm-for";
+pub const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
+/// Placeholder Jobs' names: the prefix, the run's minute since the epoch
+/// and the start of the CronJob's uid.
+const NAME_PREFIX: &str = "node-holder-warm-";
+const UID_CHARS: usize = 8;
+/// How long before the run's start the placeholders go: the CronJob
+/// controller starts the Job at the scheduled second, so its pods find the
+/// nodes free instead of preempting.
+pub const HANDOVER: Duration = Duration::from_secs(5);
+/// The container every placeholder runs: it does nothing until stopped.
+pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+
+/// One run's warm: a placeholder Job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Warm<'a> {
+    pub run: &'a Run,
+    pub group: &'a str,
+    /// The nodes the run lacks.
+    pub nodes: usize,
+    /// Placeholder pods: the run's pods, in proportion to the nodes lacking.
+    pub pods: usize,
+    pub name: String,
+}
+
+/// A placeholder Job's name for a run of the CronJob with `uid`.
+pub fn placeholder_name(uid: &str, at: Timestamp) -> String {
+    let uid: String = uid.chars().take(UID_CHARS).collect();
+    format!("{NAME_PREFIX}{}-{uid}", at.as_second().div_euclid(60))
+}
+
+/// Whether `job` names a placeholder (in node-holder's namespace).
+pub fn is_placeholder(job: &str) -> bool {
+    job.strip_prefix(NAME_PREFIX)
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(minute, _)| minute.parse::<i64>().is_ok())
+}
+
+/// The placeholder Job each run should have now: runs due within `lead`
+/// (and not yet handed over) that lack nodes the schedule keeps for them.
+pub fn due_warms<'a>(
+    known: &'a KnownWork,
+    kept: &BTreeMap<String, Kept>,
+    lead: Duration,
+    now: Timestamp,
+) -> Vec<Warm<'a>> {
+    let mut warms = Vec::new();
+    for (group, runs) in &known.runs {
+        for run in runs {
+            let (Some(uid), true) = (&run.uid, warming(run.at, lead, now)) else {
+                continue;
+            };
+            let ready = kept
+                .values()
+                .filter(|k| k.reason == Reason::Run && k.cronjob.as_ref() == Some(&run.cronjob))
+                .count();
+            let nodes = run.nodes.saturating_sub(ready);
+            if nodes == 0 || run.shape.is_none() {
+                continue;
+            }
+            warms.push(Warm {
+                run,
+                group,
+                nodes,
+                pods: run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1)),
+                name: placeholder_name(uid, run.at),
+            });
+        }
+    }
+    warms
+}
+
+/// Whether a run at `at` is warmed at `now`: from `lead` before it until
+/// the hand-over.
+fn warming(at: Timestamp, lead: Duration, now: Timestamp) -> bool {
+    let start = at.saturating_sub(lead).unwrap_or(Timestamp::MIN);
+    let end = at.saturating_sub(HANDOVER).unwrap_or(Timestamp::MIN);
+    start <= now && now < end
+}
+
+/// The next instant a warm starts or hands over, after `now`: when the
+/// leader must look again.
+pub fn next_change(known: &KnownWork, lead: Duration, now: Timestamp) -> Option<Timestamp> {
+    let instants = known.runs.values().flatten().flat_map(|run| {
+        let start = run.at.saturating_sub(lead).ok();
+        let end = run.at.saturating_sub(HANDOVER).ok();
+        [start, end]
+    });
+    instants.flatten().filter(|&t| t > now).min()
+}
+
+/// The placeholder Job for `warm`, in `namespace`: it ends by itself at the
+/// run's start plus the grace.
+pub fn placeholder_job(warm: &Warm<'_>, namespace: &str, terms: &Terms, now: Timestamp) -> Value {
+    let run = warm.run;
+    let end = plus(run.at, terms.grace);
+    let deadline = end.duration_since(now).as_secs().max(1);
+    let labels =
+        json!({ WARM_LABEL.0: WARM_LABEL.1, "app.kubernetes.io/managed-by": "node-holder" });
+    let pods = i32::try_from(warm.pods).unwrap_or(i32::MAX);
+    json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": warm.name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": { FOR_ANNOTATION: run.cronjob, RUN_ANNOTATION: run.at.to_string() },
+        },
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            // A preempted placeholder is not replaced: its index fails, the
+            // others go on.
+            "completionMode": "Indexed",
+            "backoffLimitPerIndex": 0,
+            "maxFailedIndexes": pods,
+            "podReplacementPolicy": "Failed",
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": 60,
+            "template": { "metadata": { "labels": labels }, "spec": pod_spec(run) },
+        }
+    })
+}
+
+/// The placeholder pod: the run's shape, pause containers, non-root.
+fn pod_spec(run: &Run) -> Value {
+    let shape = run.shape.as_deref().cloned().unwrap_or_default();
+    let containers: Vec<Value> = shape
+        .containers
+        .iter()
+        .map(|(name, requests)| {
+            json!({
+                "name": name,
+                "image": PAUSE_IMAGE,
+                "resources": { "requests": requests },
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": { "drop": ["ALL"] },
+                },
+            })
+        })
+        .collect();
+    let mut spec = json!({
+        "priorityClassName": PRIORITY_CLASS,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65535,
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
+        "containers": containers,
+    });
+    let fields = [
+        ("nodeSelector", serde_json::to_value(&shape.node_selector)),
+        ("tolerations", serde_json::to_value(&shape.tolerations)),
+        ("affinity", serde_json::to_value(&shape.affinity)),
+    ];
+    for (key, value) in fields {
+        if let Ok(value) = value
+            && !value.is_null()
+        {
+            spec[key] = value;
+        }
+    }
+    spec
+}
+
+/// The PriorityClass placeholders run at.
+pub fn priority_class() -> Value {
+    json!({
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {
+            "name": PRIORITY_CLASS,
+            "labels": { WARM_LABEL.0: WARM_LABEL.1, "app.kubernetes.io/managed-by": "node-holder" },
+        },
+        "value": PRIORITY,
+        "globalDefault": false,
+        "preemptionPolicy": "Never",
+        "description": "node-holder's placeholders before scheduled runs: any real pod preempts them",
+    })
+}
+
+/// Why a run is warmed, as its Event and the log say it.
+pub fn why_warmed(warm: &Warm<'_>, terms: &Terms) -> String {
+    format!(
+        "cronjob {} runs at {}; its nodes were let go (the gap is longer than the launch cost, {}), \
+         so {} node(s) of group {} are launched for it now ({} placeholder pod(s), Job {})",
+        warm.run.cronjob,
+        warm.run.at,
+        humantime::format_duration(terms.launch_cost),
+        warm.nodes,
+        super::grouping::display(warm.group),
+        warm.pods,
+        warm.name,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::core::known::PodShape;
+
+    fn t(second: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + second).unwrap()
+    }
+
+    fn shape() -> PodShape {
+        PodShape {
+            containers: vec![(
+                "work".into(),
+                BTreeMap::from([("cpu".to_string(), Quantity("600m".into()))]),
+            )],
+            node_selector: Some(BTreeMap::from([("pool".to_string(), "batch".to_string())])),
+            ..PodShape::default()
+        }
+    }
+
+    fn run(at: i64, nodes: usize, pods: usize) -> Run {
+        Run {
+            cronjob: "team/report".into(),
+            uid: Some("0123456789abcdef".into()),
+            at: t(at),
+            nodes,
+            pods,
+            on: Vec::new(),
+            shape: Some(Arc::new(shape())),
+        }
+    }
+
+    fn known(runs: Vec<Run>) -> KnownWork {
+        KnownWork {
+            runs: BTreeMap::from([("batch".to_string(), runs)]),
+            busy: BTreeSet::new(),
+            ..KnownWork::default()
+        }
+    }
+
+    fn terms() -> Terms {
+        Terms {
+            launch_cost: Duration::from_secs(300),
+            grace: Duration::from_secs(60),
+            settle: Duration::from_secs(60),
+        }
+    }
+
+    const LEAD: Duration = Duration::from_secs(120);
+
+    #[test]
+    fn a_run_is_warmed_from_the_lead_before_it_until_the_hand_over() {
+        let known = known(vec![run(600, 2, 4)]);
+        let none = BTreeMap::new();
+        assert!(due_warms(&known, &none, LEAD, t(479)).is_empty());
+        let warms = due_warms(&known, &none, LEAD, t(480));
+        assert_eq!(warms.len(), 1);
+        assert_eq!((warms[0].nodes, warms[0].pods), (2, 4));
+        assert_eq!(
+            warms[0].name,
+            format!("node-holder-warm-{}-01234567", (1_800_000_000 + 600) / 60)
+        );
+        assert!(is_placeholder(&warms[0].name));
+        assert_eq!(due_warms(&known, &none, LEAD, t(594)).len(), 1);
+        assert!(
+            due_warms(&known, &none, LEAD, t(595)).is_empty(),
+            "handed over"
+        );
+        assert_eq!(next_change(&known, LEAD, t(0)), Some(t(480)));
+        assert_eq!(next_change(&known, LEAD, t(480)), Some(t(595)));
+        assert_eq!(next_change(&known, LEAD, t(595)), None);
+    }
+
+    #[test]
+    fn only_the_nodes_the_schedule_does_not_keep_for_the_run_are_warmed() {
+        let known = known(vec![run(600, 3, 6)]);
+        let for_run = |cronjob: &str| Kept {
+            reason: Reason::Run,
+            until: Some(t(660)),
+            cronjob: Some(cronjob.into()),
+            run_at: Some(t(600)),
+        };
+        let mut kept = BTreeMap::from([
+            ("a1".to_string(), for_run("team/report")),
+            ("b1".to_string(), for_run("team/other")),
+        ]);
+        let warms = due_warms(&known, &kept, LEAD, t(500));
+        assert_eq!((warms[0].nodes, warms[0].pods), (2, 4));
+        // Every node kept: nothing to warm.
+        kept.insert("a2".into(), for_run("team/report"));
+        kept.insert("a3".into(), for_run("team/report"));
+        assert!(due_warms(&known, &kept, LEAD, t(500)).is_empty());
+    }
+
+    #[test]
+    fn a_run_without_a_uid_or_a_pod_template_is_not_warmed() {
+        let mut no_uid = run(600, 1, 1);
+        no_uid.uid = None;
+        let mut no_shape = run(600, 1, 1);
+        no_shape.shape = None;
+        let known = known(vec![no_uid, no_shape]);
+        assert!(due_warms(&known, &BTreeMap::new(), LEAD, t(500)).is_empty());
+    }
+
+    #[test]
+    fn the_placeholder_is_shaped_like_the_run_and_ends_by_itself() {
+        let known = known(vec![run(600, 2, 4)]);
+        let warms = due_warms(&known, &BTreeMap::new(), LEAD, t(500));
+        let job = placeholder_job(&warms[0], "node-holder", &terms(), t(500));
+        let spec = &job["spec"];
+        assert_eq!(spec["parallelism"], 4);
+        assert_eq!(
+            spec["activeDeadlineSeconds"], 160,
+            "the run's start plus the grace"
+        );
+        let pod = &spec["template"]["spec"];
+        assert_eq!(pod["priorityClassName"], PRIORITY_CLASS);
+        assert_eq!(pod["nodeSelector"]["pool"], "batch");
+        assert!(pod.get("tolerations").is_none());
+        assert_eq!(pod["containers"][0]["resources"]["requests"]["cpu"], "600m");
+        assert_eq!(pod["containers"][0]["image"], PAUSE_IMAGE);
+        assert_eq!(job["metadata"]["labels"][WARM_LABEL.0], "true");
+        assert_eq!(
+            job["metadata"]["annotations"][FOR_ANNOTATION],
+            "team/report"
+        );
+        assert_eq!(priority_class()["value"], PRIORITY);
+        assert_eq!(priority_class()["preemptionPolicy"], "Never");
+    }
+
+    #[test]
+    fn other_jobs_are_not_placeholders() {
+        assert!(!is_placeholder("report-29618890"));
+        assert!(!is_placeholder("node-holder-warm-x-1"));
+        assert!(is_placeholder("node-holder-warm-29618890-abc"));
+    }
+}
