@@ -216,7 +216,7 @@ fn node_patch_agents(cp: &ControlPlane, name: &str) -> Vec<String> {
                 && e["objectRef"]["resource"] == "nodes"
                 && e["objectRef"]["name"] == name
                 && e["stage"] == "ResponseComplete"
-                && !common::measure::audit::is_stamp(e)
+                && !common::audit::is_stamp(e)
         })
         .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
         .collect()
@@ -384,7 +384,7 @@ async fn node_holders_patches_run_in_the_priority_level_of_its_flowschema() {
     // The release patched both nodes (a busy machine may add a retry or a
     // stamp; no count here depends on it).
     let patches_since = || {
-        common::measure::audit::node_holder_patches(&cp, &["nodes"])
+        common::audit::node_holder_patches(&cp, &["nodes"])
             .unwrap()
             .into_iter()
             .filter(|patch| patch.at >= since)

@@ -1,6 +1,6 @@
 //! The runtime image, without a container engine (none runs on this
 //! machine): `cargo xtask image`'s OCI layout writer run on the test build of
-//! node-holder (the release runs it on the static build: docs/benchmarks.md's
+//! node-holder (the release runs it on the static build: docs/releasing.md's
 //! "The runtime image"), then read back with other tools than the writer's
 //! (`sha256sum`, `tar`), as a registry and a runtime would: the index names
 //! the manifest, every blob's digest and size match, the config runs

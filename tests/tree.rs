@@ -1,6 +1,9 @@
 //! The repository holds sources, not build output: every clone pays for what
-//! is tracked. These tests read git's index of the checkout they run in.
+//! is tracked; and its documents' links lead somewhere (the reports moved to
+//! `lab/`, the headlines stayed in `docs/`). These tests read git's index of
+//! the checkout they run in.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -127,4 +130,118 @@ fn target_directories_are_ignored_wherever_they_appear() {
         let out = git(&["check-ignore", "--no-index", "-q", path]);
         assert!(out.status.success(), "{path} is not ignored: {out:?}");
     }
+}
+
+/// The text of a Markdown document outside its fenced code blocks.
+fn prose(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    text.lines()
+        .filter(|line| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect()
+}
+
+/// GitHub's anchor of a heading: lower case, spaces as hyphens, every other
+/// character but letters, digits, `_` and `-` dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '_' || c == '-' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown document's headings.
+fn anchors(text: &str) -> BTreeSet<String> {
+    prose(text)
+        .into_iter()
+        .filter_map(|line| {
+            let heading = line.trim_start_matches('#');
+            (heading.len() < line.len() && heading.starts_with(' ')).then(|| anchor(heading))
+        })
+        .collect()
+}
+
+/// The links of `document` (at `path`, relative to the repository's root)
+/// that lead nowhere: a relative `[text](target#anchor)` whose file is
+/// missing, or whose anchor no heading of that Markdown file has. Links to
+/// other sites are not followed.
+fn broken_links(path: &Path, document: &str) -> Vec<String> {
+    let mut broken = Vec::new();
+    for line in prose(document) {
+        for (at, _) in line.match_indices("](") {
+            let link = line[at + 2..]
+                .split(|c: char| c == ')' || c.is_whitespace())
+                .next()
+                .unwrap_or_default();
+            if link.is_empty() || link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let text = if file.is_empty() {
+                document.to_string()
+            } else {
+                let target = root()
+                    .join(path.parent().unwrap_or(Path::new("")))
+                    .join(file);
+                if !target.exists() {
+                    broken.push(format!("{}: {link}: no such file", path.display()));
+                    continue;
+                }
+                if target.extension().is_none_or(|e| e != "md") || target.is_dir() {
+                    continue;
+                }
+                std::fs::read_to_string(&target).unwrap_or_default()
+            };
+            if !fragment.is_empty() && !anchors(&text).contains(fragment) {
+                broken.push(format!("{}: {link}: no such heading", path.display()));
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_relative_link_of_the_documents_leads_to_a_file_and_a_heading() {
+    let broken: Vec<String> = tracked()
+        .iter()
+        .filter(|(_, path)| path.extension().is_some_and(|e| e == "md"))
+        .filter_map(|(_, path)| {
+            let text = std::fs::read_to_string(root().join(path)).ok()?;
+            Some(broken_links(path, &text))
+        })
+        .flatten()
+        .collect();
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_link_check_finds_a_missing_file_and_a_missing_heading_and_reads_anchors_as_github() {
+    assert_eq!(
+        anchor("Every day at `WhenEmpty`, and the pool-wide hold, run 2026-11-26"),
+        "every-day-at-whenempty-and-the-pool-wide-hold-run-2026-11-26"
+    );
+    assert_eq!(anchor("50,000 nodes: the budget"), "50000-nodes-the-budget");
+    let document = "# Title\n\n[here](#title) [there](benchmarks.md#the-chaos-soak) \
+                    [web](https://example.com/x) [gone](nowhere.md) [nope](benchmarks.md#nope) \
+                    [not here](#nope)\n```\n[in code](nowhere.md)\n```\n";
+    let broken = broken_links(Path::new("docs/x.md"), document);
+    assert_eq!(
+        broken,
+        [
+            "docs/x.md: nowhere.md: no such file",
+            "docs/x.md: benchmarks.md#nope: no such heading",
+            "docs/x.md: #nope: no such heading",
+        ],
+    );
 }

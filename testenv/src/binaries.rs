@@ -539,7 +539,7 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
 }
 
 // ---------------------------------------------------------------------------
-// The HTTP load generator of `cargo bench --bench webhook`.
+// The HTTP load generator of `cargo bench -p node-holder-lab --bench webhook`.
 
 /// oha's pinned release: a crate's version, installed with its own lock file.
 pub const OHA_VERSION: &str = "1.16.0";

@@ -15,14 +15,10 @@ use tempfile::TempDir;
 use testenv::ControlPlane;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub mod fleet;
-pub mod frontier;
+pub mod audit;
 pub mod install;
 pub mod karpenter;
-pub mod measure;
 pub mod policy;
-pub mod scale;
-pub mod soak;
 pub mod window;
 pub const WEBHOOK_NAME: &str = "hold.node-holder.dev";
 

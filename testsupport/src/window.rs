@@ -455,10 +455,10 @@ pub fn node_holder_stamps(cp: &ControlPlane, name: &str) -> Vec<(Timestamp, u16)
 }
 
 /// node-holder's node PATCHes, stamps only or none of them, by node
-/// (read by [`crate::measure::audit::node_holder_patches`]).
+/// (read by [`crate::audit::node_holder_patches`]).
 fn patch_log(cp: &ControlPlane, stamps: bool) -> BTreeMap<String, Vec<(Timestamp, u16)>> {
     let mut by_node: BTreeMap<String, Vec<(Timestamp, u16)>> = BTreeMap::new();
-    let patches = crate::measure::audit::node_holder_patches(cp, &["nodes"]).unwrap();
+    let patches = crate::audit::node_holder_patches(cp, &["nodes"]).unwrap();
     for patch in patches.into_iter().filter(|p| p.stamp == stamps) {
         let code = u16::try_from(patch.code).unwrap();
         by_node

@@ -1,4 +1,5 @@
-//! The admission webhook over TLS under load: `cargo bench --bench webhook`.
+//! The admission webhook over TLS under load:
+//! `cargo bench -p node-holder-lab --bench webhook`.
 //!
 //! Starts the release `node-holder serve` with one tokio worker pinned to
 //! core 0, with development certificates and no API server behind it (the
@@ -8,7 +9,7 @@
 //! Node CREATE AdmissionReview of `benches/fixtures/node-create-review.json`
 //! over HTTP/1.1 and TLS, the client trusting only the development CA.
 //!
-//! Measures, against the targets of docs/benchmarks.md:
+//! Measures, against the targets of lab/REPORT.md:
 //! 1. keep-alive throughput and latency with 1, 8 and 32 connections at
 //!    `--log-level warn` (no line per review), and with 8 at the production
 //!    logging (info, JSON lines to a file, one audit line per review);
@@ -28,8 +29,8 @@ use anyhow::{Context, Result, ensure};
 use testsupport as common;
 
 use common::Served;
-use common::measure::oha::{self, Load, Measured, Oha};
-use common::measure::process::{self, ProcMemory, mib};
+use node_holder_lab::measure::oha::{self, Load, Measured, Oha};
+use node_holder_lab::measure::process::{self, ProcMemory, mib};
 
 /// The server's core and the load generator's.
 const SERVER_CORE: &str = "0";
@@ -48,6 +49,7 @@ const TARGET_IDLE_RSS_MIB: f64 = 20.0 * 1e6 / 1_048_576.0;
 
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no options to read.
+    node_holder_lab::build_node_holder()?;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -154,7 +156,7 @@ struct Rss {
     after: [f64; 2],
 }
 
-/// The figures docs/benchmarks.md records, against their targets.
+/// The figures lab/REPORT.md records, against their targets.
 fn summary(warn: &Measured, info: &Measured, handshakes: &Measured, rss: &Rss) -> String {
     let verdict = |met: bool| if met { "met" } else { "MISSED" };
     let latency = |m: &Measured| format!("{:.2} ms ({:.2})", m.p99_ms, m.p50_ms);

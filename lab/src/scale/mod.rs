@@ -1,4 +1,4 @@
-//! The hold window bench at scale (`benches/window.rs`): what each of its
+//! The hold window bench at scale (`lab/benches/window.rs`): what each of its
 //! phases recorded (start-up, hold, the probes while the window is open,
 //! release), and the report made of it: node-holder's [`requests`] by phase,
 //! the API server's and node-holder's [`logs`], and the [`summary`] against
@@ -13,8 +13,8 @@ pub mod summary;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use testsupport::Served;
 
-use crate::Served;
 use crate::measure::apiserver::{ApiDelta, ApiMetrics};
 use crate::measure::audit::{self, AuditPatch};
 use crate::measure::machine::Machine;

@@ -1,4 +1,4 @@
-//! The phases of the hold window bench (`benches/window.rs`), in order:
+//! The phases of the hold window bench (`lab/benches/window.rs`), in order:
 //! [`serve`] starts node-holder on the fleet, [`hold`] creates the node that
 //! opens the window, [`probes`] changes unrelated labels and adds a node
 //! while it is open, [`release`] waits for every hold to go. Each returns
@@ -45,7 +45,7 @@ pub async fn serve(
     let before = cluster.checkpoint("before serve").await?;
     let t = Instant::now();
     let hold_arg = format!("--hold-duration={}s", sizes.hold.as_secs());
-    let served = crate::serve(&cluster.cp, &[hold_arg.as_str()]).await;
+    let served = testsupport::serve(&cluster.cp, &[hold_arg.as_str()]).await;
     let pid = served.child.id();
     println!(
         "\n`node-holder serve` ready in {:.2} s (pid {pid}); admin port {}",

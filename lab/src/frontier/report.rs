@@ -344,7 +344,7 @@ mod tests {
 
     fn kept(name: &str) -> (Day, Result<Trace>) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../docs/frontier-traces")
+            .join("results/frontier-traces")
             .join(name);
         let text = std::fs::read_to_string(path).expect("the kept trace");
         let trace: Trace = serde_json::from_str(&text).expect("a trace");

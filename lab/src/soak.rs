@@ -17,8 +17,8 @@
 //!   opening and deadline);
 //! - the NodePool's budgets are the owner's, as last written.
 //!
-//! `cargo bench --bench soak` runs it for 20 minutes (`tests/soak.rs`, a few
-//! minutes of it, in the suite).
+//! `cargo bench -p node-holder-lab --bench soak` runs it for 20 minutes
+//! (`lab/tests/soak.rs`, a few minutes of it, in the suite).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,10 +32,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testenv::Disruption;
-
-use crate::Served;
-use crate::karpenter::Autoscaled;
-use crate::policy;
+use testsupport::Served;
+use testsupport::karpenter::Autoscaled;
+use testsupport::policy;
 
 /// The hold annotation and node-holder's own keys.
 const HOLD: &str = "karpenter.sh/do-not-disrupt";
@@ -113,7 +112,7 @@ fn lock(state: &State) -> std::sync::MutexGuard<'_, Shared> {
 pub async fn run(soak: &Soak) -> Report {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     let objects = policy::objects(&[]);
-    policy::apply(a.cp(), &objects, &crate::node("soak-probe"), HOLD).await;
+    policy::apply(a.cp(), &objects, &testsupport::node("soak-probe"), HOLD).await;
     let state: State = Arc::default();
     lock(&state).owner_budgets = Some(pool_budgets(&a.client).await.unwrap_or(Value::Null));
     let mut replicas = Vec::new();
@@ -352,7 +351,7 @@ async fn person_hold(a: &Autoscaled, state: &State, on: bool) -> bool {
             lock(state).report.faults.values().sum::<usize>()
         );
         lock(state).changing.insert(name.clone());
-        let node = crate::node_with(&name, &[], &[(HOLD, "true")]);
+        let node = testsupport::node_with(&name, &[], &[(HOLD, "true")]);
         let done = a.nodes.create(&PostParams::default(), &node).await.is_ok();
         let mut s = lock(state);
         if done {

@@ -1,4 +1,5 @@
-//! The churn frontier, with the real Karpenter: `cargo bench --bench churn`.
+//! The churn frontier, with the real Karpenter:
+//! `cargo bench -p node-holder-lab --bench churn`.
 //!
 //! What an operator who is tired of churn would do instead of installing
 //! node-holder is one line in the NodePool, `consolidateAfter`. This bench
@@ -14,7 +15,7 @@
 //!   with `--warm-before-runs=90s`, `nsx-5m`). The per-node and learned holds measured
 //!   in earlier rounds
 //!   (`ni-*`, `nil-5m`, `niw-5m`, `nilw-5m`, `nl-5m`) were removed with
-//!   their modes; their figures stay in docs/benchmarks.md.
+//!   their modes; their figures stay in lab/REPORT.md.
 //!   `NODE_HOLDER_BENCH_ARMS=ka-,nh-` plays only the arms so named.
 //!   Every arm is a NodePool of its own, its pods pinned to it; each
 //!   node-holder configuration has a cluster of its own (one install per
@@ -43,14 +44,17 @@
 //!   pods evicted while they ran; the machine's load.
 //! - **scored**: total cost = node-seconds + launches x launch cost, for a
 //!   launch cost of 1, 5 and 15 node-minutes; each as a ratio to the day's
-//!   clairvoyant optimum (`testsupport::frontier`).
+//!   clairvoyant optimum (`node_holder_lab::frontier`).
 //!
 //! Environment: `NODE_HOLDER_BENCH_DAYS` (comma-separated; default all four),
 //! `NODE_HOLDER_BENCH_SEEDS` (default `1,2,3`), `NODE_HOLDER_BENCH_PARALLEL`
 //! (clusters at once; default 2), `NODE_HOLDER_BENCH_QUICK=1` (the quick
 //! variant: the compressed day, seed 1: about 30 minutes), and
-//! `NODE_HOLDER_BENCH_OUT` (default `target/frontier`): each run's raw trace
-//! and the report go there; the frontier pictures go to `docs/`.
+//! `NODE_HOLDER_BENCH_OUT` (default `target/frontier`): each run's raw trace,
+//! the report and its pictures (`frontier-<day>.svg`) go there; the ones
+//! lab/REPORT.md keeps are copied into `lab/results/` by hand. A relative
+//! path in these variables is from the workspace's root, as before the bench
+//! moved into `lab/` (Cargo runs a bench in its own package's directory).
 
 use testsupport as common;
 
@@ -65,11 +69,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use testenv::{ClusterOptions, Disruption, KarpenterCluster};
 
-use common::frontier::arms::{self, Arm};
-use common::frontier::days::{self, Day};
-use common::frontier::recorder::Recorder;
-use common::frontier::trace::Trace;
-use common::frontier::{BOOT, report, workload};
+use node_holder_lab::frontier::arms::{self, Arm};
+use node_holder_lab::frontier::days::{self, Day};
+use node_holder_lab::frontier::recorder::Recorder;
+use node_holder_lab::frontier::trace::Trace;
+use node_holder_lab::frontier::{BOOT, report, workload};
 
 /// How long the pools may take to lose their last node once the day's work
 /// is over, on top of the longest knob.
@@ -83,8 +87,9 @@ async fn main() -> Result<()> {
     let plan = Plan::from_env()?;
     std::fs::create_dir_all(&plan.out)?;
     if let Ok(dir) = std::env::var("NODE_HOLDER_BENCH_TRACES") {
-        return report_traces(Path::new(&dir), &plan.out);
+        return report_traces(&in_workspace(&dir), &plan.out);
     }
+    tokio::task::spawn_blocking(node_holder_lab::build_node_holder).await??;
     tokio::task::spawn_blocking(testenv::ensure_cluster_built).await??;
     let arms = plan.arms();
     let runs = plan.runs()?;
@@ -314,6 +319,11 @@ fn report_traces(dir: &Path, out: &Path) -> Result<()> {
     report::write(out, &Arm::all(), &results)
 }
 
+/// `path` from the workspace's root when it is relative.
+fn in_workspace(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
 /// What the environment asks for.
 struct Plan {
     days: Vec<String>,
@@ -353,9 +363,10 @@ impl Plan {
             .transpose()?
             .unwrap_or(2)
             .max(1);
-        let out = var("NODE_HOLDER_BENCH_OUT").map_or_else(
-            || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/frontier"),
-            PathBuf::from,
+        let out = in_workspace(
+            var("NODE_HOLDER_BENCH_OUT")
+                .as_deref()
+                .unwrap_or("target/frontier"),
         );
         let arms = var("NODE_HOLDER_BENCH_ARMS")
             .map_or_else(Vec::new, |_| list("NODE_HOLDER_BENCH_ARMS", ""));

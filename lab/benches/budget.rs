@@ -1,6 +1,6 @@
-//! The budget mechanism at scale: `cargo bench --bench budget`
-//! (`NODE_HOLDER_BENCH_NODES`, default 50,000; `NODE_HOLDER_BENCH_POOLS`,
-//! default 10).
+//! The budget mechanism at scale:
+//! `cargo bench -p node-holder-lab --bench budget` (`NODE_HOLDER_BENCH_NODES`,
+//! default 50,000; `NODE_HOLDER_BENCH_POOLS`, default 10).
 //!
 //! Against a real control plane with Karpenter's CRDs (no Karpenter: what
 //! it does with the budget is `tests/karpenter.rs`'s):
@@ -39,11 +39,11 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, PostParams};
 use testenv::ControlPlane;
 
-use common::fleet::{self, pool_node};
-use common::measure::audit;
-use common::measure::node_holder::wait_first_pass;
-use common::measure::pool_budgets::{carrying, until_carrying};
-use common::measure::process::{ProcMemory, mib};
+use node_holder_lab::fleet::{self, pool_node};
+use node_holder_lab::measure::audit;
+use node_holder_lab::measure::node_holder::wait_first_pass;
+use node_holder_lab::measure::pool_budgets::{carrying, until_carrying};
+use node_holder_lab::measure::process::{ProcMemory, mib};
 
 const HOLD: Duration = Duration::from_secs(30);
 const CREATE_IN_FLIGHT: usize = 32;
@@ -61,6 +61,7 @@ fn env_count(name: &str, default: usize) -> usize {
 }
 
 fn main() -> Result<()> {
+    node_holder_lab::build_node_holder()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

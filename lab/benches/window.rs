@@ -1,4 +1,5 @@
-//! Performance of the hold window at 5,000 nodes: `cargo bench --bench window`.
+//! Performance of the hold window at 5,000 nodes:
+//! `cargo bench -p node-holder-lab --bench window`.
 //!
 //! Against a real control plane (testenv: kube-apiserver + etcd on loopback):
 //!
@@ -44,15 +45,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 
 use common::Served;
-use common::fleet::{self, cloud_node, cloud_node_name};
-use common::measure::audit;
-use common::measure::machine::Machine;
-use common::measure::metadata::MetadataSize;
-use common::measure::observer::Observe;
-use common::measure::process::ProcMemory;
-use common::scale::cluster::Cluster;
-use common::scale::phases::Sizes;
-use common::scale::{self, Run, Serving};
+use node_holder_lab::fleet::{self, cloud_node, cloud_node_name};
+use node_holder_lab::measure::audit;
+use node_holder_lab::measure::machine::Machine;
+use node_holder_lab::measure::metadata::MetadataSize;
+use node_holder_lab::measure::observer::Observe;
+use node_holder_lab::measure::process::ProcMemory;
+use node_holder_lab::scale::cluster::Cluster;
+use node_holder_lab::scale::phases::Sizes;
+use node_holder_lab::scale::{self, Run, Serving};
 
 /// Nodes in the cluster before the window opens (`NODE_HOLDER_BENCH_NODES`
 /// overrides it, to see how memory scales).
@@ -87,6 +88,7 @@ const SAMPLE: Duration = Duration::from_millis(100);
 
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no options to read.
+    node_holder_lab::build_node_holder()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

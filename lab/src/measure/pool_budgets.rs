@@ -7,7 +7,7 @@ use anyhow::{Result, ensure};
 use kube::api::{Api, DynamicObject, ListParams};
 
 /// Pools whose last budget is node-holder's self-ending entry
-/// ([`crate::is_node_holders_budget`]).
+/// ([`testsupport::is_node_holders_budget`]).
 pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
     Ok(pools
         .list(&ListParams::default())
@@ -18,7 +18,7 @@ pub async fn carrying(pools: &Api<DynamicObject>) -> Result<usize> {
             p.data["spec"]["disruption"]["budgets"]
                 .as_array()
                 .and_then(|b| b.last())
-                .is_some_and(crate::is_node_holders_budget)
+                .is_some_and(testsupport::is_node_holders_budget)
         })
         .count())
 }

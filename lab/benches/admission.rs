@@ -1,5 +1,5 @@
 //! Node CREATE through the real API server with each way of holding it:
-//! `cargo bench --bench admission`.
+//! `cargo bench -p node-holder-lab --bench admission`.
 //!
 //! One control plane, three arms at once, told apart by a label on each
 //! node: `none` (no admission but the API server's own), `webhook`
@@ -32,15 +32,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
 
-use common::measure::stats::nearest_rank_ms as percentile;
 use common::window::held;
 use common::{node, policy, serve};
+use node_holder_lab::measure::stats::nearest_rank_ms as percentile;
 
 const ARMS: [&str; 3] = ["none", "webhook", "policy"];
 const ARM_LABEL: &str = "arm";
 const HOLD: &str = "karpenter.sh/do-not-disrupt";
 
 fn main() -> Result<()> {
+    node_holder_lab::build_node_holder()?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -3,8 +3,7 @@
 
 use serde_json::Value;
 use testenv::ControlPlane;
-
-use crate::Served;
+use testsupport::Served;
 
 /// The kube-apiserver log's lines about watchers closed for not keeping up
 /// (the first four of them, cut at 300 characters).

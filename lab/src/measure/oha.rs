@@ -9,8 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-
-use crate::Served;
+use testsupport::Served;
 
 /// What one oha run does.
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +158,7 @@ pub async fn check_every_review_held<'a>(
     results: impl IntoIterator<Item = &'a Measured>,
 ) -> Result<()> {
     let answered: f64 = results.into_iter().map(|r| r.ok as f64).sum();
-    let metric = |name| crate::window::metric(served, name);
+    let metric = |name| testsupport::window::metric(served, name);
     let ok = metric("node_holder_webhook_requests_total{code=\"200\"}").await;
     let held = metric("node_holder_webhook_mutations_total").await;
     ensure!(

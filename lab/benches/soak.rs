@@ -1,18 +1,20 @@
-//! The chaos soak with the real Karpenter: `cargo bench --bench soak`.
+//! The chaos soak with the real Karpenter:
+//! `cargo bench -p node-holder-lab --bench soak`.
 //!
 //! Three replicas of `serve` (policy mode), Karpenter, Jobs launching nodes
 //! and randomized faults for `NODE_HOLDER_SOAK_MINUTES` (default 20) with the
 //! seed `NODE_HOLDER_SOAK_SEED` (default 1); a checker reads the cluster
-//! every second (`testsupport::soak` says what it checks). Prints the faults
+//! every second (`node_holder_lab::soak` says what it checks). Prints the faults
 //! injected, the checks made, the violations (the goal: none) and the worst
 //! bounds observed; fails on any violation.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use testsupport::soak::{self, OVERSTAY_BOUND, Soak, UNHELD_BOUND};
+use node_holder_lab::soak::{self, OVERSTAY_BOUND, Soak, UNHELD_BOUND};
 
 fn main() -> Result<()> {
+    node_holder_lab::build_node_holder()?;
     let env = |name: &str, default: u64| -> Result<u64> {
         std::env::var(name)
             .ok()

@@ -1,4 +1,4 @@
-//! The arithmetic of the churn frontier bench (`benches/churn.rs`): what a
+//! The arithmetic of the churn frontier bench (`lab/benches/churn.rs`): what a
 //! day of nodes costs, the clairvoyant optimum of a day, and paired
 //! confidence intervals. Pure: no cluster, no clock.
 //!

@@ -26,7 +26,7 @@ pub fn cloud_node(name: &str) -> Node {
     let hash = name
         .bytes()
         .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into()));
-    crate::node_with(
+    testsupport::node_with(
         name,
         &[
             ("kubernetes.io/hostname", name),
@@ -56,7 +56,7 @@ pub fn cloud_node_name(i: usize) -> String {
 
 /// A spot Node of Karpenter's NodePool `pool`.
 pub fn pool_node(name: &str, pool: &str) -> Node {
-    crate::node_with(
+    testsupport::node_with(
         name,
         &[
             ("kubernetes.io/hostname", name),

@@ -5,15 +5,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-
-use crate::Served;
+use testsupport::Served;
 
 /// node-holder's own `/metrics`.
 pub struct NodeHolderMetrics(Vec<(String, BTreeMap<String, String>, f64)>);
 
 impl NodeHolderMetrics {
     pub async fn scrape(served: &Served) -> Result<NodeHolderMetrics> {
-        let (status, body) = crate::http_get(served.admin_port, "/metrics").await?;
+        let (status, body) = testsupport::http_get(served.admin_port, "/metrics").await?;
         ensure!(status == 200, "node-holder /metrics: {status}");
         Ok(NodeHolderMetrics(
             body.lines()
