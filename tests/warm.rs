@@ -51,9 +51,7 @@ async fn install(a: &Autoscaled) -> Served {
 }
 
 /// node-holder's flags here: `--warm-before-runs` is [`LEAD`].
-const ARGS: [&str; 6] = [
-    "--coalesce-idle=200ms",
-    "--coalesce-max=1s",
+const ARGS: [&str; 4] = [
     "--lease-duration=3s",
     "--hold-duration=20m",
     LAUNCH_COST,
@@ -83,13 +81,13 @@ fn cronjobs(a: &Autoscaled) -> Api<CronJob> {
     Api::namespaced(a.client.clone(), "default")
 }
 
-/// The pods of `cronjob`'s runs, oldest first.
-async fn run_pods(a: &Autoscaled, cronjob: &str) -> Vec<Pod> {
+/// The pod of `cronjob`'s run at `at` (its Job is `<cronjob>-<minute>`; the
+/// pods of an earlier run go with their node, by the pod garbage collector).
+async fn run_pod(a: &Autoscaled, cronjob: &str, at: Timestamp) -> Option<Pod> {
     let pods: Api<Pod> = Api::namespaced(a.client.clone(), "default");
-    let params = ListParams::default().labels(&format!("cronjob={cronjob}"));
-    let mut pods = pods.list(&params).await.unwrap().items;
-    pods.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
-    pods
+    let job = format!("{cronjob}-{}", at.as_second() / 60);
+    let params = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+    pods.list(&params).await.unwrap().items.into_iter().next()
 }
 
 /// node-holder's placeholder pods.
@@ -118,28 +116,22 @@ fn node_of(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap()
 }
 
-/// Waits until `cronjob` has had `n` pods, the last one bound; returns them
-/// and how long the last one waited for its node, from its creation (whole
-/// seconds) until it was seen bound (polled every 200 ms).
-async fn run_bound(
-    a: &mut Autoscaled,
-    cronjob: &str,
-    n: usize,
-    by: Timestamp,
-) -> (Vec<Pod>, Duration) {
-    let limit = Duration::try_from(by.duration_since(Timestamp::now())).unwrap_or_default()
+/// Waits until the pod of `cronjob`'s run at `at` is bound; returns it and
+/// how long it waited for its node, from its creation (whole seconds) until
+/// it was seen bound (polled every 200 ms).
+async fn run_bound(a: &mut Autoscaled, cronjob: &str, at: Timestamp) -> (Pod, Duration) {
+    let limit = Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or_default()
         + KARPENTER_ROUND;
-    let what = format!("run {n} of {cronjob} bound");
+    let what = format!("the run of {cronjob} at {at} bound");
     a.until(&what, limit, async |a| {
-        let pods = run_pods(a, cronjob).await;
-        pods.len() >= n && bound(&pods[n - 1])
+        run_pod(a, cronjob, at).await.is_some_and(|p| bound(&p))
     })
     .await;
     let seen = Timestamp::now();
-    let pods = run_pods(a, cronjob).await;
-    let created = pods[n - 1].metadata.creation_timestamp.as_ref().unwrap().0;
+    let pod = run_pod(a, cronjob, at).await.unwrap();
+    let created = pod.metadata.creation_timestamp.as_ref().unwrap().0;
     let wait = Duration::try_from(seen.duration_since(created)).unwrap_or_default();
-    (pods, wait)
+    (pod, wait)
 }
 
 /// A CronJob that runs, then again three minutes later: the gap is longer
@@ -156,8 +148,8 @@ async fn a_run_after_a_long_gap_finds_its_node_launched_before_it() {
     create_cronjob(&a, "hourly", &schedule).await;
     let second = first + Duration::from_secs(180);
 
-    let (pods, cold) = run_bound(&mut a, "hourly", 1, first).await;
-    let first_node = node_of(&pods[0]);
+    let (pod, cold) = run_bound(&mut a, "hourly", first).await;
+    let first_node = node_of(&pod);
     // The first run found no node: it waited for a launch and the boot.
     assert!(cold >= BOOT, "the first run waited {cold:?} for its node");
     // Its node goes once the run is over (nothing is due within the launch
@@ -188,12 +180,12 @@ async fn a_run_after_a_long_gap_finds_its_node_launched_before_it() {
         "launched for the warm"
     );
 
-    let (pods, wait) = run_bound(&mut a, "hourly", 2, second).await;
+    let (pod, wait) = run_bound(&mut a, "hourly", second).await;
     assert!(
         wait.as_secs() <= 5,
         "the run's pod waited {wait:?} for a node (a launch takes 45 s and more)"
     );
-    assert_eq!(node_of(&pods[1]), warm_node, "the run took the warm node");
+    assert_eq!(node_of(&pod), warm_node, "the run took the warm node");
     a.until(
         "no placeholder left after the run's start",
         Duration::from_secs(60) + Duration::from_secs(30),
@@ -232,8 +224,8 @@ async fn placeholders_give_way_to_real_pods_and_end_without_node_holder() {
         create_cronjob(&a, name, &schedule).await;
     }
     let second = first + Duration::from_secs(180);
-    run_bound(&mut a, "kept", 1, first).await;
-    run_bound(&mut a, "dropped", 1, first).await;
+    run_bound(&mut a, "kept", first).await;
+    run_bound(&mut a, "dropped", first).await;
     // Their nodes go once the runs are over; the warms launch new ones.
 
     a.until(
@@ -285,7 +277,7 @@ async fn placeholders_give_way_to_real_pods_and_end_without_node_holder() {
     .await;
     drop(served);
 
-    let (_, wait) = run_bound(&mut a, "kept", 2, second).await;
+    let (_, wait) = run_bound(&mut a, "kept", second).await;
     assert!(
         wait.as_secs() <= 10,
         "the run preempted its placeholder: waited {wait:?}"

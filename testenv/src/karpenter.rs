@@ -406,6 +406,14 @@ fn start_controller_manager(cp: &ControlPlane, binaries: &ClusterBinaries) -> Re
 /// container (node-holder's placeholders) never does. So the stage here
 /// finishes only the pods that carry the delay: the others run until they
 /// are deleted or their Job's deadline ends them.
+///
+/// Upstream's pod-delete stage deletes a deleted pod at once, which does
+/// nothing while a finalizer holds it (a Job's pods carry
+/// `batch.kubernetes.io/job-tracking`); a kubelet kills the containers of a
+/// deleted pod and reports it `Failed`, and the Job controller then lifts
+/// its finalizer. So here a deleted pod that has not finished is first
+/// reported `Failed` ([`POD_TERMINATE`]), and deleted once no finalizer is
+/// left.
 fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedChild> {
     let stages = binaries.kwok_source.join("kustomize/stage");
     let mut args = vec![
@@ -425,27 +433,76 @@ fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedCh
         if !path.exists() {
             bail!("kwok stage {} is missing", path.display());
         }
-        if stage == "pod/general/pod-complete.yaml" {
-            path = only_pods_that_end(&path, cp.dir())?;
+        let narrowing = match stage {
+            "pod/general/pod-complete.yaml" => Some(("pod-complete.yaml", DELAY_SET)),
+            "pod/fast/pod-delete.yaml" => Some(("pod-delete.yaml", NO_FINALIZER)),
+            _ => None,
+        };
+        if let Some((name, requirement)) = narrowing {
+            path = narrowed(&path, &cp.dir().join(name), requirement)?;
         }
         args.push(format!("--config={}", path.display()));
     }
+    let terminate = cp.dir().join("pod-terminate.yaml");
+    std::fs::write(&terminate, POD_TERMINATE).with_context(|| format!("{}", terminate.display()))?;
+    args.push(format!("--config={}", terminate.display()));
     ManagedChild::spawn("kwok", &binaries.kwok, &args, &cp.dir().join("kwok.log"))
 }
 
-/// kwok's pod-complete stage narrowed to the pods that carry its delay
-/// annotation (see [`start_kwok`]), written into `dir`.
-fn only_pods_that_end(stage: &Path, dir: &Path) -> Result<PathBuf> {
+/// Only the pods that say how long they run finish (see [`start_kwok`]).
+const DELAY_SET: &str = "    - key: '.metadata.annotations[\"pod-complete.stage.kwok.x-k8s.io/delay\"]'\n      operator: 'Exists'\n";
+/// Only the pods no finalizer holds are deleted.
+const NO_FINALIZER: &str = "    - key: '.metadata.finalizers'\n      operator: 'DoesNotExist'\n";
+
+/// What a kubelet does with a deleted pod that has not finished: its
+/// containers are killed and the pod is `Failed`.
+const POD_TERMINATE: &str = r#"apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-terminate
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'NotIn'
+      values: ['Succeeded', 'Failed']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 137
+            finishedAt: {{ $now | Quote }}
+            reason: Error
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Failed
+"#;
+
+/// A kwok stage with one more selector requirement, written to `path`.
+fn narrowed(stage: &Path, path: &Path, requirement: &str) -> Result<PathBuf> {
     const SELECTOR: &str = "  selector:\n    matchExpressions:\n";
-    const DELAY_SET: &str = "    - key: '.metadata.annotations[\"pod-complete.stage.kwok.x-k8s.io/delay\"]'\n      operator: 'Exists'\n";
     let text = std::fs::read_to_string(stage).with_context(|| format!("{}", stage.display()))?;
     if !text.contains(SELECTOR) {
         bail!("kwok stage {} has no selector to narrow", stage.display());
     }
-    let narrowed = text.replacen(SELECTOR, &format!("{SELECTOR}{DELAY_SET}"), 1);
-    let path = dir.join("pod-complete.yaml");
-    std::fs::write(&path, narrowed).with_context(|| format!("{}", path.display()))?;
-    Ok(path)
+    let narrowed = text.replacen(SELECTOR, &format!("{SELECTOR}{requirement}"), 1);
+    std::fs::write(path, narrowed).with_context(|| format!("{}", path.display()))?;
+    Ok(path.to_path_buf())
 }
 
 fn start_karpenter(
