@@ -78,16 +78,19 @@ pub fn due_warms<'a>(
     lead: Duration,
     now: Timestamp,
 ) -> Vec<Warm<'a>> {
+    let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
+    for kept in kept.values().filter(|k| k.reason == Reason::Run) {
+        if let Some(cronjob) = &kept.cronjob {
+            *ready.entry(cronjob).or_default() += 1;
+        }
+    }
     let mut warms = Vec::new();
     for (group, runs) in &known.runs {
         for run in runs {
             let (Some(uid), true) = (&run.uid, warming(run.at, lead, now)) else {
                 continue;
             };
-            let ready = kept
-                .values()
-                .filter(|k| k.reason == Reason::Run && k.cronjob.as_ref() == Some(&run.cronjob))
-                .count();
+            let ready = ready.get(run.cronjob.as_str()).copied().unwrap_or(0);
             let nodes = run.nodes.saturating_sub(ready);
             if nodes == 0 || run.shape.is_none() {
                 continue;
