@@ -18,7 +18,7 @@ use super::events::HoldEvent;
 use crate::core::known::KnownWork;
 use crate::core::node::NodeMeta;
 use crate::core::warm::{
-    HANDOVER, Warm, due_warms, next_change, placeholder_job, priority_class, why_warmed,
+    HANDOVER, HandOver, Warm, due_warms, next_change, placeholder_job, priority_class, why_warmed,
 };
 
 /// How soon a warm that failed to be created or deleted is tried again.
@@ -198,57 +198,35 @@ impl super::WindowTask {
         snapshot: &[std::sync::Arc<NodeMeta>],
         now: Timestamp,
     ) {
-        let handed_over = crate::core::plus(now, HANDOVER) >= made.at;
-        if !handed_over {
+        if crate::core::plus(now, HANDOVER) < made.at {
             let note = format!(
                 "the run at {} is no longer due (suspended, rescheduled or deleted): placeholder Job {job} deleted",
                 made.at
             );
             tracing::info!(cronjob = %made.cronjob, "warm cancelled: {note}");
-            self.events.send(HoldEvent::warm(
-                &made.cronjob,
-                made.uid.as_deref(),
-                "WarmCancelled",
-                note,
-            ));
+            self.say(made, "WarmCancelled", note);
             return;
         }
-        let pods: Vec<Option<&str>> = seen
+        let pods = seen
             .iter()
             .filter(|(j, _)| j == job)
-            .map(|(_, node)| node.as_deref())
-            .collect();
-        let ready = pods.iter().filter(|node| node.is_some()).count();
-        let late = pods.len() - ready;
-        let nodes: BTreeSet<&str> = pods.iter().flatten().copied().collect();
-        let node_seconds: f64 = snapshot
+            .map(|(_, node)| node.as_deref());
+        let created: BTreeMap<&str, Timestamp> = snapshot
             .iter()
-            .filter(|node| nodes.contains(node.name()))
-            .map(|node| {
-                made.at
-                    .duration_since(node.created().max(made.since))
-                    .as_secs_f64()
-                    .max(0.0)
-            })
-            .sum();
-        self.metrics.schedule.warmed(ready, late, node_seconds);
-        let note = format!(
-            "the run at {}: {ready} of {} placeholder pod(s) were on {} node(s) at its start ({node_seconds:.0} node-seconds up before it){}",
-            made.at,
-            pods.len(),
-            nodes.len(),
-            if late > 0 {
-                "; the others were still waiting for a node: warm earlier (--warm-before-runs)"
-            } else {
-                ""
-            },
-        );
-        tracing::info!(cronjob = %made.cronjob, %job, ready, late, node_seconds, "warm handed over: {note}");
-        self.events.send(HoldEvent::warm(
-            &made.cronjob,
-            made.uid.as_deref(),
-            "WarmedForRun",
-            note,
-        ));
+            .map(|node| (node.name(), node.created()))
+            .collect();
+        let over = HandOver::of(pods, |node| created.get(node).copied(), made.at, made.since);
+        self.metrics
+            .schedule
+            .warmed(over.ready, over.late, over.node_seconds);
+        let note = over.note(made.at);
+        let (ready, late) = (over.ready, over.late);
+        tracing::info!(cronjob = %made.cronjob, %job, ready, late, "warm handed over: {note}");
+        self.say(made, "WarmedForRun", note);
+    }
+
+    fn say(&self, made: &Made, reason: &'static str, note: String) {
+        let event = HoldEvent::warm(&made.cronjob, made.uid.as_deref(), reason, note);
+        self.events.send(event);
     }
 }

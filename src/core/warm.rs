@@ -207,6 +207,69 @@ fn pod_spec(run: &Run) -> Value {
     spec
 }
 
+/// What a warm did by its run's start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandOver {
+    /// Placeholder pods on a node, and still waiting for one.
+    pub ready: usize,
+    pub late: usize,
+    /// The nodes they were on.
+    pub nodes: usize,
+    /// How long those nodes were up before the run, each from its creation
+    /// or the warm's start, whichever came later.
+    pub node_seconds: f64,
+}
+
+impl HandOver {
+    /// From the nodes of a warm's placeholder pods (`None`: not bound) and
+    /// when each node was created, for a run at `at` warmed `since`.
+    pub fn of<'a>(
+        pods: impl IntoIterator<Item = Option<&'a str>>,
+        created: impl Fn(&str) -> Option<Timestamp>,
+        at: Timestamp,
+        since: Timestamp,
+    ) -> HandOver {
+        let (mut ready, mut late) = (0usize, 0usize);
+        let mut nodes = BTreeMap::new();
+        for pod in pods {
+            match pod {
+                Some(node) => {
+                    ready = ready.saturating_add(1);
+                    nodes.insert(node, created(node));
+                }
+                None => late = late.saturating_add(1),
+            }
+        }
+        let node_seconds = nodes
+            .values()
+            .flatten()
+            .map(|&created| at.duration_since(created.max(since)).as_secs_f64().max(0.0))
+            .sum();
+        HandOver {
+            ready,
+            late,
+            nodes: nodes.len(),
+            node_seconds,
+        }
+    }
+
+    /// The `WarmedForRun` Event's note.
+    pub fn note(&self, at: Timestamp) -> String {
+        let late = if self.late > 0 {
+            "; the others were still waiting for a node: warm earlier (--warm-before-runs)"
+        } else {
+            ""
+        };
+        format!(
+            "the run at {at}: {} of {} placeholder pod(s) were on {} node(s) at its start ({:.0} node-seconds up before it){late}",
+            self.ready,
+            self.ready.saturating_add(self.late),
+            self.nodes,
+            self.node_seconds,
+        )
+    }
+}
+
 /// The PriorityClass placeholders run at.
 pub fn priority_class() -> Value {
     json!({
@@ -371,6 +434,30 @@ mod tests {
         );
         assert_eq!(priority_class()["value"], PRIORITY);
         assert_eq!(priority_class()["preemptionPolicy"], "Never");
+    }
+
+    #[test]
+    fn the_hand_over_counts_ready_and_late_placeholders_and_what_their_nodes_cost() {
+        let pods = [Some("n1"), Some("n1"), Some("n2"), None];
+        // n1 came up before the warm started (it was idle): counted from the
+        // warm's start; n2 was launched for it.
+        let created = |node: &str| match node {
+            "n1" => Some(t(0)),
+            "n2" => Some(t(530)),
+            _ => None,
+        };
+        let over = HandOver::of(pods, created, t(600), t(480));
+        assert_eq!((over.ready, over.late, over.nodes), (3, 1, 2));
+        assert_eq!(over.node_seconds, 120.0 + 70.0);
+        let note = over.note(t(600));
+        assert!(
+            note.contains("3 of 4 placeholder pod(s) were on 2 node(s)"),
+            "{note}"
+        );
+        assert!(
+            note.contains("190 node-seconds") && note.contains("warm earlier"),
+            "{note}"
+        );
     }
 
     #[test]
