@@ -148,11 +148,6 @@ pub struct ServeArgs {
     )]
     pub tls_key_file: PathBuf,
 
-    /// How often the certificate files (and the client CA file) are checked
-    /// for rotation.
-    #[arg(long, env = "NODE_HOLDER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub tls_reload_interval: Duration,
-
     /// PEM CA certificate(s): every webhook client must present a client
     /// certificate signed by one of them (the API server's for this webhook,
     /// set in its AdmissionConfiguration). Checked for rotation like the
@@ -179,52 +174,20 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub patching: PatchingArgs,
 
-    /// Write `node-holder.dev/held-until` on every node held by annotation:
-    /// the time it is held until at the least, rewritten when it passes
-    /// while the hold goes on (one PATCH per node held at its CREATE, and
-    /// one per held node each time its stamp passes). `false`: no stamp
-    /// (those already written are removed), and node-holder writes a node
-    /// only to hold or release it.
-    #[arg(
-        long,
-        env = "NODE_HOLDER_HELD_UNTIL_ANNOTATION",
-        default_value_t = true,
-        action = clap::ArgAction::Set
-    )]
-    pub held_until_annotation: bool,
-
-    /// Nodes of one pass that get an Event each when node-holder holds or
-    /// releases them; a pass that patches more sums them up in one Event on
-    /// its record ConfigMap. 0: only that one.
-    #[arg(long, env = "NODE_HOLDER_NODE_EVENTS_PER_PASS", default_value_t = 500)]
-    pub node_events_per_pass: usize,
-
     /// The longest one webhook request may take, reading the body included;
-    /// keep it well under the webhook configuration's timeoutSeconds.
+    /// keep it well under the webhook configuration's timeoutSeconds. It
+    /// also bounds the drain after the shutdown grace: no request in flight
+    /// outlives it.
     #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
-    /// Webhook requests handled at once; more wait their turn.
-    #[arg(
-        long,
-        env = "NODE_HOLDER_MAX_CONCURRENT_REQUESTS",
-        default_value_t = 256
-    )]
-    pub max_concurrent_requests: usize,
-
-    /// Webhook connections open at once; more wait in the listen backlog.
+    /// Webhook connections open at once; more wait in the listen backlog. A
+    /// quarter of them at most from one source address: more are closed as
+    /// soon as they are accepted (counted in
+    /// node_holder_webhook_connections_source_limited_total), so that a
+    /// flood from elsewhere cannot take every slot from the API server.
     #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
-
-    /// Webhook connections open at once from one source address; more are
-    /// closed as soon as they are accepted (counted in
-    /// node_holder_webhook_connections_source_limited_total), so that a
-    /// flood from elsewhere cannot take every slot from the API server. Keep
-    /// it well under --max-connections, and above what the API server opens
-    /// (a few per instance) and what one proxy or NAT in front of it
-    /// carries.
-    #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS_PER_SOURCE", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections_per_source: u32,
 
     /// A webhook connection with no request in flight for this long is closed
     /// (h2 gets a GOAWAY; the API server opens a new one when it needs it), so
@@ -233,13 +196,10 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
 
     /// On SIGTERM, how long to keep serving while not ready, so that the API
-    /// server stops sending requests before connections close.
+    /// server stops sending requests before connections close; then the
+    /// requests in flight have `--request-timeout` to finish.
     #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
-
-    /// After the grace, how long in-flight requests may take to finish.
-    #[arg(long, env = "NODE_HOLDER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
 }
 
 impl ServeArgs {
@@ -406,13 +366,11 @@ pub struct RecordArgs {
     pub namespace: String,
 }
 
-/// Leader election among the replicas.
+/// Leader election among the replicas. Each replica is named in the Lease by
+/// its host name (`HOSTNAME`, which in a pod is the pod's name; see
+/// `controller::default_identity`).
 #[derive(Debug, Clone, Args)]
 pub struct LeaderArgs {
-    /// This replica's name in the Lease (the pod name); the host name when empty.
-    #[arg(long, env = "NODE_HOLDER_IDENTITY", default_value = "")]
-    pub identity: String,
-
     /// How long a leader's Lease lasts without renewal: a standby takes over
     /// at most this long after the leader died (whole seconds, at least 2s).
     #[arg(long, env = "NODE_HOLDER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
@@ -422,23 +380,11 @@ pub struct LeaderArgs {
 /// Bounds of the bulk node patching of the window task.
 #[derive(Debug, Clone, Args)]
 pub struct PatchingArgs {
-    /// Node PATCH requests per second at most.
+    /// Node PATCH requests per second at most, 16 in flight: holding or
+    /// releasing N nodes by annotation takes N / this (200 s for 50,000 nodes
+    /// at 250).
     #[arg(long, env = "NODE_HOLDER_API_QPS", default_value_t = 250)]
     pub api_qps: u32,
-
-    /// Node PATCH requests in flight at most.
-    #[arg(long, env = "NODE_HOLDER_API_MAX_IN_FLIGHT", default_value_t = 16)]
-    pub api_max_in_flight: usize,
-
-    /// A burst of node changes is handled in one pass once this long passes
-    /// without another change...
-    #[arg(long, env = "NODE_HOLDER_COALESCE_IDLE", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub coalesce_idle: Duration,
-
-    /// ...or this long after its first change (Karpenter closes its batches
-    /// after 1s idle or 10s in all).
-    #[arg(long, env = "NODE_HOLDER_COALESCE_MAX", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub coalesce_max: Duration,
 }
 
 /// How `status` prints.

@@ -328,7 +328,6 @@ mod tests {
             group_hold_durations: Default::default(),
             window_follows_work: false,
             launch_cost: None,
-            held_until_annotation: true,
         }
     }
 

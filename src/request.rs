@@ -158,21 +158,18 @@ fn leader_config(
     identity: String,
 ) -> Result<controller::Config> {
     let defaults = crate::cli::serve_defaults()?;
-    let (window, holding, pools, stamps) = match settings {
+    let (window, holding, pools) = match settings {
         Some(settings) => (
             settings.window_config(),
             settings.holding()?,
             settings.pools()?,
-            settings.held_until_annotation,
         ),
         None => (
             defaults.window.window_config(),
             defaults.holding.holding()?,
             defaults.holding.pools()?,
-            defaults.held_until_annotation,
         ),
     };
-    let patching = &defaults.patching;
     Ok(controller::Config {
         window,
         holding,
@@ -186,15 +183,9 @@ fn leader_config(
         // Nor does it keep nodes for scheduled runs: it acts on the windows.
         schedule: None,
         warm_lead: None,
-        qps: patching.api_qps,
-        max_in_flight: patching.api_max_in_flight,
+        qps: defaults.patching.api_qps,
         // Run by hand, the pass publishes no Events (`EventSink::none`).
         node_events_per_pass: 0,
-        // As the leader does: a pass run here neither writes stamps the
-        // leader would remove nor removes those it keeps.
-        held_until_annotation: stamps,
-        coalesce_idle: patching.coalesce_idle,
-        coalesce_max: patching.coalesce_max,
     })
 }
 

@@ -18,10 +18,10 @@ use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
-use crate::server::tls::{ReloadingCert, ReloadingClientCa};
+use crate::server::tls::{RELOAD_INTERVAL, ReloadingCert, ReloadingClientCa};
 use crate::server::{
-    HandshakeFailure, Limits, Readiness, TlsServing, WebhookState, admin_router, serve_admin,
-    serve_tls, webhook_router,
+    HandshakeFailure, Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState,
+    admin_router, drain_time, per_source, serve_admin, serve_tls, webhook_router,
 };
 
 /// Every metric of the process: each subsystem registers its own in one
@@ -58,21 +58,13 @@ pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controlle
         holding,
         pools: args.holding.pools()?,
         namespace: args.record.namespace.clone(),
-        identity: if args.leader.identity.is_empty() {
-            controller::default_identity()
-        } else {
-            args.leader.identity.clone()
-        },
+        identity: controller::default_identity(),
         lease_duration: args.leader.lease_duration,
         follow_work: args.window.window_follows_work,
         schedule: args.window.schedule_terms(),
         warm_lead: args.window.warm_lead(),
         qps: args.patching.api_qps,
-        max_in_flight: args.patching.api_max_in_flight,
-        node_events_per_pass: args.node_events_per_pass,
-        held_until_annotation: args.held_until_annotation,
-        coalesce_idle: args.patching.coalesce_idle,
-        coalesce_max: args.patching.coalesce_max,
+        node_events_per_pass: controller::NODE_EVENTS_PER_PASS,
     })
 }
 
@@ -279,18 +271,18 @@ impl Tls {
         metrics: TlsMetrics,
     ) -> Task {
         self.cert
-            .spawn_reloader(args.tls_reload_interval, metrics.not_after.clone());
+            .spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
         if let Some(client_ca) = &self.client_ca {
-            client_ca.spawn_reloader(args.tls_reload_interval);
+            client_ca.spawn_reloader(RELOAD_INTERVAL);
         }
         let limits = Limits {
             request_timeout: args.request_timeout,
-            max_concurrent: args.max_concurrent_requests,
+            max_concurrent: MAX_CONCURRENT_REQUESTS,
         };
         let serving = TlsServing {
-            drain: args.drain_timeout,
+            drain: drain_time(args.request_timeout),
             max_connections: args.max_connections,
-            max_per_source: usize::try_from(args.max_connections_per_source).unwrap_or(usize::MAX),
+            max_per_source: per_source(args.max_connections),
             idle_timeout: args.idle_timeout,
             metrics,
         };

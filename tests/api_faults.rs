@@ -231,11 +231,7 @@ async fn under_priority_and_fairness_rejections_every_node_is_held_and_released_
     let old: Vec<String> = (0..APF_NODES).map(|i| format!("old-{i}")).collect();
     old_nodes(&nodes, &strs(&old), &[], hold).await;
     // Far more than one seat's worth at once, as fast as node-holder goes.
-    let served = serve(
-        &cp,
-        &strs(&fast("12s", &["--api-qps=2000", "--api-max-in-flight=16"])),
-    )
-    .await;
+    let served = serve(&cp, &strs(&fast("12s", &["--api-qps=2000"]))).await;
     register_webhook(&cp, &served).await;
     let new_1 = create(&nodes, "new-1", &[], &[]).await;
     assert!(held(&new_1), "held by the webhook");

@@ -28,9 +28,8 @@ const NODES: usize = 1_200;
 /// Releases the first process must have done before it is killed: enough
 /// that the kill lands in the middle of the run, not at its start.
 const RELEASED_BEFORE_KILL: usize = 200;
-/// `--api-max-in-flight`: at most this many PATCHes can be cut off by the
-/// kill.
-const MAX_IN_FLIGHT: usize = 16;
+/// `--api-qps` here.
+const QPS: u32 = 200;
 
 #[tokio::test]
 async fn a_leader_killed_in_the_middle_of_a_bulk_release_leaves_no_hold_behind_after_a_restart() {
@@ -39,13 +38,7 @@ async fn a_leader_killed_in_the_middle_of_a_bulk_release_leaves_no_hold_behind_a
     // 12 s window, and the releases as long again: a run long enough to be
     // killed in the middle of.
     let hold = secs(12);
-    let args = fast(
-        "12s",
-        &[
-            "--api-qps=200",
-            &format!("--api-max-in-flight={MAX_IN_FLIGHT}"),
-        ],
-    );
+    let args = fast("12s", &[&format!("--api-qps={QPS}")]);
     let names: Vec<String> = (0..NODES).map(|i| format!("bulk-{i:04}")).collect();
     let started = Timestamp::now();
     many_old_nodes(&nodes, &names, hold).await;
@@ -170,7 +163,9 @@ async fn a_leader_killed_in_the_middle_of_a_bulk_release_leaves_no_hold_behind_a
         "the nodes held while no process ran are those the audit log shows unreleased: \
          {tally:?}"
     );
-    assert!(tally.cut_off.len() <= MAX_IN_FLIGHT, "{tally:?}");
+    // At most the PATCHes in flight can be cut off by the kill.
+    let in_flight = node_holder::controller::patcher::MAX_IN_FLIGHT;
+    assert!(tally.cut_off.len() <= in_flight, "{tally:?}");
 
     // The restarted process planned exactly the releases left and made them,
     // and held nothing again: its log and metrics agree with the audit log.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use common::window::marked;
 use common::{Served, node, operator, register_webhook, serve, succeeded};
 use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
 
@@ -21,12 +23,7 @@ async fn held_cluster(cp: &ControlPlane, names: &[&str]) -> Served {
 
 /// [`held_cluster`] with `extra` flags for serve.
 async fn held_cluster_with(cp: &ControlPlane, names: &[&str], extra: &[&str]) -> Served {
-    let mut flags = vec![
-        "--hold-duration=1h",
-        "--coalesce-idle=200ms",
-        "--coalesce-max=1s",
-        "--lease-duration=3s",
-    ];
+    let mut flags = vec!["--hold-duration=1h", "--lease-duration=3s"];
     flags.extend_from_slice(extra);
     let served = serve(cp, &flags).await;
     register_webhook(cp, &served).await;
@@ -245,25 +242,27 @@ fn status_json(cp: &ControlPlane) -> serde_json::Value {
 #[tokio::test]
 async fn status_calls_a_node_held_at_admission_but_not_yet_counted_a_window_opening() {
     let cp = ControlPlane::start().await.unwrap();
-    // The leader's pass after a node change waits for ten quiet minutes.
-    let served = serve(
-        &cp,
-        &[
-            "--hold-duration=1h",
-            "--coalesce-idle=10m",
-            "--coalesce-max=10m",
-        ],
-    )
-    .await;
+    let admin = cp.admin_client().await.unwrap();
+    // Another replica leads (its Lease renewed now, for a minute): this
+    // one's webhook holds the new node, and no pass counts it.
+    common::install_node_holder_rbac(&cp).await;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("node-holder-window".to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("another-replica".to_string()),
+            lease_duration_seconds: Some(60),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let served = serve(&cp, &["--hold-duration=1h"]).await;
     register_webhook(&cp, &served).await;
-    // The leader has made its first pass (it records its settings), so it
-    // watches the nodes: the next one waits for the quiet period.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while status_json(&cp)["settings"].is_null() {
-        assert!(std::time::Instant::now() < deadline, "{}", served.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
+    let nodes: Api<Node> = Api::all(admin);
     nodes
         .create(&PostParams::default(), &node("fresh"))
         .await

@@ -81,7 +81,6 @@ fn written() -> (Value, Value, Value) {
         group_hold_durations: cfg.group_holds.clone(),
         window_follows_work: true,
         launch_cost: Some(Duration::from_secs(300)),
-        held_until_annotation: false,
     };
     let budgets: AddedBudgets = BTreeMap::from([(
         "default".to_string(),
@@ -268,9 +267,5 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
     assert!(settings.window_follows_work && settings.release_pace.is_some());
-    assert!(
-        !settings.held_until_annotation,
-        "the stamps setting is kept"
-    );
     assert_eq!(settings.window_config().group_holds.len(), 1);
 }

@@ -354,13 +354,13 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=tls.certManager.issuerRef.kind=ClusterIssuer"],
             "issuerRef.name",
         ),
-        // 5s + 10s: the kubelet would kill a replica still draining.
+        // 5s + 2s + 2s: the kubelet would kill a replica still draining.
         (
-            vec!["--set=terminationGracePeriodSeconds=15"],
+            vec!["--set=terminationGracePeriodSeconds=9"],
             "must be longer than",
         ),
         (
-            vec!["--set=config.drainTimeout=10 fortnights"],
+            vec!["--set=config.requestTimeout=10 fortnights"],
             "unknown duration unit",
         ),
         (
@@ -415,7 +415,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert_eq!(env["NODE_HOLDER_WINDOW_FOLLOWS_WORK"], "true");
     assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
-    assert_eq!(env["NODE_HOLDER_IDENTITY"], "fieldRef:metadata.name");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
     assert_eq!(env["NODE_HOLDER_ADMIN_ADDR"], "0.0.0.0:8080");
     assert_eq!(
@@ -439,16 +438,10 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_NODEPOOL_SELECTOR", ""),
         ("NODE_HOLDER_LEASE_DURATION", "15s"),
         ("NODE_HOLDER_API_QPS", "250"),
-        ("NODE_HOLDER_API_MAX_IN_FLIGHT", "16"),
-        ("NODE_HOLDER_COALESCE_IDLE", "1s"),
-        ("NODE_HOLDER_COALESCE_MAX", "10s"),
         ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
-        ("NODE_HOLDER_MAX_CONCURRENT_REQUESTS", "256"),
         ("NODE_HOLDER_MAX_CONNECTIONS", "1024"),
         ("NODE_HOLDER_IDLE_TIMEOUT", "60s"),
         ("NODE_HOLDER_SHUTDOWN_GRACE", "5s"),
-        ("NODE_HOLDER_DRAIN_TIMEOUT", "10s"),
-        ("NODE_HOLDER_TLS_RELOAD_INTERVAL", "10s"),
         ("NODE_HOLDER_LOG_FORMAT", "json"),
         ("NODE_HOLDER_LOG_LEVEL", "info"),
         // Empty: no client certificates required.
@@ -533,8 +526,8 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         container(&with_ca)["volumeMounts"][1],
         json!({"name": "client-ca", "mountPath": "/etc/node-holder/client-ca", "readOnly": true})
     );
-    // Longer than --shutdown-grace + --drain-timeout (5s + 10s).
-    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 15);
+    // Longer than --shutdown-grace + the drain (5s, and 2s + 2s after it).
+    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 9);
     let service = one(&objects, "Service");
     assert_eq!(
         service["spec"]["selector"],
@@ -549,7 +542,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     let objects = template(&[
         "--set=priorityClassName=system-cluster-critical",
         "--set=config.shutdownGrace=1m",
-        "--set=config.drainTimeout=30s",
+        "--set=config.requestTimeout=30s",
         "--set=config.holdDuration=90s",
         "--set=config.apiQps=1000000",
         "--set=replicaCount=3",
@@ -959,8 +952,6 @@ async fn node_holder_with_only_the_charts_rbac_holds_and_releases_and_nothing_mo
     let objects = tokio::task::spawn_blocking(|| {
         template(&[
             "--set=config.holdDuration=4s",
-            "--set=config.coalesceIdle=200ms",
-            "--set=config.coalesceMax=1s",
             "--set=config.leaseDuration=3s",
         ])
     })

@@ -205,8 +205,8 @@ async fn a_node_create_is_held_through_the_charts_service_at_a_pod_address() {
 
 #[tokio::test]
 async fn the_api_server_verifies_the_webhook_certificate_for_the_services_name() {
-    // Certificates are re-read every second, so a swap shows quickly.
-    let Installed { cp, pod, mount } = install(&["--set=config.tlsReloadInterval=1s"]).await;
+    // Certificates are re-read every 2 s, so a swap shows quickly.
+    let Installed { cp, pod, mount } = install(&[]).await;
     let admin = cp.admin_client().await.unwrap();
 
     // Same path, same kind of certificate, from a CA the caBundle trusts, but

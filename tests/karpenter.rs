@@ -66,11 +66,7 @@ fn records(a: &Autoscaled) -> Api<ConfigMap> {
 
 /// `node-holder serve` with `flags`, registered as the cluster's webhook.
 async fn install_node_holder(a: &Autoscaled, flags: &[&str]) -> Served {
-    let mut args = vec![
-        "--coalesce-idle=200ms",
-        "--coalesce-max=1s",
-        "--lease-duration=3s",
-    ];
+    let mut args = vec!["--lease-duration=3s"];
     args.extend_from_slice(flags);
     let served = serve(a.cp(), &args).await;
     register_webhook(a.cp(), &served).await;
@@ -919,15 +915,7 @@ async fn in_policy_mode_karpenters_nodes_are_held_at_create_with_node_holder_dow
     assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
     assert_eq!(a.eligible_empty_nodes().await, 0.0);
 
-    let served = policy::serve(
-        a.cp(),
-        &[
-            "--hold-duration=10s",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-        ],
-    )
-    .await;
+    let served = policy::serve(a.cp(), &["--hold-duration=10s"]).await;
     a.until(
         "the nodes consolidated once node-holder released them",
         KARPENTER_ROUND * 3,
@@ -953,8 +941,6 @@ async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
         &[
             "--hold-duration=60s",
             "--hold-mechanism=budget",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
             "--lease-duration=3s",
         ],
     )

@@ -61,7 +61,7 @@ async fn kubectl_runs_status_release_and_hold_as_a_plugin_with_its_kubeconfig_an
     );
 
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve(&cp, &["--hold-duration=1h", "--coalesce-idle=200ms"]).await;
+    let served = serve(&cp, &["--hold-duration=1h"]).await;
     register_webhook(&cp, &served).await;
     let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
     nodes
@@ -134,15 +134,7 @@ async fn kubectl_runs_status_release_and_hold_as_a_plugin_with_its_kubeconfig_an
 #[tokio::test]
 async fn explain_says_whose_hold_a_node_carries_until_when_and_why() {
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve(
-        &cp,
-        &[
-            "--hold-duration=1h",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-        ],
-    )
-    .await;
+    let served = serve(&cp, &["--hold-duration=1h"]).await;
     register_webhook(&cp, &served).await;
     let nodes: Api<Node> = Api::all(cp.admin_client().await.unwrap());
     for name in ["mine", "mine-2"] {

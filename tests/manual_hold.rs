@@ -25,12 +25,7 @@ async fn serve_short_window(cp: &ControlPlane) -> Served {
 
 /// [`serve_short_window`] with `extra` flags.
 async fn serve_short_window_with(cp: &ControlPlane, extra: &[&str]) -> Served {
-    let mut flags = vec![
-        "--hold-duration=2s",
-        "--coalesce-idle=200ms",
-        "--coalesce-max=1s",
-        "--lease-duration=3s",
-    ];
+    let mut flags = vec!["--hold-duration=2s", "--lease-duration=3s"];
     flags.extend_from_slice(extra);
     common::serve(cp, &flags).await
 }
@@ -216,38 +211,31 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
     assert_eq!(status_json(&cp)["manual"]["reason"], REASON);
 }
 
-/// A hold run by hand follows the settings the last leader recorded: with
-/// `--held-until-annotation=false` there, it writes no stamp. And a leader
-/// started with settings other than the record's writes its own at its
-/// first pass, though the window does not change.
+/// A hold run by hand holds with the settings the last leader recorded and
+/// stamps each node with the hold's end, as the leader does. And a leader
+/// started with settings other than the record's writes its own at its first
+/// pass, though the window does not change.
 #[tokio::test]
-async fn a_manual_hold_run_by_hand_follows_the_recorded_stamp_setting_which_a_new_leader_rewrites()
-{
+async fn a_manual_hold_run_by_hand_stamps_its_nodes_and_a_new_leader_rewrites_the_settings() {
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve_short_window_with(&cp, &["--held-until-annotation=false"]).await;
+    let served = serve_short_window_with(&cp, &["--max-hold=3h"]).await;
     let nodes = nodes_past_their_window(&cp, &served, &["a", "b"]).await;
     drop(served);
 
     let out = succeeded(&operator(&cp, &["hold", "--for", "1h", "--reason", REASON]));
     assert!(out.contains("held 2 node(s) here"), "{out}");
     assert_eq!(marked(&nodes).await, ["a", "b"]);
-    assert!(
-        stamped(&nodes, &["a", "b"]).await.is_empty(),
-        "the record says no stamps"
-    );
-    let recorded = |status: &serde_json::Value| status["settings"]["heldUntilAnnotation"].clone();
-    assert_eq!(recorded(&status_json(&cp)), false);
+    assert_eq!(stamped(&nodes, &["a", "b"]).await, ["a", "b"]);
+    let recorded = |status: &serde_json::Value| status["settings"]["maxHold"].clone();
+    assert_eq!(recorded(&status_json(&cp)), "3h");
 
-    // A leader with stamps on (the default) writes its settings at once,
-    // and stamps the nodes the manual hold holds.
+    // A leader with the default cap writes its settings at once.
     let served = serve_short_window(&cp).await;
     eventually_logging(
-        "the new leader's settings recorded, the held nodes stamped",
+        "the new leader's settings recorded",
         Duration::from_secs(30),
         &served,
-        || async {
-            recorded(&status_json(&cp)).is_null() && stamped(&nodes, &["a", "b"]).await.len() == 2
-        },
+        || async { recorded(&status_json(&cp)) == "2h" },
     )
     .await;
 }

@@ -26,9 +26,7 @@ fn cronjob(name: &str, schedule: &str) -> CronJob {
 }
 
 /// node-holder's flags here.
-const ARGS: [&str; 5] = [
-    "--coalesce-idle=200ms",
-    "--coalesce-max=1s",
+const ARGS: [&str; 3] = [
     "--lease-duration=3s",
     // A window would hold every node for 20 minutes: the schedule's nodes
     // must open none.

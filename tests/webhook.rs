@@ -223,7 +223,7 @@ async fn with_the_webhook_down_nodes_register_unheld_and_the_audit_log_shows_the
 #[tokio::test]
 async fn a_rotated_certificate_from_a_new_ca_is_served_without_a_restart() {
     let cp = ControlPlane::start().await.unwrap();
-    let mut served = serve(&cp, &["--tls-reload-interval=200ms"]).await;
+    let mut served = serve(&cp, &[]).await;
     register_webhook(&cp, &served).await;
     let client = cp.admin_client().await.unwrap();
     let pid = served.child.id();
@@ -286,15 +286,7 @@ async fn a_rotated_certificate_from_a_new_ca_is_served_without_a_restart() {
 #[tokio::test]
 async fn an_expired_serving_certificate_fails_open_and_shows_in_metrics_and_logs() {
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve(
-        &cp,
-        &[
-            "--tls-reload-interval=200ms",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-        ],
-    )
-    .await;
+    let served = serve(&cp, &[]).await;
     register_webhook(&cp, &served).await;
     // The certificate rotates into one that expired yesterday, from a CA the
     // API server is told to trust: only the expiry is wrong.

@@ -326,7 +326,7 @@ async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
 #[tokio::test]
 async fn sigterm_turns_not_ready_keeps_serving_through_the_grace_then_drains_and_exits_0() {
     let cp = ControlPlane::start().await.unwrap();
-    let mut served = serve(&cp, &["--shutdown-grace=2s", "--drain-timeout=5s"]).await;
+    let mut served = serve(&cp, &["--shutdown-grace=2s"]).await;
     let mut keep_alive = Http1::connect(&served).await;
     let reply = keep_alive
         .send(request(

@@ -331,14 +331,7 @@ async fn direct_clients_need_a_certificate_of_the_client_ca_which_rotates_withou
     let client_ca = dir.path().join("client-ca.crt");
     install(&ours.ca(), &client_ca);
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve(
-        &cp,
-        &[
-            &format!("--client-ca-file={}", client_ca.display()),
-            "--tls-reload-interval=200ms",
-        ],
-    )
-    .await;
+    let served = serve(&cp, &[&format!("--client-ca-file={}", client_ca.display())]).await;
     let (none, with_ours, with_theirs) = (
         connector(&served, None),
         connector(&served, Some(&ours)),

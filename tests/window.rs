@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::window::{
     Cluster, HOLD, all_held, annotate, at, carries_anything_of_node_holders, create, created,
-    eventually_logging, fast, held, logged, metric, no_node_carries_anything,
-    node_holder_patch_log, node_holder_stamps, old_nodes, scrape, strs, window,
+    eventually_logging, fast, held, no_node_carries_anything, node_holder_stamps, old_nodes,
+    scrape, strs, window,
 };
 use common::{has_node_events, register_webhook, serve};
 use jiff::Timestamp;
@@ -235,72 +235,6 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
     );
 }
 
-/// `--held-until-annotation=false`: node-holder writes no stamp (the
-/// webhook's new node gets no PATCH of its own while held), and removes one an
-/// earlier run left on a node it holds.
-#[tokio::test]
-async fn with_the_stamp_off_no_held_until_is_written_and_an_old_one_goes() {
-    let Cluster { cp, nodes, .. } = Cluster::start().await;
-    let marker = ("node-holder.dev/held", "true");
-    let stale = [
-        (HOLD, "true"),
-        ("node-holder.dev/hold-keys", HOLD),
-        ("node-holder.dev/held-until", "2026-01-01T00:00:00Z"),
-    ];
-    create(&nodes, "left", &[marker], &stale).await;
-    let served = serve(&cp, &strs(&fast("30s", &["--held-until-annotation=false"]))).await;
-    register_webhook(&cp, &served).await;
-    create(&nodes, "new-1", &[], &[]).await;
-    eventually_logging(
-        "the old stamp removed, the node still held, both counted as new and held",
-        Duration::from_secs(10),
-        &served,
-        || async {
-            let left = nodes.get("left").await.unwrap();
-            let stamped = left
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key("node-holder.dev/held-until"));
-            let counted = metric(&served, r#"node_holder_new_nodes_total{at_create="held"}"#).await;
-            held(&left) && !stamped && counted.is_some_and(|n| n >= 2.0)
-        },
-    )
-    .await;
-    // "left" was new at the leader's first pass (created just before it
-    // started, within the hold), so the window held it all along: its one
-    // PATCH is the stamp's removal, not a release and a hold again.
-    // (The audit event trails the response a little.)
-    let left_patches = || {
-        node_holder_patch_log(&cp)
-            .remove("left")
-            .unwrap_or_default()
-    };
-    eventually_logging(
-        "the removal's audit event",
-        Duration::from_secs(10),
-        &served,
-        || std::future::ready(!left_patches().is_empty()),
-    )
-    .await;
-    assert_eq!(left_patches().len(), 1, "{:?}", left_patches());
-    for name in ["left", "new-1"] {
-        let node = nodes.get(name).await.unwrap();
-        assert!(held(&node), "{name}");
-        let annotations = node.metadata.annotations.unwrap_or_default();
-        assert!(
-            !annotations.contains_key("node-holder.dev/held-until"),
-            "{name}: {annotations:?}"
-        );
-    }
-    assert!(node_holder_stamps(&cp, "new-1").is_empty());
-    assert_eq!(
-        node_holder_stamps(&cp, "left").len(),
-        0,
-        "the removal is no stamp"
-    );
-}
-
 #[tokio::test]
 async fn a_hold_edited_by_a_human_during_the_window_is_left_as_they_set_it() {
     let Cluster { cp, nodes, .. } = Cluster::start().await;
@@ -361,99 +295,4 @@ async fn a_release_patch_from_a_stale_read_is_rejected_by_the_api_server() {
             .unwrap()[HOLD],
         "false"
     );
-}
-
-/// Coalescing times longer than the machine has been up (and than an
-/// `Instant` can hold) mean "never by that rule", not a panic: a burst still
-/// runs after its quiet time, and the first pass after listing at once.
-#[tokio::test]
-async fn a_coalesce_max_longer_than_the_uptime_still_holds_and_releases() {
-    let Cluster { cp, nodes, .. } = Cluster::start().await;
-    let served = serve(
-        &cp,
-        &[
-            "--hold-duration=3s",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=500000000y",
-            "--lease-duration=3s",
-        ],
-    )
-    .await;
-    register_webhook(&cp, &served).await;
-    create(&nodes, "late", &[], &[]).await;
-    assert!(held(&nodes.get("late").await.unwrap()));
-    eventually_logging(
-        "the window opened and its hold released",
-        Duration::from_secs(30),
-        &served,
-        || no_node_carries_anything(&nodes),
-    )
-    .await;
-    assert!(
-        !logged(&served, "hold window opened").is_empty(),
-        "{}",
-        served.log()
-    );
-    assert!(!served.log().contains("panicked"), "{}", served.log());
-}
-
-/// `(reason, note)` of the Events in `events` regarding `name`.
-async fn events_of(events: &Api<Event>, name: &str) -> Vec<(String, String)> {
-    let listed = events.list(&ListParams::default()).await.unwrap().items;
-    listed
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-        .collect()
-}
-
-#[tokio::test]
-async fn a_pass_over_more_nodes_than_get_their_own_event_is_summed_up_on_the_record() {
-    let Cluster { cp, nodes, .. } = Cluster::start().await;
-    let old = ["old-1", "old-2", "old-3", "old-4"];
-    old_nodes(&nodes, &old, &[], Duration::from_secs(4)).await;
-    let served = serve(&cp, &strs(&fast("4s", &["--node-events-per-pass", "2"]))).await;
-    // No webhook: the window's pass holds the new node too, five in all.
-    create(&nodes, "new-1", &[], &[]).await;
-    let five = ["old-1", "old-2", "old-3", "old-4", "new-1"];
-    eventually_logging("every node held", Duration::from_secs(20), &served, || {
-        all_held(&nodes, &five)
-    })
-    .await;
-    eventually_logging(
-        "every node released",
-        Duration::from_secs(20),
-        &served,
-        || no_node_carries_anything(&nodes),
-    )
-    .await;
-
-    let admin = cp.admin_client().await.unwrap();
-    let on_record: Api<Event> = Api::namespaced(admin.clone(), testenv::NODE_HOLDER_NAMESPACE);
-    let summaries = || async {
-        let events = events_of(&on_record, "node-holder-window").await;
-        let summary = |reason: &str| {
-            events
-                .iter()
-                .any(|(r, note)| r == reason && note.contains(" 5 nodes in one pass"))
-        };
-        summary("NodesHeld") && summary("NodesReleased")
-    };
-    eventually_logging(
-        "the two summaries on the record",
-        Duration::from_secs(20),
-        &served,
-        summaries,
-    )
-    .await;
-    // Events are published in order: the nodes' own came before the summary.
-    let on_nodes: Api<Event> = Api::namespaced(admin, "default");
-    let mut own = std::collections::BTreeMap::<String, usize>::new();
-    for name in five {
-        for (reason, _) in events_of(&on_nodes, name).await {
-            *own.entry(reason).or_default() += 1;
-        }
-    }
-    assert_eq!(own.get("HoldApplied"), Some(&2), "{own:?}");
-    assert_eq!(own.get("HoldReleased"), Some(&2), "{own:?}");
 }

@@ -257,15 +257,17 @@ Whole seconds (rounded up) of a duration in node-holder's syntax: `90s`,
 {{- div (add $millis 999) 1000 }}
 {{- end }}
 
-{{/* The pod's terminationGracePeriodSeconds: longer than grace + drain. */}}
+{{/* The pod's terminationGracePeriodSeconds: longer than grace + drain; the
+drain takes the request timeout and 2 s at most (drain_time in
+src/server/connection.rs). */}}
 {{- define "node-holder.terminationGracePeriodSeconds" -}}
-{{- $needed := add (include "node-holder.seconds" .Values.config.shutdownGrace | int64) (include "node-holder.seconds" .Values.config.drainTimeout | int64) }}
+{{- $needed := add (include "node-holder.seconds" .Values.config.shutdownGrace | int64) (include "node-holder.seconds" .Values.config.requestTimeout | int64) 2 }}
 {{- if eq (toString .Values.terminationGracePeriodSeconds) "" }}
 {{- add $needed 5 }}
 {{- else }}
 {{- $given := int64 .Values.terminationGracePeriodSeconds }}
 {{- if le $given $needed }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be longer than config.shutdownGrace + config.drainTimeout (%ds)" $given $needed) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be longer than config.shutdownGrace + config.requestTimeout + 2s (%ds)" $given $needed) }}
 {{- end }}
 {{- $given }}
 {{- end }}

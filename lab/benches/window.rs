@@ -8,8 +8,8 @@
 //!    than the hold duration, so that none of them opens a window itself;
 //! 2. starts the release build of `node-holder serve` as node-holder's
 //!    restricted identity with the RBAC of `webhook-config/rbac.yaml` (the
-//!    fixture of `testsupport`), at the default `--api-qps` and
-//!    `--api-max-in-flight`, JSON log to a file; no webhook is registered,
+//!    fixture of `testsupport`), at the default `--api-qps` (250, so 16
+//!    PATCHes in flight), JSON log to a file; no webhook is registered,
 //!    so the window task's backstop holds new nodes too;
 //! 3. creates one new node and measures the time until all 5,001 nodes carry
 //!    the marker label `node-holder.dev/held=true` (from just before the
@@ -170,8 +170,8 @@ fn print_plan(machine: &Machine, observe: Observe) {
         machine.cores, machine.cpu_model, machine.loadavg
     );
     println!(
-        "serve: --hold-duration={}s, default --api-qps (250) and --api-max-in-flight (16), \
-         default coalescing (1s idle, 10s max); held count observed by {}",
+        "serve: --hold-duration={}s, default --api-qps (250, 16 in flight), \
+         coalescing 500ms idle, 5s max; held count observed by {}",
         HOLD.as_secs(),
         observe.describe()
     );

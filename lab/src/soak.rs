@@ -175,16 +175,7 @@ const API_ERRORS_FOR: Duration = Duration::from_secs(15);
 
 async fn start_replica(a: &Autoscaled) -> Served {
     let hold = format!("--hold-duration={}s", HOLD_FOR.as_secs());
-    policy::serve(
-        a.cp(),
-        &[
-            &hold,
-            "--lease-duration=3s",
-            "--coalesce-idle=200ms",
-            "--coalesce-max=1s",
-        ],
-    )
-    .await
+    policy::serve(a.cp(), &[&hold, "--lease-duration=3s"]).await
 }
 
 /// A Job of 1-3 pods that each fill a node, running 20-60 s.

@@ -1,10 +1,27 @@
 //! When the leader's next pass runs. A burst of node changes is handled in
-//! one pass once `idle` passes without another change, or `max` after its
-//! first change; a fresh list of the nodes and a release request run a pass
-//! at once. Times a flag pushes past what an `Instant` can hold mean never,
-//! not a panic.
+//! one pass once [`IDLE`] passes without another change, or [`MAX`] after
+//! its first change; a fresh list of the nodes and a release request run a
+//! pass at once.
 
 use std::time::{Duration, Instant};
+
+/// A burst of node changes is handled in one pass once this long passes
+/// without another change. The webhook holds each new node at its CREATE and
+/// a window's deadline counts from creation times, so this delays only the
+/// pass that holds the rest of the cluster once a window opens (it is part of
+/// the hold time measured at 5,000 and 50,000 nodes, 21 s and 201 s at 250
+/// PATCHes a second, and most of the budget mechanism's 1.17 s) and the late
+/// hold of a node the webhook missed. Half of Karpenter's batch idle time
+/// (1 s): a scale-up's nodes register over seconds anyway, so a shorter
+/// quiet time costs a few more passes, not more patches (a pass patches
+/// only the nodes whose state changes).
+pub const IDLE: Duration = Duration::from_millis(500);
+
+/// ...or this long after the burst's first change, whichever comes first. In
+/// a large cluster node updates keep the watch busy, so passes run about this
+/// often: each an in-memory plan over the stored nodes that patches nothing
+/// when nothing changes state. Half of Karpenter's batch limit (10 s).
+pub const MAX: Duration = Duration::from_secs(5);
 
 /// What is waiting for a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,13 +99,7 @@ impl Coalesce {
         match self.pending {
             Pending::Nothing => Due::Never,
             Pending::Now => Due::Now,
-            Pending::Burst { first, last } => {
-                match (last.checked_add(self.idle), first.checked_add(self.max)) {
-                    (Some(a), Some(b)) => Due::At(a.min(b)),
-                    (Some(at), None) | (None, Some(at)) => Due::At(at),
-                    (None, None) => Due::Never,
-                }
-            }
+            Pending::Burst { first, last } => Due::At((last + self.idle).min(first + self.max)),
         }
     }
 }
@@ -121,21 +132,5 @@ mod tests {
         c.change(t0 + S);
         assert_eq!(c.due(), Due::Now);
         assert_eq!(c.due().or_at(Some(t0)), Due::Now);
-    }
-
-    #[test]
-    fn durations_past_what_an_instant_holds_mean_never_not_a_panic() {
-        let huge = Duration::from_secs(u64::MAX);
-        let t0 = Instant::now();
-        let mut c = Coalesce::new(S, huge);
-        c.change(t0);
-        assert_eq!(c.due(), Due::At(t0 + S), "idle still ends the burst");
-        let mut c = Coalesce::new(huge, huge);
-        c.change(t0);
-        assert_eq!(c.due(), Due::Never);
-        assert_eq!(c.due().or_at(Some(t0)), Due::At(t0));
-        // A fresh list still runs a pass at once, however long the max.
-        c.run_now();
-        assert_eq!(c.due(), Due::Now);
     }
 }

@@ -15,6 +15,7 @@ impl WindowTask {
         let mut planner = planner(&self.windows, &self.config, snapshot, now);
         planner.pool_budgets = pool_budgets;
         planner.kept = self.config.schedule.map(|_| &self.kept);
+        planner.explained = self.config.schedule.map(|_| &self.explained);
         let planner = &planner;
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
@@ -262,8 +263,8 @@ pub(super) fn planner<'a>(
         holds: &config.holding.holds,
         now,
         paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
-        stamps: config.held_until_annotation,
         kept: None,
+        explained: None,
         pool_budgets: None,
     }
 }

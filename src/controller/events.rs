@@ -21,6 +21,13 @@ use crate::core::window::{ManualHold, ManualHoldOutcome, Observed};
 
 const QUEUE: usize = 10_000;
 const PER_SECOND: u32 = 20;
+
+/// Nodes of one pass that get an Event each way (held, released); a pass
+/// that patches more sums them up in one Event on the record. Holding and
+/// releasing 50,000 nodes then wrote 1,005 Events, where one Event per node
+/// queued 100,003 and the bounded queue dropped 85 % of them, so which nodes
+/// had one was chance. 500 take 25 s to publish at 20 a second.
+pub const NODE_EVENTS_PER_PASS: usize = 500;
 /// `reportingController` of node-holder's Events.
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
@@ -238,7 +245,7 @@ impl HoldEvent {
 }
 
 /// The node Events of one pass's patches one way: each node its own Event
-/// up to a limit (`--node-events-per-pass`), and past it one Event on the
+/// up to a limit ([`NODE_EVENTS_PER_PASS`] for the leader), and past it one Event on the
 /// record that sums the pass up. A pass over a whole large cluster would
 /// otherwise queue an Event per node, far more than the API server should
 /// store or the publisher can send (20 a second).
@@ -290,7 +297,7 @@ impl PassEvents {
             action,
             note: format!(
                 "node-holder {did} {} nodes in one pass; the first {} have an Event of \
-                 their own (--node-events-per-pass)",
+                 their own",
                 self.applied, self.limit
             ),
         })

@@ -4,7 +4,10 @@
 
 use super::*;
 
-/// This replica's default name in the Lease: the pod's host name.
+/// This replica's name in the Lease: its host name, `HOSTNAME`, which in a
+/// pod is the pod's name (every replica's differs; with `hostNetwork` it is
+/// the node's, and two replicas cannot share a node's ports). Then
+/// `/etc/hostname`, then the process id.
 pub fn default_identity() -> String {
     std::env::var("HOSTNAME")
         .ok()

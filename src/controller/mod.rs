@@ -57,6 +57,7 @@ use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use coalesce::{Coalesce, Due};
+pub use events::NODE_EVENTS_PER_PASS;
 use events::{EventSink, HoldEvent, PassEvents};
 pub use metrics::WindowMetrics;
 use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
@@ -84,15 +85,11 @@ pub struct Config {
     /// `--warm-before-runs`: how long before a run whose nodes the schedule
     /// let go its placeholders ask for them; `None`: off.
     pub warm_lead: Option<Duration>,
+    /// `--api-qps`: node PATCHes a second at most.
     pub qps: u32,
-    pub max_in_flight: usize,
     /// How many nodes of one pass's patches one way get an Event each;
     /// past it, one Event on the record sums the pass up.
     pub node_events_per_pass: usize,
-    /// `--held-until-annotation`: each held node carries its stamp.
-    pub held_until_annotation: bool,
-    pub coalesce_idle: Duration,
-    pub coalesce_max: Duration,
 }
 
 impl Config {
@@ -116,7 +113,6 @@ impl Config {
             group_hold_durations: self.window.group_holds.clone(),
             window_follows_work: self.follow_work,
             launch_cost: self.schedule.map(|terms| terms.launch_cost),
-            held_until_annotation: self.held_until_annotation,
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
             } else {
@@ -240,7 +236,7 @@ impl WindowTask {
             .map(|scope| budgets::Pools::new(client.clone(), scope));
         WindowTask {
             store: RecordStore::new(client.clone(), &config.namespace),
-            patcher: Patcher::new(client.clone(), config.qps, config.max_in_flight),
+            patcher: Patcher::new(client.clone(), config.qps),
             client,
             config,
             metrics,
@@ -292,7 +288,7 @@ impl WindowTask {
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
-        let mut next = Coalesce::new(self.config.coalesce_idle, self.config.coalesce_max);
+        let mut next = Coalesce::new(coalesce::IDLE, coalesce::MAX);
         let mut wake: Option<Instant> = None;
         loop {
             // No pass on a store that may miss nodes: before the first list,

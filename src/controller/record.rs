@@ -132,17 +132,6 @@ pub struct Settings {
         with = "humantime_serde::option"
     )]
     pub launch_cost: Option<std::time::Duration>,
-    /// `--held-until-annotation`; absent: true (the default is not written).
-    #[serde(default = "stamps_on", skip_serializing_if = "is_on")]
-    pub held_until_annotation: bool,
-}
-
-fn stamps_on() -> bool {
-    true
-}
-
-fn is_on(value: &bool) -> bool {
-    *value
 }
 
 /// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.
@@ -525,17 +514,6 @@ mod tests {
             settings.max_hold,
             Some(std::time::Duration::from_secs(7200))
         );
-        assert!(settings.held_until_annotation, "stamps are on by default");
         assert_eq!(serde_json::to_string(&settings).unwrap(), text);
-        let off = Settings {
-            held_until_annotation: false,
-            ..settings
-        };
-        let written = serde_json::to_string(&off).unwrap();
-        assert!(
-            written.contains(r#""heldUntilAnnotation":false"#),
-            "{written}"
-        );
-        assert_eq!(serde_json::from_str::<Settings>(&written).unwrap(), off);
     }
 }

@@ -95,25 +95,6 @@ pub fn with_held_until(meta: &impl NodeFields, Patch(mut ops): Patch, until: Tim
     Patch(ops)
 }
 
-/// `patch` (a hold of `meta`, possibly empty) with the node's
-/// [`HELD_UNTIL_ANNOTATION`] removed (`--held-until-annotation=false`),
-/// `test`ed first, as is the marker when `patch` is empty.
-pub fn without_held_until(meta: &impl NodeFields, Patch(mut ops): Patch) -> Patch {
-    let Some(stamp) = meta.annotation(HELD_UNTIL_ANNOTATION) else {
-        return Patch(ops);
-    };
-    if ops.is_empty() {
-        ops.push(test(
-            PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]),
-            MARKER_VALUE,
-        ));
-    }
-    let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_UNTIL_ANNOTATION]);
-    ops.push(test(path.clone(), stamp));
-    ops.push(remove(path));
-    Patch(ops)
-}
-
 /// How [`with_held_until`] writes `until`: RFC 3339 in whole seconds,
 /// rounded down.
 pub fn stamp_text(until: Timestamp) -> String {

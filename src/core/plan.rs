@@ -16,11 +16,9 @@ use json_patch::Patch;
 use super::budget::NODEPOOL_LABEL;
 use super::due::Kept;
 use super::groups::Windows;
-use super::holds::{HELD_UNTIL_ANNOTATION, Holds, held_until_stamp, is_marked};
+use super::holds::{Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
-use super::patch::{
-    floor_seconds, hold_existing, release_holds, with_held_until, without_held_until,
-};
+use super::patch::{floor_seconds, hold_existing, release_holds, with_held_until};
 use super::window::WindowConfig;
 
 /// One node's patch and what it changes, for logs and Events.
@@ -94,13 +92,16 @@ pub struct Planner<'a> {
     /// During a paced release, the held nodes that keep their hold for now,
     /// by group.
     pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
-    /// `--held-until-annotation`: held nodes carry `held-until`; `false`:
-    /// none does (a stamp left from before is removed).
-    pub stamps: bool,
     /// `--launch-cost`: the nodes the schedule keeps (see
     /// [`super::due::keep`]), each until when, if that is known. A node kept
     /// is held whatever its window says.
     pub kept: Option<&'a BTreeMap<String, Kept>>,
+    /// `--launch-cost`: the nodes the schedule explains (only known
+    /// CronJobs' pods ran on them). For them the schedule decides alone: one
+    /// it does not keep is not held by its group's window (only by a manual
+    /// hold), so another workload's scale-up does not hold a CronJob's idle
+    /// nodes for a whole window.
+    pub explained: Option<&'a BTreeSet<String>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -168,6 +169,10 @@ impl Planner<'_> {
         match self.kept.and_then(|kept| kept.get(node.name())) {
             // Held at least until the later end known (`None` < `Some`).
             Some(scheduled) => (true, until.max(scheduled.until)),
+            None if self.explained.is_some_and(|e| e.contains(node.name())) => {
+                let manual = self.windows.manual_held_until(self.now);
+                (manual.is_some(), manual)
+            }
             None => (until.is_some() || paced, until),
         }
     }
@@ -212,8 +217,7 @@ impl Planner<'_> {
             };
             let marked_after = is_marked(node) || action == Action::Hold;
             let patch = match self.stamp(node, until, marked_after) {
-                Some(Some(stamp)) => with_held_until(node, patch, stamp),
-                Some(None) => without_held_until(node, patch),
+                Some(stamp) => with_held_until(node, patch, stamp),
                 None if action == Action::Stamp => return None,
                 None => patch,
             };
@@ -232,24 +236,18 @@ impl Planner<'_> {
         }
     }
 
-    /// What the held node's `held-until` should become: `Some(Some(t))` a
-    /// stamp at `t`, `Some(None)` none (stamps are off and it has one),
-    /// `None` unchanged.
+    /// What the held node's `held-until` should become: `Some(t)` a stamp
+    /// at `t`, `None` unchanged.
     fn stamp(
         &self,
         node: &NodeMeta,
         until: Option<Timestamp>,
         marked_after: bool,
-    ) -> Option<Option<Timestamp>> {
+    ) -> Option<Timestamp> {
         if !marked_after {
             return None;
         }
-        if !self.stamps {
-            return node.annotation(HELD_UNTIL_ANNOTATION).map(|_| None);
-        }
-        until
-            .and_then(|until| needs_stamp(node, until, self.now))
-            .map(Some)
+        until.and_then(|until| needs_stamp(node, until, self.now))
     }
 
     /// When this node's plan changes by itself: when the schedule stops
@@ -263,7 +261,7 @@ impl Planner<'_> {
         let (wanted, until) = self.wanted(node);
         let stamp = until.filter(|_| wanted).and_then(|until| {
             held_until_stamp(node).filter(|&stamp| {
-                self.stamps && is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
+                is_marked(node) && self.now < stamp && stamp < floor_seconds(until)
             })
         });
         scheduled.into_iter().chain(stamp).min()
@@ -420,8 +418,8 @@ mod tests {
             holds,
             now,
             paced: paced_keep(windows, cfg, now, &nodes),
-            stamps: true,
             kept: None,
+            explained: None,
             pool_budgets: None,
         };
         plan_all(&planner, &nodes)
@@ -576,46 +574,6 @@ mod tests {
         assert!(plan_all_at(&w, &cfg, &[theirs], t(2)).is_empty());
     }
 
-    /// `--held-until-annotation=false`: no stamp is written, in a hold
-    /// patch or alone, and one left from before is removed.
-    #[test]
-    fn with_stamps_off_none_is_written_and_old_ones_are_removed() {
-        let cfg = cfg();
-        let w = open_window(&cfg, 0);
-        let windows = Windows::from(w);
-        let nodes = [
-            held("new", 0),
-            stamped(held("stamped", -5), t(10)),
-            node("unheld", -50, json!({}), json!({})),
-        ];
-        let nodes = stored(&nodes, &NodeScope::default());
-        let planner = Planner {
-            windows: &windows,
-            cfg: &cfg,
-            holds: &holds(),
-            now: t(1),
-            paced: BTreeMap::new(),
-            stamps: false,
-            kept: None,
-            pool_budgets: None,
-        };
-        let plan = plan_all(&planner, &nodes);
-        assert_eq!(names(&plan.stamp), ["stamped"]);
-        assert_eq!(
-            serde_json::to_value(&plan.stamp[0].patch).unwrap(),
-            json!([
-                {"op": "test", "path": "/metadata/labels/node-holder.dev~1held", "value": "true"},
-                {"op": "test", "path": "/metadata/annotations/node-holder.dev~1held-until",
-                 "value": t(10).to_string()},
-                {"op": "remove", "path": "/metadata/annotations/node-holder.dev~1held-until"},
-            ])
-        );
-        assert_eq!(names(&plan.hold), ["unheld"]);
-        let hold = serde_json::to_string(&plan.hold[0].patch).unwrap();
-        assert!(!hold.contains("held-until"), "{hold}");
-        assert_eq!(plan.wake, Some(t(10)), "the deadline only");
-    }
-
     fn plan_all_at(w: &Window, cfg: &WindowConfig, nodes: &[ObjectMeta], now: Timestamp) -> Plan {
         plan(w, cfg, &NodeScope::default(), &holds(), nodes, now)
     }
@@ -703,8 +661,8 @@ mod tests {
             holds: &holds(),
             now: t(0),
             paced: BTreeMap::new(),
-            stamps: true,
             kept: Some(&kept),
+            explained: None,
             pool_budgets: None,
         };
         let plan = plan_all(&planner, &nodes);
@@ -712,6 +670,49 @@ mod tests {
         assert_eq!(names(&plan.stamp), ["due"], "stamped with its run's time");
         assert_eq!(plan.stamp[0].until, Some(t(4)));
         assert_eq!(plan.wake, Some(t(4)));
+    }
+
+    /// `--launch-cost`: a node only known CronJobs' pods ran on is not held
+    /// by its group's open window when the schedule does not keep it (the
+    /// window another workload opened); a node of other work still is, and
+    /// a manual hold holds both.
+    #[test]
+    fn the_schedule_alone_decides_for_the_nodes_it_explains() {
+        use crate::core::window::ManualHold;
+        let cfg = cfg();
+        let mut windows = Windows::from(open_window(&cfg, 0));
+        let nodes = stored(
+            &[held("cron-idle", -30), held("service", -30)],
+            &NodeScope::default(),
+        );
+        let kept = BTreeMap::new();
+        let explained = BTreeSet::from(["cron-idle".to_string()]);
+        let plan_at = |windows: &Windows| {
+            let planner = Planner {
+                windows,
+                cfg: &cfg,
+                holds: &holds(),
+                now: t(1),
+                paced: BTreeMap::new(),
+                kept: Some(&kept),
+                explained: Some(&explained),
+                pool_budgets: None,
+            };
+            plan_all(&planner, &nodes)
+        };
+        let plan = plan_at(&windows);
+        assert_eq!(names(&plan.release), ["cron-idle"]);
+        let manual = ManualHold {
+            requested_at: t(1),
+            until: t(60),
+            by: "ops".into(),
+            reason: "rollout".into(),
+        };
+        windows.hold_manually(manual, t(1));
+        assert!(
+            plan_at(&windows).release.is_empty(),
+            "the manual hold holds all"
+        );
     }
 
     #[test]
@@ -896,8 +897,8 @@ mod tests {
             holds: &holds(),
             now: t(1),
             paced: BTreeMap::new(),
-            stamps: true,
             kept: None,
+            explained: None,
             pool_budgets: Some(&covered),
         };
         let plan = plan_all(&planner, &nodes);

@@ -93,8 +93,8 @@ impl Drop for InFlight {
 #[derive(Clone, Default)]
 pub struct TlsMetrics {
     handshake_errors: Family<ReasonLabel, Counter>,
-    /// Connections closed at accept: their source had
-    /// `--max-connections-per-source` open already.
+    /// Connections closed at accept: their source had its share of
+    /// `--max-connections` (a quarter) open already.
     pub source_limited: Counter,
     /// Unix seconds of the serving certificate's notAfter.
     pub not_after: Gauge<i64, AtomicI64>,
@@ -115,7 +115,7 @@ impl TlsMetrics {
         );
         registry.register(
             "webhook_connections_source_limited",
-            "Webhook connections closed at accept because their source address had --max-connections-per-source open",
+            "Webhook connections closed at accept because their source address had a quarter of --max-connections open",
             tls.source_limited.clone(),
         );
         registry.register(

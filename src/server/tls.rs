@@ -21,6 +21,13 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
+/// How often the certificate files (and the client CA file) are read again
+/// to catch a rotation. The kubelet updates a mounted Secret a minute or so
+/// after it changes and cert-manager renews days ahead, so this adds little
+/// to either; reading two or three small files every 2 s costs nothing
+/// measurable. A broken file is reported at each reading while it stays.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
 /// The one crypto provider of the process: ring (the one kube-rs uses, and
 /// no C toolchain build), installed as rustls's process default the first
 /// time it is asked for, so every TLS configuration here uses the same.

@@ -157,11 +157,13 @@ pub fn env_of(objects: &[Value]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The pod name the tests give the chart's pod (its Lease identity).
+/// The pod name the tests give the chart's pod (its host name, so its Lease
+/// identity).
 pub const POD_NAME: &str = "node-holder-5d8f7-abcde";
 
 /// The container's arguments and environment as the kubelet would start it:
-/// the pod's own fields (namespace, name) filled in.
+/// the pod's own fields (namespace, name) filled in, and `HOSTNAME`, which
+/// the container runtime sets to the pod's name.
 pub fn pod_command(objects: &[Value]) -> (Vec<String>, BTreeMap<String, String>) {
     let mut env = env_of(objects);
     for (var, value) in env.iter_mut() {
@@ -171,6 +173,7 @@ pub fn pod_command(objects: &[Value]) -> (Vec<String>, BTreeMap<String, String>)
             other => assert!(!other.starts_with("fieldRef:"), "{var}: {other}"),
         }
     }
+    env.insert("HOSTNAME".into(), POD_NAME.into());
     let args = serde_json::from_value(container(objects)["args"].clone()).unwrap();
     (args, env)
 }

@@ -181,11 +181,12 @@ fn offline_kubeconfig(port: u16) -> String {
     )
 }
 
-/// `serve`'s arguments: JSON logs, loopback ports, the launch's certificates.
+/// `serve`'s arguments: JSON logs, loopback ports, the launch's certificates;
+/// and a host name of its own, its name in the Lease (as each pod's is).
 fn serve_args(command: &mut Command, at: &Listen, extra: &[&str]) {
     command
         .args(["serve", "--log-format", "json"])
-        .arg(format!("--identity=serve-{}", at.webhook_port))
+        .env("HOSTNAME", format!("serve-{}", at.webhook_port))
         .arg(format!("--webhook-addr=127.0.0.1:{}", at.webhook_port))
         .arg(format!("--admin-addr=127.0.0.1:{}", at.admin_port))
         .arg(format!(

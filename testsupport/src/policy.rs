@@ -104,7 +104,7 @@ pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
     launch(cp, |command, at: &Listen| {
         command
             .args(["serve", "--admission", "policy", "--log-format", "json"])
-            .arg(format!("--identity=serve-{}", at.admin_port))
+            .env("HOSTNAME", format!("serve-{}", at.admin_port))
             .arg(format!("--webhook-addr=127.0.0.1:{}", at.webhook_port))
             .arg(format!("--admin-addr=127.0.0.1:{}", at.admin_port))
             .arg("--tls-cert-file=/nonexistent/tls.crt")

@@ -36,12 +36,10 @@ impl Cluster {
     }
 }
 
-/// Short windows, quick passes and a 3 s lease, plus `extra` flags.
+/// Short windows and a 3 s lease, plus `extra` flags.
 pub fn fast(hold: &str, extra: &[&str]) -> Vec<String> {
     let mut args = vec![
         format!("--hold-duration={hold}"),
-        "--coalesce-idle=200ms".into(),
-        "--coalesce-max=1s".into(),
         "--lease-duration=3s".into(),
     ];
     args.extend(extra.iter().map(ToString::to_string));

@@ -145,7 +145,7 @@ async fn start_node_holder(
     ));
     let mut serve = Command::new(&binary);
     serve
-        .args(["serve", "--log-format=text", "--identity=demo"])
+        .args(["serve", "--log-format=text"])
         .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
         .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
         .arg(format!(
@@ -160,11 +160,7 @@ async fn start_node_holder(
             "--hold-duration={}",
             humantime::format_duration(hold)
         ))
-        .args([
-            "--coalesce-idle=300ms",
-            "--coalesce-max=2s",
-            "--shutdown-grace=0s",
-        ])
+        .arg("--shutdown-grace=0s")
         .args(extra)
         .env("KUBECONFIG", cp.node_holder_kubeconfig());
     let mut serve = ManagedChild::spawn_command("node-holder", serve, &log)?;
