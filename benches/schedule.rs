@@ -48,7 +48,11 @@ fn cluster() -> Cluster {
     let shape = Arc::new(PodShape::default());
     let cronjobs = (0..CRONJOBS)
         .map(|c| {
-            let schedule = if c % 5 == 0 { "0 * * * *" } else { "*/5 * * * *" };
+            let schedule = if c % 5 == 0 {
+                "0 * * * *"
+            } else {
+                "*/5 * * * *"
+            };
             CronJobSpec {
                 key: format!("team-{}/job-{c}", c % 50),
                 uid: Some(format!("{c:08x}-0000")),

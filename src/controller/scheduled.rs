@@ -331,7 +331,7 @@ impl super::WindowTask {
         self.last_runs.clone_from(&known.last);
         self.explained.extend(known.explained.iter().cloned());
         self.explained
-            .retain(|node| groups.contains_key(node.as_str()));
+            .retain(|node| groups.contains_key(node.as_str()) && !known.other_work.contains(node));
         let kept = keep(&views, &known, &self.explained, now, &terms);
         let in_scope: BTreeMap<&str, &NodeMeta> = snapshot
             .iter()

@@ -178,6 +178,11 @@ impl Windows {
         self.deadline(group).filter(|&end| now < end)
     }
 
+    /// Until when the manual hold holds every node, if it does at `now`.
+    pub fn manual_held_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.manual_until().filter(|&end| now < end)
+    }
+
     /// Whether the group's window or the manual hold is there, ended or not:
     /// what a pass would close.
     pub fn is_held(&self, group: &str) -> bool {

@@ -95,6 +95,9 @@ pub struct KnownWork {
     pub busy: BTreeSet<String>,
     /// Nodes whose Job pods are all known CronJobs' (see the module doc).
     pub explained: BTreeSet<String>,
+    /// Nodes running (or that ran) the pods of other Jobs: explained by no
+    /// schedule, whatever ran on them before.
+    pub other_work: BTreeSet<String>,
     /// CronJobs whose schedule cannot be predicted, and why.
     pub unpredictable: Vec<Unpredictable>,
     /// Each predictable CronJob's last run, from its nodes or as remembered:
@@ -162,6 +165,7 @@ pub fn known_work<'a>(
     }
     work.explained
         .retain(|node| !others.contains(node.as_str()));
+    work.other_work = others.into_iter().map(str::to_string).collect();
     for cronjob in cronjobs {
         let schedule = match &cronjob.schedule {
             Ok(schedule) => schedule,
@@ -174,7 +178,22 @@ pub fn known_work<'a>(
                 continue;
             }
         };
-        let next = schedule.next_after(from).filter(|_| !cronjob.suspended);
+        let started = |at: Timestamp| {
+            let minute = at.as_second().div_euclid(60);
+            seen.get(&cronjob.key)
+                .is_some_and(|s| s.runs.contains_key(&minute))
+        };
+        // A run whose pods are there has begun: the next one is the one after.
+        let next = schedule
+            .next_after(from)
+            .and_then(|at| {
+                if started(at) {
+                    schedule.next_after(at)
+                } else {
+                    Some(at)
+                }
+            })
+            .filter(|_| !cronjob.suspended);
         let seen_last = seen.get(&cronjob.key).and_then(|s| last_run(s, &group_of));
         let (last, on) = match seen_last {
             Some((last, on)) => (last, on),
@@ -328,6 +347,10 @@ mod tests {
         );
         assert_eq!(work.explained, BTreeSet::from(["a1".to_string()]));
         assert_eq!(
+            work.other_work,
+            BTreeSet::from(["a2".to_string(), "a3".to_string()])
+        );
+        assert_eq!(
             work.busy,
             BTreeSet::from(["a1".to_string(), "a2".to_string()])
         );
@@ -382,6 +405,23 @@ mod tests {
         );
         assert!(run.on.is_empty());
         assert_eq!(work.last, remembered, "remembered again");
+    }
+
+    #[test]
+    fn a_run_whose_pods_are_there_is_not_the_next_run_any_more() {
+        let cronjobs = [cronjob("team/report", "*/10 * * * *")];
+        // 03:10 is minute 29,618,110; from 03:09:30 the next run is 03:10
+        // until its pods appear, then 03:20.
+        let from = at("2026-04-25T03:09:30Z");
+        let earlier = [pod("team", "report-29618880", "a1", false)];
+        let work = known_work(&cronjobs, earlier, group_of, from, &BTreeMap::new());
+        assert_eq!(work.runs["batch"][0].at, at("2026-04-25T03:10:00Z"));
+        let begun = [
+            pod("team", "report-29618880", "a1", false),
+            pod("team", "report-29618110", "a2", true),
+        ];
+        let work = known_work(&cronjobs, begun, group_of, from, &BTreeMap::new());
+        assert_eq!(work.runs["batch"][0].at, at("2026-04-25T03:20:00Z"));
     }
 
     #[test]
