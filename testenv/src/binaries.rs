@@ -647,3 +647,40 @@ pub fn ensure_crane_built() -> Result<PathBuf> {
     )?;
     Ok(out.join("crane"))
 }
+
+// ---------------------------------------------------------------------------
+// The real node: the kubelet (and kube-proxy) from `testenv/tools/kubelet`, a
+// module of its own that pins the control plane's `k8s.io/kubernetes` release.
+
+const KUBELET_PKG: &str = "k8s.io/kubernetes/cmd/kubelet";
+
+/// The Go module pinning the real node's kubelet (`testenv/tools/kubelet`).
+pub fn kubelet_module_dir() -> PathBuf {
+    tool_module_dir("kubelet")
+}
+
+/// Returns the path of the kubelet, built from `testenv/tools/kubelet` (the
+/// control plane's `k8s.io/kubernetes` release, which this checks) into
+/// `target/tools/kubelet/<digest>/` if needed: about 80 s with a warm Go
+/// build cache, minutes cold.
+pub fn ensure_kubelet_built() -> Result<PathBuf> {
+    let module = kubelet_module_dir();
+    let pinned = kubernetes_version(&module)?;
+    let control_plane = kubernetes_version(&module_dir())?;
+    if pinned != control_plane {
+        bail!(
+            "testenv/tools/kubelet pins k8s.io/kubernetes {pinned}, the control plane {control_plane}: move both"
+        );
+    }
+    let stamp = kubernetes_stamp(&module)?;
+    let out = ensure_tools_built(
+        "kubelet",
+        &module,
+        &[GoTool {
+            package: KUBELET_PKG,
+            binary: "kubelet",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("kubelet"))
+}

@@ -15,6 +15,7 @@
 
 mod binaries;
 mod karpenter;
+mod kubelet;
 pub mod metrics;
 pub mod netns;
 mod process;
@@ -44,11 +45,13 @@ pub use binaries::{
     karpenter_version, kwok_module_dir, module_source, prometheus_operator_crds, required_version,
     tool_module_dir,
 };
+pub use binaries::{ensure_kubelet_built, kubelet_module_dir};
 pub use karpenter::{
     ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU,
     filler_cronjob, filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool,
     install_karpenter_crds, node_claims, node_pool_object, node_pools,
 };
+pub use kubelet::{REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode, SANDBOX_IMAGE};
 pub use process::ManagedChild;
 pub use registry::LocalRegistry;
 
@@ -166,6 +169,15 @@ impl ControlPlane {
             "--audit-log-maxsize=100000".into(),
             "--enable-aggregator-routing=true".into(),
             "--profiling=false".into(),
+            // How it reaches a real kubelet (logs, exec, port-forward): with a
+            // client certificate of its own, at the node's InternalIP (a real
+            // node's host name resolves nowhere).
+            format!(
+                "--kubelet-client-certificate={}",
+                p("apiserver-kubelet-client.crt")
+            ),
+            format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         ];
         apiserver_args.extend_from_slice(extra);
         let apiserver = ManagedChild::spawn(
@@ -357,6 +369,38 @@ impl ControlPlane {
         apply_manifests(&client, NODE_HOLDER_RBAC).await
     }
 
+    /// Writes a kubeconfig at `path` for `user` in `group`, who presents a
+    /// client certificate signed by the control plane's CA (written beside
+    /// the kubeconfig as `<path>.crt` and `<path>.key`): an identity the token
+    /// file does not know, such as a kubelet's `system:node:<name>`.
+    pub fn client_certificate_kubeconfig(
+        &self,
+        path: &Path,
+        user: &str,
+        group: &str,
+    ) -> Result<()> {
+        let root = self.dir.path();
+        let ca_pem = fs::read_to_string(root.join("ca.crt")).context("reading ca.crt")?;
+        let ca_key =
+            KeyPair::from_pem(&fs::read_to_string(root.join("ca.key")).context("reading ca.key")?)?;
+        let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
+        let (cert, key) = client_certificate(&ca, user, group)?;
+        let cert_path = path.with_extension("crt");
+        let key_path = path.with_extension("key");
+        fs::write(&cert_path, cert).with_context(|| format!("writing {}", cert_path.display()))?;
+        fs::write(&key_path, key).with_context(|| format!("writing {}", key_path.display()))?;
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testenv", "cluster": {"server": self.url, "certificate-authority": root.join("ca.crt")}}],
+            "users": [{"name": user, "user": {"client-certificate": cert_path, "client-key": key_path}}],
+            "contexts": [{"name": user, "context": {"cluster": "testenv", "user": user}}],
+            "current-context": user,
+        });
+        fs::write(path, serde_json::to_vec_pretty(&config)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
     /// Waits for the completed create of Node `name` in the audit log.
     pub async fn wait_for_node_create_event(&self, name: &str) -> Result<Value> {
         let mut events = self
@@ -397,6 +441,9 @@ fn write_files(root: &Path) -> Result<Files> {
         .distinguished_name
         .push(DnType::CommonName, "testenv control-plane CA");
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    // The CA's key stays beside it: a real node's kubelet gets a client
+    // certificate signed with it (`client_certificate_kubeconfig`).
+    let ca_key_pem = ca_key.serialize_pem();
     let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
     let serving_key = KeyPair::generate()?;
@@ -409,6 +456,10 @@ fn write_files(root: &Path) -> Result<Files> {
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
     let serving_cert = serving.signed_by(&serving_key, &ca)?;
+    // The API server's identity towards kubelets; system:masters, so that a
+    // kubelet's webhook authorization lets it read logs and exec.
+    let (kubelet_client_cert, kubelet_client_key) =
+        client_certificate(&ca, "kube-apiserver-kubelet-client", "system:masters")?;
 
     let admin_token = random_token()?;
     let node_holder_token = random_token()?;
@@ -425,8 +476,11 @@ fn write_files(root: &Path) -> Result<Files> {
         fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
     };
     write("ca.crt", &ca.pem())?;
+    write("ca.key", &ca_key_pem)?;
     write("apiserver.crt", &serving_cert.pem())?;
     write("apiserver.key", &serving_key.serialize_pem())?;
+    write("apiserver-kubelet-client.crt", &kubelet_client_cert)?;
+    write("apiserver-kubelet-client.key", &kubelet_client_key)?;
     let service_account_key = KeyPair::generate()?;
     write("sa.key", &service_account_key.serialize_pem())?;
     write("sa.pub", &service_account_key.public_key_pem())?;
@@ -438,6 +492,24 @@ fn write_files(root: &Path) -> Result<Files> {
         node_holder_token,
         autoscaler_token,
     })
+}
+
+/// A client certificate for `user` in `group` (its subject's CN and O, as
+/// the API server reads them) signed by `ca`, and its key (PEM).
+fn client_certificate(
+    ca: &rcgen::Issuer<'_, KeyPair>,
+    user: &str,
+    group: &str,
+) -> Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, user);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, group);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, ca)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn write_kubeconfig(path: &Path, url: &str, ca: &Path, user: &str, token: &str) -> Result<()> {

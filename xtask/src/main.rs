@@ -51,20 +51,10 @@ async fn main() -> ExitCode {
 
 /// `cargo xtask image`: the static build, then the layout.
 fn image(out: &std::path::Path) -> Result<()> {
-    let target = "x86_64-unknown-linux-gnu";
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "--locked", "--bin", "node-holder"])
-        .args(["--target", target, "--target-dir", "target/static"])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("the static build failed");
-    }
-    let binary = format!("target/static/{target}/release/node-holder");
+    let binary = xtask::image::build_static()?;
     let version = package_version()?;
     let version = version.as_str();
-    let layout = xtask::image::write_layout(std::path::Path::new(&binary), out, version)?;
+    let layout = xtask::image::write_layout(&binary, out, version)?;
     println!(
         "wrote {} (node-holder {version}, manifest {})",
         layout.dir.display(),
@@ -101,6 +91,13 @@ fn test() -> Result<()> {
     step(
         "building kube-scheduler, kube-controller-manager, kwok and Karpenter",
         || testenv::ensure_cluster_built().map(|_| ()),
+    )?;
+    step("building the real node's kubelet", || {
+        testenv::ensure_kubelet_built().map(|_| ())
+    })?;
+    step(
+        "building node-holder's image binary (release, static)",
+        || xtask::image::build_static().map(|_| ()),
     )?;
     step(
         "cargo-nextest, the test runner (installed from crates.io if missing)",
