@@ -238,6 +238,8 @@ async fn start_node_holder(
     let Some(first) = arms.iter().find(|a| a.hold.is_some()) else {
         return Ok(None);
     };
+    // The namespace and the base RBAC first: the warm's Role lives in it.
+    common::install_node_holder_rbac(cp).await;
     if arms.iter().any(|a| a.follows_work) {
         common::install_rbac_for(cp, "nodeclaims").await;
     }
