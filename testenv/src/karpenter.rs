@@ -444,7 +444,8 @@ fn start_kwok(cp: &ControlPlane, binaries: &ClusterBinaries) -> Result<ManagedCh
         args.push(format!("--config={}", path.display()));
     }
     let terminate = cp.dir().join("pod-terminate.yaml");
-    std::fs::write(&terminate, POD_TERMINATE).with_context(|| format!("{}", terminate.display()))?;
+    std::fs::write(&terminate, POD_TERMINATE)
+        .with_context(|| format!("{}", terminate.display()))?;
     args.push(format!("--config={}", terminate.display()));
     ManagedChild::spawn("kwok", &binaries.kwok, &args, &cp.dir().join("kwok.log"))
 }
