@@ -138,34 +138,8 @@ pub fn known_work<'a>(
         .filter(|c| c.schedule.is_ok())
         .map(|c| c.key.as_str())
         .collect();
-    let mut seen: BTreeMap<String, Seen<'a>> = BTreeMap::new();
     let mut work = KnownWork::default();
-    let mut others: BTreeSet<&str> = BTreeSet::new();
-    for pod in pods {
-        let Some(node) = pod.node else { continue };
-        if pod.placeholder {
-            work.explained.insert(node.to_string());
-            work.busy.insert(node.to_string());
-            continue;
-        }
-        match cronjob_of(pod.namespace, pod.job, &keys) {
-            Some((key, minute)) => {
-                let run = seen.entry(key).or_default().runs.entry(minute).or_default();
-                run.0.insert(node);
-                run.1 += 1;
-                work.explained.insert(node.to_string());
-                if pod.running {
-                    work.busy.insert(node.to_string());
-                }
-            }
-            None => {
-                others.insert(node);
-            }
-        }
-    }
-    work.explained
-        .retain(|node| !others.contains(node.as_str()));
-    work.other_work = others.into_iter().map(str::to_string).collect();
+    let seen = read_pods(pods, &keys, &mut work);
     for cronjob in cronjobs {
         let schedule = match &cronjob.schedule {
             Ok(schedule) => schedule,
@@ -178,23 +152,8 @@ pub fn known_work<'a>(
                 continue;
             }
         };
-        let started = |at: Timestamp| {
-            let minute = at.as_second().div_euclid(60);
-            seen.get(&cronjob.key)
-                .is_some_and(|s| s.runs.contains_key(&minute))
-        };
-        // A run whose pods are there has begun: the next one is the one after.
-        let next = schedule
-            .next_after(from)
-            .and_then(|at| {
-                if started(at) {
-                    schedule.next_after(at)
-                } else {
-                    Some(at)
-                }
-            })
-            .filter(|_| !cronjob.suspended);
-        let seen_last = seen.get(&cronjob.key).and_then(|s| last_run(s, &group_of));
+        let seen = seen.get(&cronjob.key);
+        let seen_last = seen.and_then(|s| last_run(s, &group_of));
         let (last, on) = match seen_last {
             Some((last, on)) => (last, on),
             None => match remembered.get(&cronjob.key) {
@@ -202,6 +161,7 @@ pub fn known_work<'a>(
                 None => continue,
             },
         };
+        let next = next_run(schedule, seen, from).filter(|_| !cronjob.suspended);
         if let Some(at) = next {
             work.runs.entry(last.group.clone()).or_default().push(Run {
                 cronjob: cronjob.key.clone(),
@@ -216,6 +176,55 @@ pub fn known_work<'a>(
         work.last.insert(cronjob.key.clone(), last);
     }
     work
+}
+
+/// Reads the Job pods into `work` (busy, explained and other work's nodes)
+/// and returns each known CronJob's runs as its pods show them.
+fn read_pods<'a>(
+    pods: impl IntoIterator<Item = JobPod<'a>>,
+    keys: &BTreeSet<&str>,
+    work: &mut KnownWork,
+) -> BTreeMap<String, Seen<'a>> {
+    let mut seen: BTreeMap<String, Seen<'a>> = BTreeMap::new();
+    let mut others: BTreeSet<&str> = BTreeSet::new();
+    for pod in pods {
+        let Some(node) = pod.node else { continue };
+        if pod.placeholder {
+            work.explained.insert(node.to_string());
+            work.busy.insert(node.to_string());
+            continue;
+        }
+        let Some((key, minute)) = cronjob_of(pod.namespace, pod.job, keys) else {
+            others.insert(node);
+            continue;
+        };
+        let run = seen.entry(key).or_default().runs.entry(minute).or_default();
+        run.0.insert(node);
+        run.1 += 1;
+        work.explained.insert(node.to_string());
+        if pod.running {
+            work.busy.insert(node.to_string());
+        }
+    }
+    work.explained
+        .retain(|node| !others.contains(node.as_str()));
+    work.other_work = others.into_iter().map(str::to_string).collect();
+    seen
+}
+
+/// The CronJob's first run after `from`; a run whose pods are there has
+/// begun, so the next one is the one after it.
+fn next_run(schedule: &Schedule, seen: Option<&Seen<'_>>, from: Timestamp) -> Option<Timestamp> {
+    let started = |at: Timestamp| {
+        let minute = at.as_second().div_euclid(60);
+        seen.is_some_and(|s| s.runs.contains_key(&minute))
+    };
+    let at = schedule.next_after(from)?;
+    if started(at) {
+        schedule.next_after(at)
+    } else {
+        Some(at)
+    }
 }
 
 /// The CronJob (`namespace/name`, one of `keys`) a Job of that name belongs
