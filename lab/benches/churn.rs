@@ -202,13 +202,17 @@ impl Prepared {
             }),
             None => None,
         };
+        let log = self.holder.as_ref().map(common::Served::log);
         drop(self.holder);
         let mut trace = recorder.stop();
         trace.interrupted = interrupted;
         trace.end = end;
+        let names: Vec<&str> = arms.iter().map(|a| a.name.as_str()).collect();
         if let Some(data) = record {
-            let names: Vec<&str> = arms.iter().map(|a| a.name.as_str()).collect();
             trace.records.insert(names.join(","), data);
+        }
+        if let Some(log) = log {
+            trace.logs.insert(names.join(","), log);
         }
         Ok(trace)
     }

@@ -142,8 +142,11 @@ pub struct NodeView<'a> {
 
 /// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
 /// yet `explained` (every node a known CronJob's pods have run on, as the
-/// caller remembers them), and in each group the idle ones the runs due
-/// within the launch cost will use (held ones first, then the newest).
+/// caller remembers them), and in each group the idle explained ones the
+/// runs due within the launch cost will use (held ones first, then the
+/// newest). A node no CronJob's pods ran on is never kept for a run: it may
+/// run other work (a Deployment's pods, which node-holder does not read),
+/// so it is no free node for the run; the window holds it.
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,
@@ -157,10 +160,10 @@ pub fn keep<'a>(
         let settled = plus(node.created, terms.settle);
         if known.busy.contains(node.name) {
             kept.insert(node.name, Keep::Busy);
-        } else if !explained.contains(node.name) && now < settled {
-            kept.insert(node.name, Keep::Settling { until: settled });
-        } else {
+        } else if explained.contains(node.name) {
             idle.entry(node.group).or_default().push(node);
+        } else if now < settled {
+            kept.insert(node.name, Keep::Settling { until: settled });
         }
     }
     for (group, mut nodes) in idle {
@@ -297,7 +300,7 @@ mod tests {
     fn the_schedule_keeps_busy_new_and_due_nodes_only() {
         let known = KnownWork {
             runs: BTreeMap::from([
-                ("batch".to_string(), vec![run("team/report", 4, 2)]),
+                ("batch".to_string(), vec![run("team/report", 4, 3)]),
                 ("web".to_string(), vec![run("team/nightly", 600, 1)]),
             ]),
             busy: BTreeSet::from(["b-busy".to_string()]),
@@ -317,7 +320,9 @@ mod tests {
         let kept = keep(&nodes, &known, &explained, t(0), &terms(5));
         assert_eq!(kept["b-busy"], Keep::Busy);
         assert_eq!(kept["b-new"], Keep::Settling { until: t(1) });
-        // Two nodes for the report: the held one first, then the newest.
+        // The report wants three nodes and finds two: the held one first,
+        // then the newest; `b-other` ran no CronJob's pods (it may run a
+        // service's), so it is no free node for the run.
         let for_run: Vec<&str> = kept
             .iter()
             .filter(|(_, k)| matches!(k, Keep::ForRun(_)))

@@ -149,7 +149,7 @@ fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     writeln!(
         text,
         "| arm | launches | node-seconds | pods waited for a launch | pod wait p95 (s) | \
-         long-gap runs' wait p95 (s) | Job pods interrupted | total / optimum at 1, 5, 15 node-min |"
+         wait p95 after a long gap (s) | Job pods interrupted | total / optimum at 1, 5, 15 node-min |"
     )?;
     writeln!(text, "| --- | --- | --- | --- | --- | --- | --- | --- |")?;
     for arm in arms {

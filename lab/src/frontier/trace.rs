@@ -47,16 +47,28 @@ pub struct Trace {
     /// cluster's arms (`nf-2m,nf-5m`): each group's window.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub records: BTreeMap<String, BTreeMap<String, String>>,
+    /// node-holder's log in each cluster, by the cluster's arms: saved
+    /// beside the trace, not in it.
+    #[serde(skip)]
+    pub logs: BTreeMap<String, String>,
 }
 
 impl Trace {
-    /// Writes the trace into `out` as `<day>-seed<N>.json`: where, and
-    /// whether it could.
+    /// Writes the trace into `out` as `<day>-seed<N>.json`, and each
+    /// node-holder log beside it as `<day>-seed<N>-<arms>.log`: where the
+    /// trace went, and whether all could be written.
     pub fn save(&self, out: &Path) -> (PathBuf, anyhow::Result<()>) {
-        let path = out.join(format!("{}-seed{}.json", self.day, self.seed));
+        let name = format!("{}-seed{}", self.day, self.seed);
+        let path = out.join(format!("{name}.json"));
         let saved = serde_json::to_vec_pretty(self)
             .map_err(anyhow::Error::from)
-            .and_then(|bytes| Ok(std::fs::write(&path, bytes)?));
+            .and_then(|bytes| Ok(std::fs::write(&path, bytes)?))
+            .and_then(|()| {
+                for (arms, log) in &self.logs {
+                    std::fs::write(out.join(format!("{name}-{arms}.log")), log)?;
+                }
+                Ok(())
+            });
         (path, saved)
     }
 
@@ -73,6 +85,7 @@ impl Trace {
             trace.interrupted.extend(part.interrupted);
             trace.load.extend(part.load);
             trace.records.extend(part.records);
+            trace.logs.extend(part.logs);
             trace.end = trace.end.max(part.end);
         }
         trace.load.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -89,9 +102,10 @@ pub struct Outcome {
     pub waited_for_launch: usize,
     pub wait_p50: f64,
     pub wait_p95: f64,
-    /// The wait p95 of the pods of the CronJobs `long_gaps` names (those
-    /// whose gaps are longer than the launch cost: their nodes are let go
-    /// between runs).
+    /// The wait p95 of the pods of the runs after a gap of the CronJobs
+    /// `long_gaps` names (those whose gaps are longer than the launch cost:
+    /// their nodes are let go between runs). Each CronJob's first run is
+    /// left out: no gap comes before it, and nothing is known of it.
     pub long_gap_wait_p95: f64,
     pub interrupted: i32,
 }
@@ -105,11 +119,7 @@ impl Outcome {
             .sum();
         let pods: Vec<&PodSeen> = trace.pods.values().filter(|p| p.arm == arm).collect();
         let waits = sorted_waits(pods.iter().copied());
-        let long_gap = pods
-            .iter()
-            .copied()
-            .filter(|p| p.cronjob.as_deref().is_some_and(|c| long_gaps.contains(&c)));
-        let long_gap = sorted_waits(long_gap);
+        let long_gap = sorted_waits(after_a_gap(&pods, long_gaps).into_iter());
         Outcome {
             launches: claims.len(),
             node_seconds,
@@ -125,6 +135,31 @@ impl Outcome {
     pub fn total(&self, launch: f64) -> f64 {
         super::total(self.node_seconds, self.launches, launch)
     }
+}
+
+/// How long after a CronJob's first pod appeared its first run's pods still
+/// appear (its runs are minutes apart).
+const FIRST_RUN: f64 = 60.0;
+
+/// The pods of the runs of the CronJobs `long_gaps` names, each CronJob's
+/// first run left out.
+fn after_a_gap<'a>(pods: &[&'a PodSeen], long_gaps: &[&str]) -> Vec<&'a PodSeen> {
+    let of = |p: &PodSeen| {
+        p.cronjob
+            .clone()
+            .filter(|c| long_gaps.contains(&c.as_str()))
+    };
+    let mut first: BTreeMap<String, f64> = BTreeMap::new();
+    for pod in pods {
+        if let Some(cronjob) = of(pod) {
+            let at = first.entry(cronjob).or_insert(pod.seen);
+            *at = at.min(pod.seen);
+        }
+    }
+    pods.iter()
+        .copied()
+        .filter(|p| of(p).is_some_and(|c| p.seen >= first[&c] + FIRST_RUN))
+        .collect()
 }
 
 /// The waits of the bound pods, from their appearance to their binding,
@@ -147,4 +182,36 @@ fn waited_for_launch(claims: &[&Claim], pods: &[&PodSeen]) -> usize {
             launched.is_some_and(|&at| at > p.seen)
         })
         .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cronjob: Option<&str>, seen: f64) -> PodSeen {
+        PodSeen {
+            arm: "nsx-5m".into(),
+            seen,
+            bound: Some(seen + 1.0),
+            node: None,
+            cronjob: cronjob.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_runs_after_a_gap_leave_out_each_cronjobs_first_run_and_other_work() {
+        let pods = [
+            pod(Some("every-15m"), 60.0),
+            pod(Some("every-15m"), 61.5),
+            pod(Some("every-15m"), 960.0),
+            pod(Some("every-3m"), 180.0),
+            pod(None, 965.0),
+        ];
+        let pods: Vec<&PodSeen> = pods.iter().collect();
+        let after: Vec<f64> = after_a_gap(&pods, &["every-15m"])
+            .iter()
+            .map(|p| p.seen)
+            .collect();
+        assert_eq!(after, [960.0]);
+    }
 }
