@@ -289,14 +289,6 @@ pub struct WindowArgs {
     )]
     pub group_hold_duration: Vec<(String, Duration)>,
 
-    /// Work landing on held nodes keeps their window open, as a new node
-    /// does: each pod bound to a held node, or finished on it, holds its
-    /// group until then plus the hold (capped by `--max-hold`). The signal is Karpenter's `lastPodEventTime` on each NodeClaim
-    /// (one watch on NodeClaims); without Karpenter holds follow new nodes
-    /// only.
-    #[arg(long, env = "NODE_HOLDER_WINDOW_FOLLOWS_WORK")]
-    pub window_follows_work: bool,
-
     /// What a launch costs beyond its node-seconds (boot, image pulls,
     /// warm-up), as node-time (`5m`: a launch costs as much as five minutes
     /// of one idle node). Set, node-holder reads the cluster's CronJobs and

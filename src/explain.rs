@@ -326,7 +326,6 @@ mod tests {
             hold_mechanism: mechanism,
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
-            window_follows_work: false,
             launch_cost: None,
         }
     }

@@ -177,10 +177,8 @@ fn leader_config(
         namespace: args.record.namespace.clone(),
         identity,
         lease_duration: COMMAND_LEASE,
-        // A release or a manual hold run by hand ends or sets the windows
-        // outright: there is no later deadline for work to move.
-        follow_work: false,
-        // Nor does it keep nodes for scheduled runs: it acts on the windows.
+        // A release or a manual hold run by hand does not keep nodes for
+        // scheduled runs: it ends or sets the windows outright.
         schedule: None,
         warm_lead: None,
         qps: defaults.patching.api_qps,

@@ -60,7 +60,6 @@ pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controlle
         namespace: args.record.namespace.clone(),
         identity: controller::default_identity(),
         lease_duration: args.leader.lease_duration,
-        follow_work: args.window.window_follows_work,
         schedule: args.window.schedule_terms(),
         warm_lead: args.window.warm_lead(),
         qps: args.patching.api_qps,

@@ -451,9 +451,6 @@ fn settings_text(status: &Status) -> String {
                 let hold = humantime::format_duration(*hold);
                 per.push_str(&format!(", {} holds {hold}", grouping::display(group)));
             }
-            if s.window_follows_work {
-                per.push_str(", follows work on held nodes");
-            }
             if let Some(cost) = s.launch_cost {
                 let cost = humantime::format_duration(cost);
                 per.push_str(&format!(", holds for CronJob runs due within {cost}"));
@@ -798,7 +795,6 @@ mod tests {
             hold_mechanism: Mechanism::Annotation,
             nodepool_selector: String::new(),
             group_hold_durations: Default::default(),
-            window_follows_work: false,
             launch_cost: None,
         }
     }

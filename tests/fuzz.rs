@@ -41,7 +41,7 @@ fn configured() -> WindowConfig {
 }
 
 /// What node-holder itself writes, made by its own code: windows open in two
-/// groups with work seen, a manual hold and a paced release; the settings of
+/// groups, a manual hold and a paced release; the settings of
 /// [`configured`]; one NodePool's budget.
 fn written() -> (Value, Value, Value) {
     let cfg = configured();
@@ -52,7 +52,6 @@ fn written() -> (Value, Value, Value) {
         ("gpu", t("2026-11-22T12:01:00Z")),
     ];
     windows.observe_all(nodes, t("2026-11-22T12:02:00Z"), &cfg);
-    windows.follow_work("", [t("2026-11-22T12:03:00Z")], &cfg);
     windows.hold_manually(
         ManualHold {
             requested_at: t("2026-11-22T12:02:00Z"),
@@ -79,7 +78,6 @@ fn written() -> (Value, Value, Value) {
         hold_mechanism: Mechanism::Budget,
         nodepool_selector: String::new(),
         group_hold_durations: cfg.group_holds.clone(),
-        window_follows_work: true,
         launch_cost: Some(Duration::from_secs(300)),
     };
     let budgets: AddedBudgets = BTreeMap::from([(
@@ -266,6 +264,6 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     assert!(record.window.pacing("gpu").is_some());
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
-    assert!(settings.window_follows_work && settings.release_pace.is_some());
+    assert!(settings.release_pace.is_some() && settings.launch_cost.is_some());
     assert_eq!(settings.window_config().group_holds.len(), 1);
 }

@@ -394,7 +394,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.releasePace=10%/1m",
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.groupHoldDurations.gpu=45m",
-        "--set=config.windowFollowsWork=true",
         "--set=config.launchCost=5m",
         "--set=config.warmBeforeRuns=2m",
     ]);
@@ -412,7 +411,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
-    assert_eq!(env["NODE_HOLDER_WINDOW_FOLLOWS_WORK"], "true");
     assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");
@@ -638,10 +636,8 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
         assert_eq!(rbac_kinds, 5, "{mode}");
     }
     // The budget mechanism adds exactly webhook-config/rbac-nodepools.yaml,
-    // following work exactly webhook-config/rbac-nodeclaims.yaml, the
-    // schedule hold exactly webhook-config/rbac-schedules.yaml.
+    // the schedule hold exactly webhook-config/rbac-schedules.yaml.
     adds_exactly("--set=config.holdMechanism=budget", "nodepools");
-    adds_exactly("--set=config.windowFollowsWork=true", "nodeclaims");
     adds_exactly("--set=config.launchCost=5m", "schedules");
     warms_add_exactly_their_rbac();
 }

@@ -20,14 +20,6 @@
 //!
 //! Targets (issue 15): hold and release in under 2 s each with one write per
 //! pool.
-//!
-//! `NODE_HOLDER_BENCH_FOLLOWS_WORK=1` measures `--window-follows-work` at the
-//! same scale: a NodeClaim per node (its status naming the node and a last
-//! pod event older than the hold), `serve` with `--window-follows-work` and
-//! `rbac-nodeclaims.yaml`, and once the pools are held, work stamped on
-//! 5,000 of the held nodes: the time until the window's deadline moves,
-//! and the RSS with the NodeClaim watch beside the node store (issue 26's
-//! target: within the chart's memory limit, 256 MiB).
 
 use testsupport as common;
 
@@ -49,8 +41,6 @@ const HOLD: Duration = Duration::from_secs(30);
 const CREATE_IN_FLIGHT: usize = 32;
 const POLL: Duration = Duration::from_millis(20);
 const TARGET: Duration = Duration::from_secs(2);
-/// The held nodes work lands on, following the work.
-const WORK_BURST: usize = 5_000;
 
 fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -77,10 +67,6 @@ async fn run() -> Result<()> {
     println!(
         "node-holder budget mechanism benchmark: {node_count} nodes in {pool_count} NodePools"
     );
-    let follows = std::env::var("NODE_HOLDER_BENCH_FOLLOWS_WORK").is_ok_and(|v| v == "1");
-    if follows {
-        println!("following the work: a NodeClaim per node, `--window-follows-work`");
-    }
     let cp = ControlPlane::start()
         .await
         .context("starting the control plane")?;
@@ -91,19 +77,15 @@ async fn run() -> Result<()> {
 
     // 1. The cluster before the window.
     create_cluster(&pools, &nodes, node_count, pool_count).await?;
-    let claims = match follows {
-        true => create_claims(&admin, node_count, pool_count).await?,
-        false => Vec::new(),
-    };
     tokio::time::sleep(HOLD + Duration::from_millis(1500)).await;
     // 2. node-holder.
-    let served = start_serve(&cp, node_count, follows).await?;
+    let served = start_serve(&cp, node_count).await?;
     ensure!(
         carrying(&pools).await? == 0,
         "a pool is held before any new node"
     );
     // 3. One new node: every pool held, then released at the deadline.
-    let window = hold_and_release(&admin, &pools, &nodes, pool_count, &claims)
+    let window = hold_and_release(&admin, &pools, &nodes, pool_count)
         .await
         .inspect_err(|_| eprintln!("node-holder serve's log:\n{}", served.log()))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -162,45 +144,13 @@ async fn create_cluster(
     Ok(())
 }
 
-/// A NodeClaim for each node, its last work older than the hold; the
-/// `(claim, node)` pairs.
-async fn create_claims(
-    admin: &kube::Client,
-    node_count: usize,
-    pool_count: usize,
-) -> Result<Vec<(String, String)>> {
-    let api = testenv::node_claims(admin);
-    let t = Instant::now();
-    let claim = |i| fleet::node_claim(&format!("claim-{i:06}"), &pool_name(i % pool_count));
-    fleet::create(&api, node_count, CREATE_IN_FLIGHT, claim).await?;
-    let pairs: Vec<(String, String)> = (0..node_count)
-        .map(|i| (format!("claim-{i:06}"), format!("node-{i:06}")))
-        .collect();
-    let long_ago = Timestamp::now() - jiff::SignedDuration::from_secs(600);
-    fleet::stamp_work(&api, &pairs, long_ago, CREATE_IN_FLIGHT).await?;
-    println!(
-        "created and stamped {node_count} NodeClaims in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
-    Ok(pairs)
-}
-
 /// `node-holder serve --hold-mechanism budget`, after its first pass over
 /// every node (its start-up and idle RSS printed).
-async fn start_serve(
-    cp: &ControlPlane,
-    node_count: usize,
-    follows: bool,
-) -> Result<common::Served> {
+async fn start_serve(cp: &ControlPlane, node_count: usize) -> Result<common::Served> {
     common::install_rbac_for(cp, "nodepools").await;
     let t = Instant::now();
     let hold = format!("--hold-duration={}s", HOLD.as_secs());
-    let mut args = vec![hold.as_str(), "--hold-mechanism=budget"];
-    if follows {
-        common::install_rbac_for(cp, "nodeclaims").await;
-        args.push("--window-follows-work");
-    }
-    let served = common::serve(cp, &args).await;
+    let served = common::serve(cp, &[hold.as_str(), "--hold-mechanism=budget"]).await;
     wait_first_pass(
         &served,
         Duration::from_secs(300),
@@ -227,14 +177,12 @@ struct Window {
 }
 
 /// Creates one new node; the time until every pool carries node-holder's
-/// budget, (following the work) work on held nodes, then from the window's
-/// deadline until no pool carries it.
+/// budget, then from the window's deadline until no pool carries it.
 async fn hold_and_release(
     admin: &kube::Client,
     pools: &Api<DynamicObject>,
     nodes: &Api<Node>,
     pool_count: usize,
-    claims: &[(String, String)],
 ) -> Result<Window> {
     let hold_start = Instant::now();
     let hold_wall = Timestamp::now();
@@ -246,9 +194,6 @@ async fn hold_and_release(
         "HOLD: every pool carries node-holder's budget {:.3} s after the new node's create",
         hold_time.as_secs_f64()
     );
-    if !claims.is_empty() {
-        work_on_held_nodes(admin, claims).await?;
-    }
     let deadline = deadline(admin).await?;
     let wait = Duration::try_from(deadline.duration_since(Timestamp::now())).unwrap_or_default();
     tokio::time::sleep(wait).await;
@@ -269,42 +214,6 @@ async fn hold_and_release(
         release_wall,
         release_time,
     })
-}
-
-/// Stamps work on [`WORK_BURST`] held nodes; the time until the window's
-/// deadline moves past the one before.
-async fn work_on_held_nodes(admin: &kube::Client, claims: &[(String, String)]) -> Result<()> {
-    let before = deadline(admin).await?;
-    let t = Instant::now();
-    let burst = &claims[..WORK_BURST.min(claims.len())];
-    fleet::stamp_work(
-        &testenv::node_claims(admin),
-        burst,
-        Timestamp::now(),
-        CREATE_IN_FLIGHT,
-    )
-    .await?;
-    let stamped = t.elapsed();
-    let limit = Instant::now() + Duration::from_secs(60);
-    let after = loop {
-        let now = deadline(admin).await?;
-        if now > before {
-            break now;
-        }
-        ensure!(
-            Instant::now() < limit,
-            "the deadline did not move within 60 s of the work"
-        );
-        tokio::time::sleep(POLL).await;
-    };
-    println!(
-        "WORK: {} held nodes stamped in {:.2} s; the deadline moved {:.1} s later, {:.2} s after the first stamp",
-        burst.len(),
-        stamped.as_secs_f64(),
-        after.duration_since(before).as_secs_f64(),
-        t.elapsed().as_secs_f64()
-    );
-    Ok(())
 }
 
 /// How long ago `deadline` was.

@@ -8,14 +8,13 @@
 //! - **arms**: Karpenter alone at `consolidateAfter` 0s (its default), 30s,
 //!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window per
 //!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
-//!   10m (`nh-*`) and the same holds with `--window-follows-work` (`nf-*`);
-//!   with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s, 2m and 5m
-//!   (`kaw-*`) and at `Balanced` (`kab-*`); node-holder's schedule hold
-//!   (`--launch-cost=5m`, `ns-5m`; its pool at `WhenEmpty`, `nsw-5m`; and
-//!   with `--warm-before-runs=90s`, `nsx-5m`). The per-node and learned holds measured
-//!   in earlier rounds
-//!   (`ni-*`, `nil-5m`, `niw-5m`, `nilw-5m`, `nl-5m`) were removed with
-//!   their modes; their figures stay in lab/REPORT.md.
+//!   10m (`nh-*`); with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s,
+//!   2m and 5m (`kaw-*`) and at `Balanced` (`kab-*`); node-holder's schedule
+//!   hold (`--launch-cost=5m`, `ns-5m`; its pool at `WhenEmpty`, `nsw-5m`;
+//!   and with `--warm-before-runs=90s`, `nsx-5m`). The per-node and learned
+//!   holds measured in earlier rounds (`ni-*`, `nil-5m`, `niw-5m`, `nilw-5m`,
+//!   `nl-5m`) and the holds with `--window-follows-work` (`nf-*`) were
+//!   removed with their modes; their figures stay in lab/REPORT.md.
 //!   `NODE_HOLDER_BENCH_ARMS=ka-,nh-` plays only the arms so named.
 //!   Every arm is a NodePool of its own, its pods pinned to it; each
 //!   node-holder configuration has a cluster of its own (one install per
@@ -244,9 +243,6 @@ async fn start_node_holder(
     };
     // The namespace and the base RBAC first: the warm's Role lives in it.
     common::install_node_holder_rbac(cp).await;
-    if arms.iter().any(|a| a.follows_work) {
-        common::install_rbac_for(cp, "nodeclaims").await;
-    }
     if arms.iter().any(|a| a.launch_cost.is_some()) {
         common::install_rbac_for(cp, "schedules").await;
     }

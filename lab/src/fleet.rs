@@ -1,7 +1,6 @@
 //! The scale benches' fleets: many Nodes named and labelled as a cloud's
 //! nodes are (metadata only, no spec or status), created from the admin's
-//! client several at a time; the NodePools they belong to, and the
-//! NodeClaims Karpenter would keep for them.
+//! client several at a time, and the NodePools they belong to.
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -9,9 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams, TypeMeta};
+use kube::api::{Api, DynamicObject, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -69,7 +67,7 @@ pub fn pool_node(name: &str, pool: &str) -> Node {
     )
 }
 
-/// Creates `object(i)` (a Node, a NodeClaim) for every `i` below `count`,
+/// Creates `object(i)` (a Node) for every `i` below `count`,
 /// `in_flight` creates at a time.
 pub async fn create<K>(
     api: &Api<K>,
@@ -109,50 +107,4 @@ pub async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
         }
     }
     bail!("NodePool {name} could not be created")
-}
-
-/// Karpenter's NodeClaim `name` of `pool`, without status: [`stamp_work`]
-/// writes its node and its last work, as Karpenter does once the node has
-/// joined.
-pub fn node_claim(name: &str, pool: &str) -> DynamicObject {
-    DynamicObject {
-        types: Some(TypeMeta {
-            api_version: "karpenter.sh/v1".into(),
-            kind: "NodeClaim".into(),
-        }),
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([("karpenter.sh/nodepool".to_string(), pool.to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        data: json!({"spec": {
-            "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": testenv::NODE_CLASS},
-            "requirements": []
-        }}),
-    }
-}
-
-/// Stamps `at` as the last work on the node of each claim in `claims`
-/// (`(claim, node)`), `in_flight` status PATCHes at a time: what Karpenter
-/// writes when a pod binds to the node or finishes on it.
-pub async fn stamp_work(
-    api: &Api<DynamicObject>,
-    claims: &[(String, String)],
-    at: jiff::Timestamp,
-    in_flight: usize,
-) -> Result<()> {
-    let at = at.to_string();
-    let mut results = futures::stream::iter(claims)
-        .map(|(claim, node)| {
-            let status = json!({"status": {"nodeName": node, "lastPodEventTime": at}});
-            async move {
-                api.patch_status(claim, &PatchParams::default(), &Patch::Merge(status))
-                    .await
-            }
-        })
-        .buffer_unordered(in_flight);
-    while let Some(result) = results.next().await {
-        result.context("stamping a NodeClaim's last work")?;
-    }
-    Ok(())
 }

@@ -7,7 +7,7 @@
 //!   optimum and the report;
 //! - [`scale`]: the hold window bench at scale, phase by phase;
 //! - [`measure`]: what the benches measure, one thing a module;
-//! - [`fleet`]: many Nodes (and their NodePools and NodeClaims) at once;
+//! - [`fleet`]: many Nodes (and their NodePools) at once;
 //! - [`soak`]: the chaos soak and its checker.
 //!
 //! What the product's own tests use too (node-holder served against the test

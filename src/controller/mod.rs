@@ -20,14 +20,13 @@ mod requests;
 mod scheduled;
 mod warming;
 mod watches;
-mod work;
 
 use crate::retry::{self, watch_backoff};
 use converge::seconds;
 pub use error::FailureKind;
 use error::PassError;
 pub use leader::{default_identity, handle_once, run};
-use watches::{nodes_seen, pool_changed, sleep_until, watch_pools, watch_record, work_changed};
+use watches::{nodes_seen, pool_changed, sleep_until, watch_changed, watch_pools, watch_record};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -64,7 +63,6 @@ use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
 use record::{RecordStore, ReleaseRequest, Settings};
 use scheduled::{ScheduledWatch, watch_scheduled};
-use work::{WorkWatch, watch_work};
 
 /// Everything the window task runs with.
 #[derive(Debug, Clone)]
@@ -77,8 +75,6 @@ pub struct Config {
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
-    /// `--window-follows-work`: work on held nodes keeps their window open.
-    pub follow_work: bool,
     /// `--launch-cost`: the schedule keeps exactly the nodes due runs will
     /// use; `None`: off.
     pub schedule: Option<Terms>,
@@ -111,7 +107,6 @@ impl Config {
             release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
-            window_follows_work: self.follow_work,
             launch_cost: self.schedule.map(|terms| terms.launch_cost),
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
@@ -168,8 +163,6 @@ struct WindowTask {
     pools: Option<budgets::Pools>,
     /// What node-holder added to which NodePool's budgets.
     added: AddedBudgets,
-    /// `--window-follows-work`: the last work on each node, while leading.
-    work: Option<WorkWatch>,
     /// `--launch-cost`: the CronJobs and their pods, while leading.
     scheduled: Option<ScheduledWatch>,
     /// `--launch-cost`: every node a known CronJob's pods ran on, while it
@@ -245,7 +238,6 @@ impl WindowTask {
             windows: Windows::default(),
             pools,
             added: AddedBudgets::new(),
-            work: None,
             scheduled: None,
             explained: BTreeSet::new(),
             kept: Default::default(),
@@ -275,12 +267,6 @@ impl WindowTask {
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
         let mut pool_changes = watch_pools(self.pools.as_ref());
-        self.work = self
-            .config
-            .follow_work
-            .then(|| watch_work(self.client.clone(), watch_backoff()));
-
-        let mut work_changes = self.work.as_ref().map(|w| w.changes.clone());
         self.scheduled = self
             .config
             .schedule
@@ -293,10 +279,9 @@ impl WindowTask {
         loop {
             // No pass on a store that may miss nodes: before the first list,
             // and from a watch failure until the next complete list; nor,
-            // following work, before the NodeClaims are listed.
-            let work_listed = self.work.as_ref().is_none_or(|w| w.seen.listed())
-                && self.scheduled.as_ref().is_none_or(ScheduledWatch::listed);
-            let synced = seen.lists > 0 && !seen.broken && work_listed;
+            // with the schedule, before the CronJobs and their pods are listed.
+            let scheduled_listed = self.scheduled.as_ref().is_none_or(ScheduledWatch::listed);
+            let synced = seen.lists > 0 && !seen.broken && scheduled_listed;
             let due = next.due().or_at(wake);
             tokio::select! {
                 changed = feed.changed() => {
@@ -315,8 +300,7 @@ impl WindowTask {
                     Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
                 },
                 change = pool_changes.try_next() => pool_changed(&mut next, change)?,
-                () = work_changed(&mut work_changes) => next.change(Instant::now()),
-                () = work_changed(&mut schedule_changes) => next.change(Instant::now()),
+                () = watch_changed(&mut schedule_changes) => next.change(Instant::now()),
                 () = sleep_until(due, synced) => {
                     next.ran();
                     wake = self.timed_pass(&nodes).await;
@@ -396,7 +380,6 @@ impl WindowTask {
         let now = Timestamp::now();
         let snapshot = nodes.snapshot();
         self.apply_requests(now);
-        self.follow_work(&snapshot, now);
         let known = self.keep_for_schedules(&snapshot, now);
         self.observe(&snapshot, now);
         // The record first: a crash after holding nodes must still find the

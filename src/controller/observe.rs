@@ -37,36 +37,6 @@ impl WindowTask {
         self.log_closed(open_before);
     }
 
-    /// `--window-follows-work`: keeps each group's window open until its
-    /// held nodes' last work plus the hold, before the windows are ticked
-    /// (so work that came before the deadline counts even when the pass
-    /// runs after it).
-    pub(super) fn follow_work(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
-        let Some(work) = &self.work else {
-            return;
-        };
-        let cfg = &self.config.window;
-        let mut by_group: std::collections::BTreeMap<&str, Vec<Timestamp>> = Default::default();
-        for node in snapshot.iter().filter(|node| node.in_scope()) {
-            // Work "in the future" (clock skew) counts as now.
-            if let Some(at) = work.seen.last_on(node.name()).map(|at| at.min(now)) {
-                by_group
-                    .entry(cfg.groups.group_of(&**node))
-                    .or_default()
-                    .push(at);
-            }
-        }
-        for (group, times) in by_group {
-            if self.windows.follow_work(group, times, cfg) {
-                tracing::info!(
-                    group = self.group_field(group),
-                    deadline = %self.windows.deadline(group).map_or_else(String::new, |d| d.to_string()),
-                    "hold window extended by work on its nodes"
-                );
-            }
-        }
-    }
-
     /// The groups whose window is open (ended or not).
     pub(super) fn open_groups(&self) -> Vec<String> {
         self.windows

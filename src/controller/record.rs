@@ -122,9 +122,6 @@ pub struct Settings {
         with = "group_holds"
     )]
     pub group_hold_durations: BTreeMap<String, std::time::Duration>,
-    /// `--window-follows-work`; absent: windows follow new nodes only.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub window_follows_work: bool,
     /// `--launch-cost`; absent: the schedule keeps nothing.
     #[serde(
         default,
@@ -515,5 +512,15 @@ mod tests {
             Some(std::time::Duration::from_secs(7200))
         );
         assert_eq!(serde_json::to_string(&settings).unwrap(), text);
+    }
+
+    /// A record written with `--window-follows-work` (removed) still loads,
+    /// and the next save leaves the field out.
+    #[test]
+    fn settings_of_a_removed_flag_still_load() {
+        let kept = r#"{"holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
+        let old = kept.replace('}', r#","windowFollowsWork":true}"#);
+        let settings: Settings = serde_json::from_str(&old).unwrap();
+        assert_eq!(serde_json::to_string(&settings).unwrap(), kept);
     }
 }

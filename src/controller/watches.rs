@@ -1,5 +1,5 @@
-//! What wakes the leader's loop: the record's, the NodePools' and the work's
-//! watches, the node feed, and the coalesced deadline.
+//! What wakes the leader's loop: the record's, the NodePools' and the
+//! schedule's watches, the node feed, and the coalesced deadline.
 
 use super::*;
 
@@ -63,8 +63,8 @@ pub(super) fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
     }
 }
 
-/// Until the work seen changes; for ever without `--window-follows-work`.
-pub(super) async fn work_changed(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+/// Until what the watch has seen changes; for ever without a watch.
+pub(super) async fn watch_changed(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     match changes {
         Some(receiver) => {
             if receiver.changed().await.is_err() {

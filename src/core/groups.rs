@@ -137,33 +137,6 @@ impl Windows {
         (observed, ended)
     }
 
-    /// Counts work that landed on `group`'s held nodes at the times `work`
-    /// (see [`Window::follow_work`]); a group without a window is left
-    /// alone. Returns whether its deadline moved.
-    pub fn follow_work(
-        &mut self,
-        group: &str,
-        work: impl IntoIterator<Item = Timestamp>,
-        cfg: &WindowConfig,
-    ) -> bool {
-        let cfg = cfg.for_group(group);
-        let window = if group == UNLABELLED {
-            Some(&mut self.unlabelled)
-        } else {
-            self.groups.get_mut(group)
-        };
-        let Some(window) = window else {
-            return false;
-        };
-        let mut work: Vec<Timestamp> = work.into_iter().collect();
-        work.sort();
-        let mut moved = false;
-        for at in work {
-            moved |= window.follow_work(at, &cfg);
-        }
-        moved
-    }
-
     /// Drops the labelled groups that have no node and hold nothing: a node
     /// of such a group arriving later is new and opens a window.
     fn forget_idle(&mut self, present: &BTreeSet<&str>) {
@@ -317,20 +290,6 @@ mod tests {
         let ended: Vec<&str> = ended.iter().map(|e| e.group.as_str()).collect();
         assert_eq!(ended, ["gpu"]);
         assert_eq!(w.deadline("general"), Some(t(10)));
-    }
-
-    #[test]
-    fn work_extends_only_its_own_groups_window_in_time_order_and_by_its_hold() {
-        let mut cfg = cfg();
-        cfg.group_holds = BTreeMap::from([("gpu".to_string(), Duration::from_secs(3 * 60))]);
-        let mut w = Windows::default();
-        w.observe_all([("gpu", t(0)), ("general", t(0))], t(0), &cfg);
-        // Out of order: 5 only counts because 2 extended the window to 5.
-        assert!(w.follow_work("gpu", [t(5), t(2)], &cfg));
-        assert_eq!(w.deadline("gpu"), Some(t(8)));
-        assert_eq!(w.deadline("general"), Some(t(10)));
-        assert!(!w.follow_work("batch", [t(1)], &cfg), "no such window");
-        assert!(w.window("batch").is_none());
     }
 
     #[test]

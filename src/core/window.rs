@@ -244,31 +244,6 @@ impl Window {
         }
     }
 
-    /// Counts work that landed on a held node at `at` (`--window-follows-work`:
-    /// a pod bound to it or finished on it): an open window lasts until at least `at` + hold, capped like a new node's hold. Only
-    /// work while the window was open counts (from its opening to its
-    /// deadline): work never opens a window, nor revives one that ended.
-    /// Feed a group's work in time order, so that work inside an extension
-    /// extends it again. Returns whether the deadline moved.
-    pub fn follow_work(&mut self, at: Timestamp, cfg: &WindowConfig) -> bool {
-        let Some(open) = self.open.as_mut() else {
-            return false;
-        };
-        if at < open.opened_at || at > open.deadline {
-            return false;
-        }
-        let mut until = plus(at, cfg.node_hold());
-        if let Some(cap) = cfg.cap(open.opened_at) {
-            until = until.min(cap);
-        }
-        if until > open.deadline {
-            open.deadline = until;
-            true
-        } else {
-            false
-        }
-    }
-
     /// Closes the window if its deadline is at or before `now`; returns
     /// whether it did.
     pub fn tick(&mut self, now: Timestamp) -> bool {
@@ -421,37 +396,6 @@ mod tests {
             groups: Grouping::default(),
             group_holds: BTreeMap::new(),
         }
-    }
-
-    #[test]
-    fn work_on_held_nodes_keeps_an_open_window_open_up_to_the_cap() {
-        let cfg = cluster(10, Some(30));
-        let mut w = Window::default();
-        w.observe(t(0), t(0), &cfg);
-        // Work at minute 8 holds until 18; work inside that, until 25.
-        assert!(w.follow_work(t(8), &cfg));
-        assert!(w.follow_work(t(15), &cfg));
-        assert_eq!(w.deadline(), Some(t(25)));
-        // Work earlier than the deadline already covers changes nothing.
-        assert!(!w.follow_work(t(12), &cfg));
-        // The cap still ends it.
-        assert!(w.follow_work(t(25), &cfg));
-        assert_eq!(w.deadline(), Some(t(30)));
-    }
-
-    #[test]
-    fn work_never_opens_a_window_nor_revives_one_that_ended() {
-        let cfg = cluster(10, None);
-        let mut w = Window::default();
-        assert!(!w.follow_work(t(0), &cfg), "no window");
-        w.observe(t(0), t(0), &cfg);
-        // Work after the deadline came when the window had ended.
-        assert!(!w.follow_work(t(11), &cfg));
-        // Work before the window opened is not the window's.
-        assert!(!w.follow_work(t(-1), &cfg));
-        assert_eq!(w.deadline(), Some(t(10)));
-        assert!(w.tick(t(10)));
-        assert!(!w.follow_work(t(9), &cfg), "closed");
     }
 
     fn deadline(w: &Window) -> Option<Timestamp> {

@@ -228,19 +228,6 @@ impl Autoscaled {
             .all(|c| condition_true(c, "Consolidatable"))
     }
 
-    /// The `lastPodEventTime` Karpenter stamped on the NodeClaim of `node`
-    /// (a pod bound to it or finished on it, one stamp in 10 s at most).
-    pub async fn last_pod_event(&self, node: &str) -> Option<Timestamp> {
-        self.claims()
-            .await
-            .iter()
-            .find(|c| c.data["status"]["nodeName"] == node)?
-            .data["status"]["lastPodEventTime"]
-            .as_str()?
-            .parse()
-            .ok()
-    }
-
     /// How many times Karpenter has evaluated empty nodes for disruption.
     pub async fn emptiness_passes(&self) -> f64 {
         self.cluster.disruption_passes("empty").await.unwrap()

@@ -577,9 +577,9 @@ pub async fn install_node_holder_rbac(cp: &ControlPlane) {
 }
 
 /// `webhook-config/rbac-{what}.yaml` (`nodepools` for `--hold-mechanism
-/// budget`, `nodeclaims` for `--window-follows-work`, `schedules` for
-/// `--launch-cost`): what a mode needs beside `rbac.yaml`, bound to
-/// node-holder's restricted identity.
+/// budget`, `schedules` for `--launch-cost`, `warm` for `--warm-before-runs`):
+/// what a mode needs beside `rbac.yaml`, bound to node-holder's restricted
+/// identity.
 pub async fn install_rbac_for(cp: &ControlPlane, what: &str) {
     let path = install::repo().join(format!("webhook-config/rbac-{what}.yaml"));
     let manifests = std::fs::read_to_string(&path).unwrap();

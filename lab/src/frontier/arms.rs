@@ -19,8 +19,6 @@ pub struct Arm {
     pub consolidate_after: u64,
     /// node-holder's `--hold-duration` in seconds, if node-holder holds it.
     pub hold: Option<u64>,
-    /// node-holder with `--window-follows-work`.
-    pub follows_work: bool,
     /// node-holder's `--launch-cost` in seconds: the schedule hold.
     pub launch_cost: Option<u64>,
     /// node-holder's `--warm-before-runs` in seconds: capacity in time.
@@ -41,7 +39,6 @@ impl Arm {
             name: format!("ka-{}", knob(after)),
             consolidate_after: after,
             hold: None,
-            follows_work: false,
             launch_cost: None,
             warm: None,
             policy: DEFAULT_POLICY,
@@ -73,18 +70,9 @@ impl Arm {
             name: format!("nh-{}", knob(hold)),
             consolidate_after: 0,
             hold: Some(hold),
-            follows_work: false,
             launch_cost: None,
             warm: None,
             policy: DEFAULT_POLICY,
-        }
-    }
-
-    fn following_work(hold: u64) -> Arm {
-        Arm {
-            name: format!("nf-{}", knob(hold)),
-            follows_work: true,
-            ..Arm::node_holder(hold)
         }
     }
 
@@ -136,13 +124,11 @@ impl Arm {
         let karpenter_when_empty = [0, 30, 120, 300].map(Arm::karpenter_when_empty);
         let karpenter_balanced = [0, 30, 120, 300].map(Arm::karpenter_balanced);
         let holder = [120, 300, 600].map(Arm::node_holder);
-        let following = [120, 300, 600].map(Arm::following_work);
         karpenter
             .into_iter()
             .chain(karpenter_when_empty)
             .chain(karpenter_balanced)
             .chain(holder)
-            .chain(following)
             .chain([
                 Arm::scheduled(300),
                 Arm::scheduled_when_empty(300),
@@ -152,15 +138,15 @@ impl Arm {
     }
 }
 
-/// The arms of each node-holder configuration (following the work or not,
-/// holding for schedules or not), for a cluster each: two installs in one
+/// The arms of each node-holder configuration (holding for schedules or
+/// not, warming or not), for a cluster each: two installs in one
 /// cluster would strip each other's holds. Karpenter's own arms join the first of
 /// them (node-holder's selector leaves their pools alone), or make a
 /// cluster of their own when no node-holder arm plays.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
     let karpenter: Vec<Arm> = arms.iter().filter(|a| a.hold.is_none()).cloned().collect();
-    let configuration = |a: &Arm| (a.follows_work, a.launch_cost.is_some(), a.warm.is_some());
-    let mut configurations: Vec<(bool, bool, bool)> = arms
+    let configuration = |a: &Arm| (a.launch_cost.is_some(), a.warm.is_some());
+    let mut configurations: Vec<(bool, bool)> = arms
         .iter()
         .filter(|a| a.hold.is_some())
         .map(configuration)
@@ -198,7 +184,7 @@ fn knob(seconds: u64) -> String {
 /// The flags of one `node-holder serve` for every node-holder arm of
 /// `arms`: a window per pool (`--window-per-label karpenter.sh/nodepool`),
 /// each with the arm's hold (`--group-hold-duration`), only those pools in
-/// scope, following the work or holding for schedules if they do.
+/// scope, holding for schedules and warming if they do.
 pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     let pools: Vec<&str> = arms
         .iter()
@@ -219,9 +205,6 @@ pub fn serve_args(arms: &[Arm]) -> Vec<String> {
     ];
     if !fixed.is_empty() {
         args.push(format!("--group-hold-duration={}", fixed.join(",")));
-    }
-    if arms.iter().any(|a| a.follows_work) {
-        args.push("--window-follows-work".to_string());
     }
     if let Some(launch) = arms.iter().find_map(|a| a.launch_cost) {
         args.push(format!("--launch-cost={launch}s"));
@@ -260,7 +243,7 @@ mod tests {
             ]]
         );
         let all = by_cluster(&Arm::all());
-        assert_eq!(all.len(), 4, "{:?}", names(&all));
+        assert_eq!(all.len(), 3, "{:?}", names(&all));
         assert!(all[0].iter().take(14).all(|a| a.hold.is_none()));
         let names = names(&all);
         assert!(
@@ -280,15 +263,15 @@ mod tests {
 
     #[test]
     fn node_holder_selects_only_its_own_pools() {
-        let args = serve_args(&named(&["kaw-", "nf-"]));
+        let args = serve_args(&named(&["kaw-", "nh-"]));
         assert_eq!(
             args[0],
-            "--node-selector=karpenter.sh/nodepool in (nf-2m,nf-5m,nf-10m)"
+            "--node-selector=karpenter.sh/nodepool in (nh-2m,nh-5m,nh-10m)"
         );
         assert!(
-            args.contains(&"--group-hold-duration=nf-2m=120s,nf-5m=300s,nf-10m=600s".to_string())
+            args.contains(&"--group-hold-duration=nh-2m=120s,nh-5m=300s,nh-10m=600s".to_string())
         );
-        assert!(args.contains(&"--window-follows-work".to_string()));
+        assert!(!args.iter().any(|a| a.starts_with("--launch-cost")));
         let scheduled = serve_args(&named(&["ns-"]));
         assert!(scheduled.contains(&"--launch-cost=300s".to_string()));
         assert!(

@@ -252,7 +252,7 @@ fn paired(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
 }
 
 /// One arm on the frontier: its name, mean launches and node-seconds, and
-/// its colour by kind.
+/// its colour: red for Karpenter alone, blue for node-holder.
 type Point = (String, f64, f64, RGBColor);
 
 /// Each arm's point, its mean over the seeds.
@@ -261,11 +261,7 @@ fn points(arms: &[Arm], day: &DayRuns<'_>) -> Vec<Point> {
         .map(|a| {
             let launches = mean(&day.per_seed(&a.name, |_, o| o.launches as f64));
             let seconds = mean(&day.per_seed(&a.name, |_, o| o.node_seconds));
-            let color = match (a.hold, a.follows_work) {
-                (None, _) => RED,
-                (Some(_), false) => BLUE,
-                (Some(_), true) => GREEN,
-            };
+            let color = if a.hold.is_some() { BLUE } else { RED };
             (a.name.clone(), launches, seconds, color)
         })
         .collect()

@@ -44,7 +44,7 @@ pub struct Trace {
     pub end: f64,
     /// node-holder's record (ConfigMap `node-holder-window`'s data) as each
     /// cluster's install left it when its last node was gone, by the
-    /// cluster's arms (`nf-2m,nf-5m`): each group's window.
+    /// cluster's arms (`nh-2m,nh-5m`): each group's window.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub records: BTreeMap<String, BTreeMap<String, String>>,
     /// node-holder's log in each cluster, by the cluster's arms: saved
