@@ -287,8 +287,8 @@ fn held_text(e: &Explanation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::record::Settings;
     use crate::core::window::ManualHold;
+    use crate::state::record::Settings;
     use crate::status::GroupStatus;
     use std::collections::BTreeMap;
 

@@ -9,10 +9,10 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Api, PostParams};
 
 use crate::cli::HoldArgs;
-use crate::controller::Request;
-use crate::controller::record::{self, RecordStore};
 use crate::core::window::ManualHold;
 use crate::request::{self, Handled};
+use crate::state::Request;
+use crate::state::record::{self, RecordStore};
 use crate::status;
 
 /// The `hold` subcommand.

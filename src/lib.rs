@@ -24,6 +24,7 @@ pub mod retry;
 pub mod selfcheck;
 pub mod serve;
 pub mod server;
+pub mod state;
 pub mod status;
 pub mod telemetry;
 pub mod uninstall;

@@ -6,10 +6,10 @@ use anyhow::{Result, bail};
 use jiff::Timestamp;
 
 use crate::cli::ReleaseArgs;
-use crate::controller::Request;
-use crate::controller::record::{self, RecordStore, ReleaseRequest};
 use crate::core::grouping;
 use crate::request::{self, Handled};
+use crate::state::Request;
+use crate::state::record::{self, RecordStore, ReleaseRequest};
 use crate::status;
 
 /// The `release` subcommand.

@@ -12,8 +12,9 @@ use kube::api::Api;
 use kube::runtime::wait::await_condition;
 
 use crate::cli::RequestArgs;
-use crate::controller::record::{self, RecordStore, Settings};
-use crate::controller::{self, PassReport, Request, default_identity, lease};
+use crate::controller::{self, PassReport, default_identity};
+use crate::state::record::{self, RecordStore, Settings};
+use crate::state::{Request, lease};
 
 /// Who handled a request.
 pub enum Handled {

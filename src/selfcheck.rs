@@ -18,10 +18,10 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
 use crate::cli::SelfCheckArgs;
-use crate::controller::lease::{self, Holder};
-use crate::controller::record::NAME;
 use crate::core::holds::Holds;
 use crate::core::names::{is_label_value, is_qualified_name};
+use crate::state::lease::{self, Holder};
+use crate::state::record::NAME;
 
 /// The test Node's name prefix (the API server adds a suffix, so that it
 /// never collides with a real node).

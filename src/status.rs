@@ -12,8 +12,6 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
-use crate::controller::lease::{self, Holder};
-use crate::controller::record::{self, RecordStore, Settings};
 use crate::core::budget::Mechanism;
 use crate::core::due::{Kept, Reason};
 use crate::core::grouping::{self, Grouping, UNLABELLED};
@@ -21,6 +19,8 @@ use crate::core::groups::Windows;
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, MARKED, held_keys, held_until_stamp};
 use crate::core::pace::Pacing;
 use crate::core::window::{ManualHold, Window, WindowConfig};
+use crate::state::lease::{self, Holder};
+use crate::state::record::{self, RecordStore, Settings};
 
 /// Everything `status` shows.
 #[derive(Debug, Clone, Default, Serialize)]

@@ -26,11 +26,11 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::cli::UninstallArgs;
-use crate::controller::Request;
-use crate::controller::record::{self, ReleaseRequest};
 use crate::core::holds::MARKED;
 use crate::core::warm::{PRIORITY_CLASS, WARM_LABEL};
 use crate::request::{self, Handled};
+use crate::state::Request;
+use crate::state::record::{self, ReleaseRequest};
 
 /// The `uninstall` subcommand.
 pub async fn run(args: &UninstallArgs) -> Result<()> {

@@ -13,7 +13,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use serde_json::Value;
 
-use super::record::FIELD_MANAGER;
 use crate::core::budget::{
     NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, marker_ops, remove, renew,
     self_ending_entry, set_budgets,
@@ -21,6 +20,7 @@ use crate::core::budget::{
 use crate::core::grouping::UNLABELLED;
 use crate::core::node::labels;
 use crate::core::selector::NodeScope;
+use crate::state::record::FIELD_MANAGER;
 
 /// Karpenter's maximum of budgets a NodePool may have.
 pub const MAX_BUDGETS: usize = 50;

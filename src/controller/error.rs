@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::state::lease::NotLeading;
+
 /// What kind of failure ended a pass: the label of
 /// `node_holder_pass_failures_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,16 +72,6 @@ impl FailureKind {
             _ => FailureKind::Connection,
         }
     }
-}
-
-/// This replica may not act: the Lease is not its own now.
-#[derive(Debug, thiserror::Error)]
-#[error("not acting: the Lease {lease} is held by {holder} (renewed {renewed}), not by {identity}")]
-pub struct NotLeading {
-    pub lease: String,
-    pub holder: String,
-    pub renewed: String,
-    pub identity: String,
 }
 
 /// A failed pass: its kind and the whole chain of what went wrong.

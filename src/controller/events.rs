@@ -70,7 +70,7 @@ impl Regarding {
     fn name(&self) -> &str {
         match self {
             Regarding::Node { name, .. } => name,
-            Regarding::Record { .. } => super::record::NAME,
+            Regarding::Record { .. } => crate::state::record::NAME,
             Regarding::CronJob { name, .. } => name,
         }
     }
@@ -95,7 +95,7 @@ impl Regarding {
             Regarding::Record { namespace } => ObjectReference {
                 api_version: Some("v1".to_string()),
                 kind: Some("ConfigMap".to_string()),
-                name: Some(super::record::NAME.to_string()),
+                name: Some(crate::state::record::NAME.to_string()),
                 namespace: Some(namespace.clone()),
                 ..ObjectReference::default()
             },
@@ -466,7 +466,7 @@ mod tests {
         assert_eq!(sent[0], Some(HoldEvent::held(&patch("a"))));
         assert!(sent[1].is_some() && sent[2].is_none() && sent[3].is_none());
         let summary = events.finish().unwrap();
-        assert_eq!(summary.regarding.name(), super::super::record::NAME);
+        assert_eq!(summary.regarding.name(), crate::state::record::NAME);
         assert_eq!(summary.regarding.namespace(), "ops");
         assert_eq!(summary.reason, "NodesHeld");
         assert!(summary.note.contains(" 4 nodes") && summary.note.contains("first 2"));

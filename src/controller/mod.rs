@@ -10,12 +10,10 @@ mod converge;
 mod error;
 mod events;
 mod leader;
-pub mod lease;
 pub mod metrics;
 mod nodes;
 mod observe;
 pub mod patcher;
-pub mod record;
 mod requests;
 mod scheduled;
 mod warming;
@@ -55,13 +53,14 @@ use crate::core::pace::Pacing;
 use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
+use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
+use crate::state::{Request, lease};
 use coalesce::{Coalesce, Due};
 pub use events::NODE_EVENTS_PER_PASS;
 use events::{EventSink, HoldEvent, PassEvents};
 pub use metrics::WindowMetrics;
 use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
-use record::{RecordStore, ReleaseRequest, Settings};
 use scheduled::{ScheduledWatch, watch_scheduled};
 
 /// Everything the window task runs with.
@@ -128,16 +127,6 @@ struct Saved {
     budgets: AddedBudgets,
     kept: BTreeMap<String, crate::core::due::Kept>,
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
-}
-
-/// What an operator asks of the window through the record.
-#[derive(Debug, Clone)]
-pub enum Request {
-    /// `release`: close the windows now (and end a manual hold), or one
-    /// group's window.
-    Release(ReleaseRequest),
-    /// `hold`: hold every node in scope until the hold's end.
-    Hold(ManualHold),
 }
 
 /// A node in scope, as one pass reads it.

@@ -14,8 +14,8 @@ use kube::api::{Api, Patch as KubePatch, PatchParams};
 use tokio::sync::Mutex;
 use tokio::time::{Interval, MissedTickBehavior};
 
-use super::record::FIELD_MANAGER;
 use crate::core::plan::NodePatch;
+use crate::state::record::FIELD_MANAGER;
 
 /// A progress line every this many nodes of a long run.
 pub const PROGRESS_EVERY: usize = 500;

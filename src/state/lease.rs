@@ -10,8 +10,17 @@ use kube::api::Api;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use serde::Serialize;
 
-use super::error::NotLeading;
 use super::record::{FIELD_MANAGER, NAME};
+
+/// This replica may not act: the Lease is not its own now.
+#[derive(Debug, thiserror::Error)]
+#[error("not acting: the Lease {lease} is held by {holder} (renewed {renewed}), not by {identity}")]
+pub struct NotLeading {
+    pub lease: String,
+    pub holder: String,
+    pub renewed: String,
+    pub identity: String,
+}
 
 /// The Lease's holder, and whether its hold is live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,0 +1,21 @@
+//! The state node-holder keeps in the cluster, which the leader's loop and
+//! the operator's commands (`status`, `release`, `hold`, `uninstall`,
+//! `self-check`) share: the record (ConfigMap `node-holder-window`: the
+//! windows, the settings, the requests) and the Lease beside it. Neither
+//! runs a loop; both are read and written through the API.
+
+pub mod lease;
+pub mod record;
+
+use crate::core::window::ManualHold;
+use record::ReleaseRequest;
+
+/// What an operator asks of the window through the record.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// `release`: close the windows now (and end a manual hold), or one
+    /// group's window.
+    Release(ReleaseRequest),
+    /// `hold`: hold every node in scope until the hold's end.
+    Hold(ManualHold),
+}
