@@ -27,7 +27,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use node_holder::controller::{lease, record};
+use node_holder::state::{lease, record};
 use serde_json::json;
 use testenv::ControlPlane;
 
