@@ -481,13 +481,22 @@ pub fn karpenter_version() -> Result<String> {
     required_version(&karpenter_module_dir(), KARPENTER_MODULE)
 }
 
-/// Builds kube-scheduler, kube-controller-manager, kwok and Karpenter if
-/// needed (each group once per pin) and fetches kwok's and Karpenter's
-/// sources.
-pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
+/// kube-scheduler and kube-controller-manager from the control plane's own
+/// pin.
+#[derive(Debug, Clone)]
+pub struct KubeComponents {
+    pub kube_scheduler: PathBuf,
+    pub kube_controller_manager: PathBuf,
+}
+
+/// Builds kube-scheduler and kube-controller-manager from the control
+/// plane's pin into `target/kube-components/<digest>/` if needed: what a
+/// Karpenter cluster runs, and what runs the real node's EndpointSlice
+/// controller.
+pub fn ensure_kube_components_built() -> Result<KubeComponents> {
     let module = module_dir();
     let stamp = kubernetes_stamp(&module)?;
-    let kube = build_once(
+    let out = build_once(
         "kube-scheduler and kube-controller-manager",
         &target_dir().join("kube-components"),
         &module,
@@ -504,6 +513,17 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
             },
         ],
     )?;
+    Ok(KubeComponents {
+        kube_scheduler: out.join("kube-scheduler"),
+        kube_controller_manager: out.join("kube-controller-manager"),
+    })
+}
+
+/// Builds kube-scheduler, kube-controller-manager, kwok and Karpenter if
+/// needed (each group once per pin) and fetches kwok's and Karpenter's
+/// sources.
+pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
+    let kube = ensure_kube_components_built()?;
     // kwok's version is a constant of its source; Karpenter's is stamped.
     let kwok_module = kwok_module_dir();
     let kwok = ensure_tools_built(
@@ -529,8 +549,8 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
         }],
     )?;
     Ok(ClusterBinaries {
-        kube_scheduler: kube.join("kube-scheduler"),
-        kube_controller_manager: kube.join("kube-controller-manager"),
+        kube_scheduler: kube.kube_scheduler,
+        kube_controller_manager: kube.kube_controller_manager,
         kwok: kwok.join("kwok"),
         karpenter: karpenter.join("karpenter"),
         kwok_source: module_source(&kwok_module, KWOK_MODULE)?,
@@ -649,21 +669,33 @@ pub fn ensure_crane_built() -> Result<PathBuf> {
 }
 
 // ---------------------------------------------------------------------------
-// The real node: the kubelet (and kube-proxy) from `testenv/tools/kubelet`, a
+// The real node: the kubelet and kube-proxy from `testenv/tools/kubelet`, a
 // module of its own that pins the control plane's `k8s.io/kubernetes` release.
 
 const KUBELET_PKG: &str = "k8s.io/kubernetes/cmd/kubelet";
+const KUBE_PROXY_PKG: &str = "k8s.io/kubernetes/cmd/kube-proxy";
 
-/// The Go module pinning the real node's kubelet (`testenv/tools/kubelet`).
+/// The Go module pinning the real node's kubelet and kube-proxy
+/// (`testenv/tools/kubelet`).
 pub fn kubelet_module_dir() -> PathBuf {
     tool_module_dir("kubelet")
 }
 
-/// Returns the path of the kubelet, built from `testenv/tools/kubelet` (the
-/// control plane's `k8s.io/kubernetes` release, which this checks) into
-/// `target/tools/kubelet/<digest>/` if needed: about 80 s with a warm Go
-/// build cache, minutes cold.
-pub fn ensure_kubelet_built() -> Result<PathBuf> {
+/// What runs on the real node: the kubelet and kube-proxy.
+#[derive(Debug, Clone)]
+pub struct RealNodeBinaries {
+    pub kubelet: PathBuf,
+    pub kube_proxy: PathBuf,
+}
+
+/// Returns the real node's kubelet and kube-proxy, built from
+/// `testenv/tools/kubelet` (the control plane's `k8s.io/kubernetes` release,
+/// which this checks) if needed: the kubelet into
+/// `target/tools/kubelet/<digest>/` (about 80 s with a warm Go build cache,
+/// minutes cold), kube-proxy into `target/tools/kube-proxy/<digest>/` (about
+/// 40 s once the kubelet is built: they share most packages). Two groups, so
+/// that a kubelet built before kube-proxy joined it is kept.
+pub fn ensure_real_node_built() -> Result<RealNodeBinaries> {
     let module = kubelet_module_dir();
     let pinned = kubernetes_version(&module)?;
     let control_plane = kubernetes_version(&module_dir())?;
@@ -673,7 +705,7 @@ pub fn ensure_kubelet_built() -> Result<PathBuf> {
         );
     }
     let stamp = kubernetes_stamp(&module)?;
-    let out = ensure_tools_built(
+    let kubelet = ensure_tools_built(
         "kubelet",
         &module,
         &[GoTool {
@@ -682,5 +714,23 @@ pub fn ensure_kubelet_built() -> Result<PathBuf> {
             ldflags: &stamp,
         }],
     )?;
-    Ok(out.join("kubelet"))
+    let kube_proxy = ensure_tools_built(
+        "kube-proxy",
+        &module,
+        &[GoTool {
+            package: KUBE_PROXY_PKG,
+            binary: "kube-proxy",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(RealNodeBinaries {
+        kubelet: kubelet.join("kubelet"),
+        kube_proxy: kube_proxy.join("kube-proxy"),
+    })
+}
+
+/// The kubelet's path, once both of the real node's programs are built
+/// ([`ensure_real_node_built`]).
+pub fn ensure_kubelet_built() -> Result<PathBuf> {
+    ensure_real_node_built().map(|binaries| binaries.kubelet)
 }

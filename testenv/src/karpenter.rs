@@ -349,7 +349,7 @@ fn node_pool(name: &str, disruption: &Disruption, taints: Value) -> Value {
 /// cluster: no leader election and no serving port (nothing here scrapes
 /// it), with `extra` flags, in UTC as its image runs it (the CronJob
 /// controller reads a schedule without `timeZone` in its own zone).
-fn start_kube_component(
+pub(crate) fn start_kube_component(
     cp: &ControlPlane,
     name: &'static str,
     binary: &Path,

@@ -39,8 +39,13 @@
 //! under a machine-wide file lock; a slot whose owner died without its
 //! teardown is cleaned by the next [`RealNode::join`] that takes it.
 //!
+//! [`RealNode::join_with_services`] also runs the EndpointSlice controller and
+//! kube-proxy for the node (see `services.rs`): a ClusterIP Service whose
+//! endpoints are the node's pods is then reachable from the host.
+//!
 //! Needs root, and Debian's `containerd`, `runc` and
-//! `containernetworking-plugins` (`.ci/run` installs them).
+//! `containernetworking-plugins` (and `iptables` for kube-proxy; `.ci/run`
+//! installs them).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -54,8 +59,9 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::binaries::ensure_kubelet_built;
+use crate::binaries::ensure_real_node_built;
 use crate::netns::Relay;
+use crate::services::{ProxyNode, ServiceProxy};
 use crate::{ControlPlane, ManagedChild, apply_objects, free_ports};
 
 /// The label every real node carries (value `true`): what tells it from the
@@ -89,6 +95,7 @@ pub struct RealNode {
     bridge: String,
     gateway: Ipv4Addr,
     relay: Option<Relay>,
+    services: Option<ServiceProxy>,
     kubelet: Option<ManagedChild>,
     containerd: Option<ManagedChild>,
     slot: Slot,
@@ -103,10 +110,26 @@ impl RealNode {
     /// Builds the kubelet if needed, starts containerd and the kubelet under
     /// `cp`'s directory, and waits until Node `name` is Ready.
     pub async fn join_as(cp: &ControlPlane, name: &str) -> Result<Self> {
+        Self::join_with(cp, name, false).await
+    }
+
+    /// [`join`](Self::join), and Services work: the EndpointSlice controller
+    /// and kube-proxy (iptables mode) run for the node, so that a ClusterIP
+    /// Service whose endpoints are the node's pods is reachable from the host,
+    /// where the API server runs. For the API server to call a webhook through
+    /// its Service's ClusterIP (not straight at an endpoint), start `cp` with
+    /// [`CLUSTER_IP_ROUTING`](crate::CLUSTER_IP_ROUTING). kube-proxy's rules
+    /// are the host's: one such node runs on the machine at a time (a second
+    /// waits for the first to go).
+    pub async fn join_with_services(cp: &ControlPlane) -> Result<Self> {
+        Self::join_with(cp, "real-node-0", true).await
+    }
+
+    async fn join_with(cp: &ControlPlane, name: &str, services: bool) -> Result<Self> {
         check_prerequisites()?;
-        let kubelet_binary = tokio::task::spawn_blocking(ensure_kubelet_built)
+        let binaries = tokio::task::spawn_blocking(ensure_real_node_built)
             .await
-            .context("kubelet build task")??;
+            .context("kubelet and kube-proxy build task")??;
 
         let dir = cp.dir().join(name);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -124,6 +147,7 @@ impl RealNode {
             bridge: format!("{BRIDGE_PREFIX}{index}"),
             gateway,
             relay: None,
+            services: None,
             kubelet: None,
             containerd: None,
             slot,
@@ -140,7 +164,7 @@ impl RealNode {
         )?;
         let admin = cp.admin_client().await?;
         apply_objects(&admin, &[node_binding()]).await?;
-        node.start_kubelet(&kubelet_binary, &kubeconfig, cp)?;
+        node.start_kubelet(&binaries.kubelet, &kubeconfig, cp)?;
 
         let api_port = url_port(cp.url())?;
         node.relay = Some(
@@ -151,6 +175,22 @@ impl RealNode {
             .await?,
         );
         node.wait_ready(&admin).await?;
+        if services {
+            let subnet = node.pod_subnet();
+            node.services = Some(
+                ServiceProxy::start(
+                    cp,
+                    ProxyNode {
+                        name,
+                        address: gateway,
+                        pod_subnet: &subnet,
+                        dir: &node.dir,
+                    },
+                    &binaries.kube_proxy,
+                )
+                .await?,
+            );
+        }
         Ok(node)
     }
 
@@ -254,8 +294,13 @@ impl RealNode {
                 .map(ManagedChild::log_tail)
                 .unwrap_or_default()
         };
+        let services = self
+            .services
+            .as_ref()
+            .map(ServiceProxy::log_tails)
+            .unwrap_or_default();
         format!(
-            "kubelet:\n{}\ncontainerd:\n{}",
+            "kubelet:\n{}\ncontainerd:\n{}\n{services}",
             tail(&self.kubelet),
             tail(&self.containerd)
         )
@@ -469,6 +514,8 @@ impl Drop for RealNode {
             );
         }
         self.relay = None;
+        // kube-proxy's rules leave the host before the pods they point at.
+        self.services = None;
         // No kubelet restarts what is killed next.
         self.kubelet = None;
         // Containers first (their shims report to a live containerd), then

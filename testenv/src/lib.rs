@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod netns;
 mod process;
 mod registry;
+mod services;
 
 use std::fs;
 use std::net::TcpListener;
@@ -45,7 +46,10 @@ pub use binaries::{
     karpenter_version, kwok_module_dir, module_source, prometheus_operator_crds, required_version,
     tool_module_dir,
 };
-pub use binaries::{ensure_kubelet_built, kubelet_module_dir};
+pub use binaries::{
+    KubeComponents, RealNodeBinaries, ensure_kube_components_built, ensure_kubelet_built,
+    ensure_real_node_built, kubelet_module_dir,
+};
 pub use karpenter::{
     ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU,
     filler_cronjob, filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool,
@@ -69,6 +73,14 @@ const AUDIT_POLICY: &str = include_str!("../../docs/audit-policy.yaml");
 const NODE_HOLDER_RBAC: &str = include_str!("../../webhook-config/rbac.yaml");
 const LOCAL_WEBHOOK: &str = include_str!("../../webhook-config/webhook-local.yaml");
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The kube-apiserver flag (for [`ControlPlane::start_with_args`]) that makes
+/// it call a webhook or an aggregated API through its Service's ClusterIP, as
+/// in a cluster, rather than straight at an endpoint of its EndpointSlices
+/// (what the test control plane does by default, where nothing routes
+/// ClusterIPs). With a [`RealNode::join_with_services`] kube-proxy routes
+/// them.
+pub const CLUSTER_IP_ROUTING: &str = "--enable-aggregator-routing=false";
 
 /// A running etcd + kube-apiserver pair. Dropping it stops both and removes
 /// their files.
