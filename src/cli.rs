@@ -14,7 +14,6 @@ use crate::core::grouping::Grouping;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::names::{is_label_value, is_qualified_name};
-use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::WindowConfig;
 use crate::telemetry::LogFormat;
@@ -239,7 +238,7 @@ pub struct HoldingArgs {
     /// Empty]}` to every Karpenter NodePool in scope (one PATCH a pool; stops
     /// consolidation, lets drift go on) and take exactly that entry off when
     /// it closes; the webhook still holds each new node until its pool
-    /// carries the budget. `budget` needs no `--release-pace`.
+    /// carries the budget.
     #[arg(long, env = "NODE_HOLDER_HOLD_MECHANISM", value_enum, default_value_t = Mechanism::Annotation)]
     pub hold_mechanism: Mechanism,
 
@@ -262,12 +261,6 @@ pub struct WindowArgs {
     /// nodes keep arriving; `0` for no cap (at most a year).
     #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
-
-    /// When a window closes by itself, take the holds off in steps, oldest nodes first (`10%/1m`: a tenth of the held nodes a
-    /// minute; `5/30s`: five nodes every 30 seconds); unset: all at once. A
-    /// new node holds everything again; `release` takes them all off at once.
-    #[arg(long, env = "NODE_HOLDER_RELEASE_PACE")]
-    pub release_pace: Option<Pace>,
 
     /// One window per value of this node label (`karpenter.sh/nodepool`): a
     /// new node opens and extends only the window of its value, which holds
@@ -716,7 +709,6 @@ impl WindowArgs {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
-            release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_duration.iter().cloned().collect(),
         }

@@ -321,7 +321,6 @@ mod tests {
             max_hold: None,
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
-            release_pace: None,
             window_per_label: per_label.map(str::to_string),
             hold_mechanism: mechanism,
             nodepool_selector: String::new(),
@@ -345,7 +344,6 @@ mod tests {
                 deadline: Some(at("2026-11-22T12:20:00Z")),
                 cap: None,
                 closed_through: None,
-                pacing: None,
                 held_nodes: 1,
             }],
             ..Status::default()

@@ -105,16 +105,11 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
 }
 
 /// `--hold-mechanism budget` holds whole NodePools while a window is open:
-/// it cannot hold nodes one by one, pace a release node by node, or group
-/// windows by any label but the NodePool's.
+/// it cannot hold nodes one by one or group windows by any label but the
+/// NodePool's.
 fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
     if args.holding.hold_mechanism != Mechanism::Budget {
         return Ok(());
-    }
-    if args.window.release_pace.is_some() {
-        bail!(
-            "--release-pace takes holds off node by node: it needs --hold-mechanism annotation (a budget comes off a whole NodePool at once)"
-        );
     }
     if let Some(key) = args
         .window

@@ -2,7 +2,7 @@
 //! from the cluster (the record, the Lease, the nodes' marker) and printed as
 //! a readable summary or as JSON.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
@@ -17,7 +17,6 @@ use crate::core::due::{Kept, Reason};
 use crate::core::grouping::{self, Grouping, UNLABELLED};
 use crate::core::groups::Windows;
 use crate::core::holds::{HELD_UNTIL_ANNOTATION, MARKED, held_keys, held_until_stamp};
-use crate::core::pace::Pacing;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 use crate::state::lease::{self, Holder};
 use crate::state::record::{self, RecordStore, Settings};
@@ -50,9 +49,6 @@ pub struct Status {
     pub manual: Option<ManualHold>,
     /// A manual hold asked for that no leader has put in the window yet.
     pub manual_requested: Option<ManualHold>,
-    /// A paced release under way (`--release-pace`): since when, of how
-    /// many held nodes.
-    pub pacing: Option<Pacing>,
     /// The group whose window the last release request closes (`release
     /// --group`); `None`: every group's.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,8 +69,7 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Orphaned>,
     /// Held nodes whose `held-until` passed more than `--orphaned-after`
-    /// ago while a leader is live and no paced release keeps them: the
-    /// leader is not keeping its holds (set by [`Status::orphaned_after`]).
+    /// ago while a leader is live: the leader is not keeping its holds (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub overdue: Vec<String>,
 }
@@ -107,38 +102,20 @@ impl Status {
                 nodepool_budgets,
             });
         self.overdue = if live {
-            overdue(&self.held_nodes, &self.pacing_groups(), after, now)
+            overdue(&self.held_nodes, after, now)
         } else {
             Vec::new()
         };
         self
     }
-
-    /// The groups in a paced release: the nodes they keep show a past
-    /// `held-until` by design.
-    fn pacing_groups(&self) -> BTreeSet<&str> {
-        self.groups
-            .iter()
-            .filter(|g| g.pacing.is_some())
-            .map(|g| g.group.as_str())
-            .chain(self.pacing.is_some().then_some(UNLABELLED))
-            .collect()
-    }
 }
 
-/// The held nodes whose `held-until` passed more than `after` before `now`,
-/// but for those of the groups in `pacing`.
-fn overdue(
-    held: &[HeldNode],
-    pacing: &BTreeSet<&str>,
-    after: std::time::Duration,
-    now: Timestamp,
-) -> Vec<String> {
+/// The held nodes whose `held-until` passed more than `after` before `now`.
+fn overdue(held: &[HeldNode], after: std::time::Duration, now: Timestamp) -> Vec<String> {
     let Ok(after) = SignedDuration::try_from(after) else {
         return Vec::new();
     };
     held.iter()
-        .filter(|node| !pacing.contains(node.group.as_deref().unwrap_or(UNLABELLED)))
         .filter(|node| {
             node.held_until
                 .is_some_and(|until| now.duration_since(until) > after)
@@ -159,7 +136,6 @@ pub struct GroupStatus {
     pub deadline: Option<Timestamp>,
     pub cap: Option<Timestamp>,
     pub closed_through: Option<Timestamp>,
-    pub pacing: Option<Pacing>,
     /// Its nodes that carry node-holder's hold.
     pub held_nodes: usize,
 }
@@ -239,7 +215,6 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         held_nodes,
         manual,
         manual_requested,
-        pacing: unlabelled.pacing,
         ..Status::default()
     };
     status.window_opening = window_opening(&status);
@@ -297,7 +272,6 @@ fn group_status(
             .zip(cfg)
             .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
         closed_through: window.and_then(Window::closed_through),
-        pacing: windows.pacing(group).copied(),
         held_nodes: 0,
     }
 }
@@ -406,12 +380,6 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
             status.nodepool_budgets.join(", ")
         };
         line("Budget on:", format!("NodePool(s) {pools}"));
-    }
-    let pacing = status
-        .pacing
-        .filter(|_| !status.open && grouped_by(status).is_none());
-    if let Some(text) = pacing_text(status.settings.as_ref(), pacing, now) {
-        line("Pacing:", text);
     }
     if let Some(text) = release_text(status.release.as_ref(), now) {
         line("Release:", text);
@@ -528,7 +496,6 @@ fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timest
         deadline: status.deadline,
         cap: status.cap,
         closed_through: status.closed_through,
-        pacing: status.pacing,
         held_nodes: status
             .held_nodes
             .iter()
@@ -548,10 +515,7 @@ fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timest
             (true, Some(deadline)) => {
                 format!("open until {deadline} ({})", relative(deadline, now))
             }
-            _ => pacing_text(status.settings.as_ref(), group.pacing, now).map_or_else(
-                || "closed".to_string(),
-                |text| format!("closed, pacing {text}"),
-            ),
+            _ => "closed".to_string(),
         };
         line(
             "",
@@ -562,24 +526,6 @@ fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timest
             ),
         );
     }
-}
-
-/// A paced release under way, while holds remain to come off.
-fn pacing_text(
-    settings: Option<&Settings>,
-    pacing: Option<Pacing>,
-    now: Timestamp,
-) -> Option<String> {
-    let pacing = pacing?;
-    let pace = settings?.release_pace?;
-    let (keep, next) = pace.still_held(&pacing, now);
-    let next = next?;
-    Some(format!(
-        "{pace} since {} ({} node(s) at the start): {keep} keep their hold, the next step {}",
-        pacing.since,
-        thousands(pacing.of),
-        relative(next, now)
-    ))
 }
 
 /// The manual hold in force, and one asked for that waits for the leader.
@@ -790,7 +736,6 @@ mod tests {
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
-            release_pace: None,
             window_per_label: None,
             hold_mechanism: Mechanism::Annotation,
             nodepool_selector: String::new(),
@@ -851,7 +796,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            pacing: None,
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
@@ -915,7 +859,6 @@ mod tests {
             }),
             manual: None,
             manual_requested: None,
-            pacing: None,
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
@@ -1008,7 +951,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            pacing: None,
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
@@ -1122,7 +1064,6 @@ mod tests {
         let mut status = closed("2026-11-22T10:00:00Z");
         let settings = status.settings.as_mut().unwrap();
         settings.window_per_label = Some("karpenter.sh/nodepool".into());
-        settings.release_pace = Some("1/1m".parse().unwrap());
         let mut gpu = held("gpu-1", "2026-11-22T12:05:00Z");
         gpu.group = Some("gpu".into());
         let mut plain = held("plain", "2026-11-22T09:00:00Z");
@@ -1136,10 +1077,6 @@ mod tests {
                 deadline: None,
                 cap: None,
                 closed_through: Some(at("2026-11-22T11:00:00Z")),
-                pacing: Some(Pacing {
-                    since: at("2026-11-22T12:09:30Z"),
-                    of: 3,
-                }),
                 held_nodes: 0,
             },
             GroupStatus {
@@ -1149,7 +1086,6 @@ mod tests {
                 deadline: Some(at("2026-11-22T12:25:00Z")),
                 cap: None,
                 closed_through: None,
-                pacing: None,
                 held_nodes: 1,
             },
         ];
@@ -1159,7 +1095,7 @@ mod tests {
                 "Windows:     all nodes, hold 20m, max 2h, one window per karpenter.sh/nodepool\n\
                  \x20            GROUP            HELD   WINDOW\n\
                  \x20            (no label)       1      closed\n\
-                 \x20            general-purpose  0      closed, pacing 1/1m since 2026-11-22T12:09:30Z (3 node(s) at the start): 2 keep their hold, the next step in 30s\n\
+                 \x20            general-purpose  0      closed\n\
                  \x20            gpu              1      open until 2026-11-22T12:25:00Z (in 15m)\n\
                  Leader:"
             ),
@@ -1219,7 +1155,7 @@ mod tests {
 
     /// With a live leader, held nodes whose `held-until` passed longer
     /// than `--orphaned-after` ago are overdue: the leader is not keeping
-    /// them. A stamp passed for less, or a paced release under way, is not.
+    /// them. A stamp passed for less is not.
     #[test]
     fn held_nodes_long_past_their_held_until_under_a_live_leader_are_overdue() {
         let now = at("2026-11-22T12:10:00Z");
@@ -1252,34 +1188,6 @@ mod tests {
             json["heldNodes"][0]["heldUntil"], "2026-11-22T12:00:00Z",
             "{json}"
         );
-
-        // A paced release keeps nodes past their stamp on purpose: a
-        // labelled group's keeps only its own nodes from being overdue.
-        let pacing = Pacing {
-            since: at("2026-11-22T12:00:00Z"),
-            of: 4,
-        };
-        let mut grouped = status.clone();
-        for node in &mut grouped.held_nodes {
-            node.group = Some("batch".into());
-        }
-        grouped.held_nodes[1].group = Some("gpu".into());
-        grouped.held_nodes[1].held_until = Some(at("2026-11-22T11:00:00Z"));
-        grouped.groups = ["batch", "gpu"]
-            .map(|group| GroupStatus {
-                group: group.into(),
-                open: false,
-                opened_at: None,
-                deadline: None,
-                cap: None,
-                closed_through: None,
-                pacing: (group == "batch").then_some(pacing),
-                held_nodes: 1,
-            })
-            .to_vec();
-        assert_eq!(grouped.orphaned_after(five, now).overdue, ["just-passed"]);
-        status.pacing = Some(pacing);
-        assert!(status.orphaned_after(five, now).overdue.is_empty());
     }
 
     #[test]

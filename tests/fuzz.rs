@@ -19,7 +19,6 @@ use kube::api::ObjectMeta;
 use node_holder::core::budget::{AddedBudgets, Mechanism, add, self_ending_entry};
 use node_holder::core::grouping::Grouping;
 use node_holder::core::groups::Windows;
-use node_holder::core::pace::Pacing;
 use node_holder::core::window::{ManualHold, WindowConfig};
 use node_holder::state::record::{Record, Settings};
 use proptest::collection::{btree_map, vec};
@@ -27,22 +26,21 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use testsupport::fuzz_cases;
 
-/// The configuration whose record the fuzzing starts from: grouped, paced,
+/// The configuration whose record the fuzzing starts from: grouped, with
 /// a group hold of its own.
 fn configured() -> WindowConfig {
     let minutes = |m: u64| Duration::from_secs(m * 60);
     WindowConfig {
         hold: minutes(20),
         max_hold: Some(minutes(120)),
-        release_pace: Some("10%/1m".parse().unwrap()),
         groups: Grouping::per_label(Some("karpenter.sh/nodepool".into())),
         group_holds: BTreeMap::from([("gpu".to_string(), minutes(45))]),
     }
 }
 
 /// What node-holder itself writes, made by its own code: windows open in two
-/// groups, a manual hold and a paced release; the settings of
-/// [`configured`]; one NodePool's budget.
+/// groups and a manual hold; the settings of [`configured`]; one NodePool's
+/// budget.
 fn written() -> (Value, Value, Value) {
     let cfg = configured();
     let t = |s: &str| s.parse::<Timestamp>().unwrap();
@@ -61,19 +59,11 @@ fn written() -> (Value, Value, Value) {
         },
         t("2026-11-22T12:02:00Z"),
     );
-    windows.start_pacing(
-        "gpu",
-        Pacing {
-            since: t("2026-11-22T10:00:00Z"),
-            of: 12,
-        },
-    );
     let settings = Settings {
         hold_duration: cfg.hold,
         max_hold: cfg.max_hold,
         holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
         node_selector: String::new(),
-        release_pace: cfg.release_pace,
         window_per_label: cfg.groups.key().map(str::to_string),
         hold_mechanism: Mechanism::Budget,
         nodepool_selector: String::new(),
@@ -219,7 +209,6 @@ fn default_config() -> WindowConfig {
     WindowConfig {
         hold: std::time::Duration::from_secs(1200),
         max_hold: None,
-        release_pace: None,
         groups: Default::default(),
         group_holds: Default::default(),
     }
@@ -261,9 +250,8 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     assert!(record.window.window("").and_then(|w| w.open()).is_some());
     assert!(record.window.manual().is_some());
     assert!(record.window.window("gpu").is_some());
-    assert!(record.window.pacing("gpu").is_some());
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
-    assert!(settings.release_pace.is_some() && settings.launch_cost.is_some());
+    assert!(settings.launch_cost.is_some());
     assert_eq!(settings.window_config().group_holds.len(), 1);
 }

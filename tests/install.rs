@@ -322,9 +322,10 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=config.holdDurration=1m"],
             "at '/config': additional properties 'holdDurration' not allowed",
         ),
+        // A value of a removed flag (docs/upgrading.md).
         (
-            vec!["--set=config.releasePace=fast"],
-            "at '/config/releasePace': 'fast' does not match pattern",
+            vec!["--set=config.releasePace=10%/1m"],
+            "at '/config': additional properties 'releasePace' not allowed",
         ),
         (
             vec!["--set=config.holdMechanism=budgets"],
@@ -391,7 +392,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.holdPresets={karpenter-v1,cluster-autoscaler}",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
-        "--set=config.releasePace=10%/1m",
         "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.groupHoldDurations.gpu=45m",
         "--set=config.launchCost=5m",
@@ -408,7 +408,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         env["NODE_HOLDER_HOLD_ANNOTATIONS"],
         "a.example.com/keep=please,example.com/hold=yes"
     );
-    assert_eq!(env["NODE_HOLDER_RELEASE_PACE"], "10%/1m");
     assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
     assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
     assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
@@ -449,7 +448,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     }
     assert!(!env.contains_key("NODE_HOLDER_HOLD_PRESETS"));
     assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
-    assert!(!env.contains_key("NODE_HOLDER_RELEASE_PACE"));
     assert!(!env.contains_key("NODE_HOLDER_WINDOW_PER_LABEL"));
     assert!(
         !env.contains_key("NODE_HOLDER_LAUNCH_COST"),

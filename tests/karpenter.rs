@@ -14,7 +14,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use testenv::Disruption;
 
@@ -492,101 +492,6 @@ async fn a_manual_hold_pauses_consolidation_until_release_ends_it() {
             "{node} deleted at {}",
             deleted[node]
         );
-    }
-    drop(served);
-}
-
-#[tokio::test]
-async fn a_paced_release_spreads_karpenters_consolidation_and_a_new_node_holds_everything_again() {
-    const STEP: Duration = Duration::from_secs(40);
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    // Karpenter's budget lets every empty node go at once (100%); node-holder
-    // lets one hold go every 40 s once the window closes.
-    let served = install_node_holder(&a, &["--hold-duration=20s", "--release-pace=1/40s"]).await;
-    let records = records(&a);
-    let wave = a.wave("wave-1", 4).await;
-    assert_eq!(wave.len(), 4, "{wave:?}");
-    created_held(&a, &wave);
-    a.end_wave("wave-1").await;
-
-    // The window closes by itself and the paced release starts at its end.
-    a.until("the paced release starts", KARPENTER_ROUND, async |_| {
-        at(&window(&records).await, "/pacing/since").is_some()
-    })
-    .await;
-    let since = at(&window(&records).await, "/pacing/since").unwrap();
-    let status = succeeded(&operator(a.cp(), &["status"]));
-    assert!(
-        status.contains(&format!(
-            "Pacing:      1/40s since {since} (4 node(s) at the start): "
-        )),
-        "{status}"
-    );
-    // Oldest first: the k-th oldest node's hold comes off at since + k steps,
-    // so Karpenter cannot delete it earlier, whatever its budget allows.
-    let mut oldest_first: Vec<(Timestamp, String)> = Vec::new();
-    for name in &wave {
-        let node = a.nodes.get(name).await.unwrap();
-        oldest_first.push((node.metadata.creation_timestamp.unwrap().0, name.clone()));
-    }
-    oldest_first.sort();
-    let (first, second) = (oldest_first[0].1.clone(), oldest_first[1].1.clone());
-    a.until(
-        "the two oldest nodes consolidated",
-        KARPENTER_ROUND * 2,
-        async |a| {
-            let deleted = a.nodes_deleted();
-            deleted.contains_key(&first) && deleted.contains_key(&second)
-        },
-    )
-    .await;
-    let deleted = a.nodes_deleted();
-    for (step, (_, name)) in oldest_first.iter().enumerate() {
-        if let Some(&at) = deleted.get(name) {
-            let released = since + STEP * u32::try_from(step).unwrap();
-            assert!(
-                at >= released,
-                "{name} (step {step}) deleted at {at}, released at {released}"
-            );
-        }
-    }
-    assert!(
-        !deleted.contains_key(&oldest_first[3].1),
-        "the newest node went with the first ones: {deleted:?}"
-    );
-
-    // A node joins in the middle of the release, as a scale-up's would: it
-    // opens a window, and the wave's nodes still there are held again; none
-    // of them goes before that window's deadline.
-    a.nodes
-        .create(&PostParams::default(), &common::node("late-joiner"))
-        .await
-        .unwrap();
-    a.until("a window opens again", KARPENTER_ROUND, async |_| {
-        at(&window(&records).await, "/open/deadline").is_some()
-    })
-    .await;
-    let deadline = at(&window(&records).await, "/open/deadline").unwrap();
-    let mut kept = Vec::new();
-    for (_, name) in &oldest_first[2..] {
-        if !a.nodes_deleted().contains_key(name) && !being_disrupted(&a, name).await {
-            kept.push(name.clone());
-        }
-    }
-    assert!(!kept.is_empty(), "every node went before the new window");
-    a.until("the kept nodes held again", KARPENTER_ROUND, async |a| {
-        let marked = common::window::marked(&a.nodes).await;
-        kept.iter().all(|n| marked.contains(n))
-    })
-    .await;
-    a.karpenter_passes(2.0).await;
-    for name in &kept {
-        if let Some(&at) = a.nodes_deleted().get(name) {
-            assert!(
-                at >= deadline,
-                "{name} deleted at {at}, before the new window's {deadline}"
-            );
-        }
     }
     drop(served);
 }

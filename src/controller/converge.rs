@@ -12,7 +12,7 @@ impl WindowTask {
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
-        let mut planner = planner(&self.windows, &self.config, snapshot, now);
+        let mut planner = planner(&self.windows, &self.config, now);
         planner.pool_budgets = pool_budgets;
         planner.kept = self.config.schedule.map(|_| &self.kept);
         planner.explained = self.config.schedule.map(|_| &self.explained);
@@ -38,8 +38,7 @@ impl WindowTask {
         let (hold_total, release_total, stamp_total) = (hold.len(), release.len(), stamp.len());
         let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
         let (_, stamp_failures) = self.apply(Action::Stamp, patches(stamp), stamp_total).await;
-        // A paced release shows its own progress (`pacing` in the record).
-        if release_total > 0 && !self.windows.is_pacing() {
+        if release_total > 0 {
             self.releasing |= record_releasing(&self.store, release_total).await;
         }
         let (released, release_failures) = self
@@ -248,21 +247,13 @@ pub(super) async fn record_releasing(store: &RecordStore, total: usize) -> bool 
     }
 }
 
-/// The plan for `snapshot` at `now`: the window's, with what a paced
-/// release keeps held.
-pub(super) fn planner<'a>(
-    windows: &'a Windows,
-    config: &'a Config,
-    snapshot: &'a [Arc<NodeMeta>],
-    now: Timestamp,
-) -> Planner<'a> {
-    let cfg = &config.window;
+/// The plan at `now`: the window's.
+pub(super) fn planner<'a>(windows: &'a Windows, config: &'a Config, now: Timestamp) -> Planner<'a> {
     Planner {
         windows,
-        cfg,
+        cfg: &config.window,
         holds: &config.holding.holds,
         now,
-        paced: paced_keep(windows, cfg, now, snapshot.iter().map(|n| &**n)),
         kept: None,
         explained: None,
         pool_budgets: None,

@@ -117,7 +117,7 @@ impl Regarding {
 
 fn until(deadline: Option<Timestamp>) -> String {
     deadline.map_or_else(
-        || "while a paced release keeps it".to_string(),
+        || "while the schedule keeps it".to_string(),
         |d| format!("until {d}"),
     )
 }

@@ -49,8 +49,7 @@ use crate::core::groups::Windows;
 use crate::core::holds::Holding;
 use crate::core::holds::is_marked;
 use crate::core::node::NodeMeta;
-use crate::core::pace::Pacing;
-use crate::core::plan::{Action, NodePatch, Planner, paced_keep};
+use crate::core::plan::{Action, NodePatch, Planner};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
@@ -103,7 +102,6 @@ impl Config {
             max_hold: self.window.max_hold,
             holds: self.holding.holds.iter().map(ToString::to_string).collect(),
             node_selector: self.holding.scope.text().to_string(),
-            release_pace: self.window.release_pace,
             window_per_label: self.window.groups.key().map(str::to_string),
             group_hold_durations: self.window.group_holds.clone(),
             launch_cost: self.schedule.map(|terms| terms.launch_cost),

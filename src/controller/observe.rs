@@ -23,14 +23,7 @@ impl WindowTask {
             .iter()
             .map(|n| (n.group, self.counted_at(n.node)))
             .collect();
-        let (observed, ended) = self.windows.observe_all(counted, now, cfg);
-        for ended in ended {
-            let held = in_scope
-                .iter()
-                .filter(|n| n.group == ended.group && is_marked(n.node))
-                .count();
-            self.pace_release(&ended.group, ended.since, held);
-        }
+        let observed = self.windows.observe_all(counted, now, cfg);
         for (node, observed) in in_scope.iter().zip(observed) {
             self.observed(node, observed, now);
         }
@@ -94,26 +87,6 @@ impl WindowTask {
             .groups
             .key()
             .map(|_| grouping::display(group))
-    }
-
-    /// A group's window (or the manual hold) that closed by itself lets its
-    /// `held` nodes go at `--release-pace` from `since`, its end, when a pace
-    /// is set.
-    pub(super) fn pace_release(&mut self, group: &str, since: Timestamp, held: usize) {
-        let Some(pace) = self.config.window.release_pace else {
-            return;
-        };
-        if held == 0 {
-            return;
-        }
-        tracing::info!(group = self.group_field(group), %since, nodes = held, pace = %pace, "paced release starts");
-        self.windows.start_pacing(
-            group,
-            Pacing {
-                since,
-                of: u64::try_from(held).unwrap_or(u64::MAX),
-            },
-        );
     }
 
     /// The Event that says why a new node is held, once per node and leader.

@@ -15,7 +15,6 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::grouping::UNLABELLED;
-use super::pace::Pacing;
 use super::window::{ManualHold, ManualHoldOutcome, Observed, Window, WindowConfig};
 
 /// Every group's window, stored in the record as JSON: the unlabelled
@@ -28,15 +27,6 @@ pub struct Windows {
     unlabelled: Window,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     groups: BTreeMap<String, Window>,
-}
-
-/// A group that stopped being held at a pass, by itself (its window or the
-/// manual hold ended): its held nodes may be let go at a pace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    pub group: String,
-    /// When the hold ended (or the pass's `now`, if that is earlier).
-    pub since: Timestamp,
 }
 
 impl From<Window> for Windows {
@@ -91,20 +81,14 @@ impl Windows {
     /// Catches every group's window up with its nodes, given as (group,
     /// creation), and closes what ended by `now` (see
     /// [`Window::observe_all`]). Returns what each node did, in the order
-    /// given, and the groups no longer held. A group that has no node left
-    /// and holds nothing is forgotten.
+    /// given. A group that has no node left and holds nothing is forgotten.
     pub fn observe_all<'g>(
         &mut self,
         nodes: impl IntoIterator<Item = (&'g str, Timestamp)>,
         now: Timestamp,
         cfg: &WindowConfig,
-    ) -> (Vec<Observed>, Vec<Ended>) {
+    ) -> Vec<Observed> {
         let nodes: Vec<(&str, Timestamp)> = nodes.into_iter().collect();
-        let before: Vec<(String, Option<Timestamp>)> = self
-            .iter()
-            .filter(|&(group, _)| self.is_held(group))
-            .map(|(group, _)| (group.to_string(), self.deadline(group)))
-            .collect();
         let mut by_group: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, &(group, _)) in nodes.iter().enumerate() {
             by_group.entry(group).or_default().push(i);
@@ -126,15 +110,7 @@ impl Windows {
             w.tick(now);
         });
         self.forget_idle(&by_group.into_keys().collect());
-        let ended = before
-            .into_iter()
-            .filter(|(group, _)| !self.is_held(group))
-            .map(|(group, deadline)| Ended {
-                since: deadline.map_or(now, |d| d.min(now)),
-                group,
-            })
-            .collect();
-        (observed, ended)
+        observed
     }
 
     /// Drops the labelled groups that have no node and hold nothing: a node
@@ -154,12 +130,6 @@ impl Windows {
     /// Until when the manual hold holds every node, if it does at `now`.
     pub fn manual_held_until(&self, now: Timestamp) -> Option<Timestamp> {
         self.manual_until().filter(|&end| now < end)
-    }
-
-    /// Whether the group's window or the manual hold is there, ended or not:
-    /// what a pass would close.
-    pub fn is_held(&self, group: &str) -> bool {
-        self.manual().is_some() || self.window(group).is_some_and(Window::is_held)
     }
 
     /// When the hold of every node in `group` ends: its window's deadline or
@@ -185,17 +155,9 @@ impl Windows {
         self.iter().filter_map(|(_, w)| w.next_wake()).min()
     }
 
-    /// Holds every group until `hold.until` (see [`Window::hold_manually`]);
-    /// a paced release under way in any group ends.
+    /// Holds every group until `hold.until` (see [`Window::hold_manually`]).
     pub fn hold_manually(&mut self, hold: ManualHold, now: Timestamp) -> ManualHoldOutcome {
-        let outcome = self.unlabelled.hold_manually(hold, now);
-        if matches!(
-            outcome,
-            ManualHoldOutcome::Started | ManualHoldOutcome::Extended
-        ) {
-            self.groups.values_mut().for_each(Window::stop_pacing);
-        }
-        outcome
+        self.unlabelled.hold_manually(hold, now)
     }
 
     /// Closes windows now (the `release` command): every group's, and the
@@ -211,21 +173,6 @@ impl Windows {
                     .fold(manual, |any, w| w.release_window(now) || any)
             }
         }
-    }
-
-    /// Starts a paced release of `group`'s held nodes.
-    pub fn start_pacing(&mut self, group: &str, pacing: Pacing) {
-        self.window_mut(group).start_pacing(pacing);
-    }
-
-    /// The paced release under way in `group`, if any.
-    pub fn pacing(&self, group: &str) -> Option<&Pacing> {
-        self.window(group).and_then(Window::pacing)
-    }
-
-    /// Whether a paced release is under way in any group.
-    pub fn is_pacing(&self) -> bool {
-        self.iter().any(|(_, w)| w.pacing().is_some())
     }
 }
 
@@ -244,7 +191,6 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
-            release_pace: None,
             groups: Grouping::per_label(Some("pool".into())),
             group_holds: BTreeMap::new(),
         }
@@ -286,9 +232,8 @@ mod tests {
         // A later node extends the group by the group's own hold.
         w.observe_all([("gpu", t(2))], t(2), &cfg);
         assert_eq!(w.deadline("gpu"), Some(t(5)));
-        let (_, ended) = w.observe_all([("gpu", t(2)), ("general", t(0))], t(6), &cfg);
-        let ended: Vec<&str> = ended.iter().map(|e| e.group.as_str()).collect();
-        assert_eq!(ended, ["gpu"]);
+        w.observe_all([("gpu", t(2)), ("general", t(0))], t(6), &cfg);
+        assert!(w.window("gpu").is_some_and(|w| w.open().is_none()));
         assert_eq!(w.deadline("general"), Some(t(10)));
     }
 
@@ -296,7 +241,7 @@ mod tests {
     fn a_groups_new_node_opens_and_holds_only_its_group() {
         let cfg = cfg();
         let mut w = Windows::default();
-        let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(-60))], t(0), &cfg);
+        let observed = w.observe_all([("gpu", t(0)), ("general", t(-60))], t(0), &cfg);
         assert_eq!(observed, [Observed::Opened, Observed::Expired]);
         assert_eq!(w.held_until("gpu", t(1)), Some(t(10)));
         assert_eq!(w.held_until("general", t(1)), None);
@@ -319,7 +264,7 @@ mod tests {
         assert_eq!(w.hold_manually(hold(45), t(0)), ManualHoldOutcome::Started);
         assert_eq!(w.held_until("general", t(1)), Some(t(45)));
         assert_eq!(w.held_until("gpu", t(1)), Some(t(45)));
-        assert!(w.is_held("gpu") && w.holds("gpu", t(44)) && !w.holds("gpu", t(45)));
+        assert!(w.holds("gpu", t(44)) && !w.holds("gpu", t(45)));
         // Releasing one group leaves the manual hold, which still holds it.
         assert!(!w.release_now(t(2), Some("general")));
         assert_eq!(w.held_until("general", t(3)), Some(t(45)));
@@ -344,53 +289,24 @@ mod tests {
         assert!(w.release_now(t(3), None));
         assert!(w.iter().all(|(_, w)| !w.is_open(t(3))));
         // The released nodes are consumed: seen again, they open nothing.
-        let (observed, _) = w.observe_all([("gpu", t(0)), ("general", t(0))], t(4), &cfg);
+        let observed = w.observe_all([("gpu", t(0)), ("general", t(0))], t(4), &cfg);
         assert_eq!(observed, [Observed::Consumed, Observed::Consumed]);
     }
 
     #[test]
-    fn groups_whose_hold_ends_are_reported_and_idle_ones_forgotten() {
+    fn groups_whose_hold_ends_close_and_idle_ones_are_forgotten() {
         let cfg = cfg();
         let mut w = Windows::default();
         w.observe_all([("gpu", t(0)), ("general", t(4))], t(4), &cfg);
-        let (_, ended) = w.observe_all([("gpu", t(0)), ("general", t(4))], t(12), &cfg);
-        assert_eq!(
-            ended,
-            [Ended {
-                group: "gpu".into(),
-                since: t(10)
-            }]
-        );
+        w.observe_all([("gpu", t(0)), ("general", t(4))], t(12), &cfg);
+        assert!(w.window("gpu").is_some_and(|w| w.open().is_none()));
+        assert!(w.window("general").is_some_and(|w| w.is_open(t(12))));
         // gpu's nodes are gone and its window closed: forgotten. general,
         // with no node left but still open, stays until it closes.
-        let (_, ended) = w.observe_all([], t(13), &cfg);
-        assert!(ended.is_empty());
+        w.observe_all([], t(13), &cfg);
         assert!(w.window("gpu").is_none());
         assert!(w.window("general").is_some_and(|w| w.is_open(t(13))));
-        let (_, ended) = w.observe_all([], t(20), &cfg);
-        assert_eq!(ended.len(), 1);
+        w.observe_all([], t(20), &cfg);
         assert!(w.window("general").is_none() && !w.is_grouped());
-    }
-
-    #[test]
-    fn a_manual_hold_ends_every_groups_paced_release_and_its_end_starts_them() {
-        let cfg = cfg();
-        let mut w = Windows::default();
-        w.observe_all([("gpu", t(0))], t(0), &cfg);
-        let (_, ended) = w.observe_all([("gpu", t(0))], t(10), &cfg);
-        w.start_pacing(
-            &ended[0].group,
-            Pacing {
-                since: t(10),
-                of: 3,
-            },
-        );
-        assert!(w.is_pacing());
-        w.hold_manually(hold(20), t(11));
-        assert!(!w.is_pacing(), "the manual hold holds everything again");
-        let (_, ended) = w.observe_all([("gpu", t(0))], t(21), &cfg);
-        let groups: Vec<&str> = ended.iter().map(|e| e.group.as_str()).collect();
-        assert_eq!(groups, [UNLABELLED, "gpu"]);
-        assert!(ended.iter().all(|e| e.since == t(20)));
     }
 }

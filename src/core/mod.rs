@@ -11,7 +11,6 @@ pub mod holds;
 pub mod known;
 pub mod names;
 pub mod node;
-pub mod pace;
 pub mod patch;
 pub mod plan;
 pub mod requests;

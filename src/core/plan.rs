@@ -33,7 +33,7 @@ pub struct NodePatch {
     /// left in place, only node-holder's listing of them is dropped.
     pub left: Vec<String>,
     /// Hold only: until when the node is held, as far as known now (`None`
-    /// for a node a paced release keeps for a while).
+    /// for a busy node the schedule keeps until its run ends).
     pub until: Option<Timestamp>,
     /// Release only: the NodePool whose budget holds the node instead
     /// (`--hold-mechanism budget`), if that is why.
@@ -89,9 +89,6 @@ pub struct Planner<'a> {
     pub cfg: &'a WindowConfig,
     pub holds: &'a Holds,
     pub now: Timestamp,
-    /// During a paced release, the held nodes that keep their hold for now,
-    /// by group.
-    pub paced: BTreeMap<&'a str, PacedKeep<'a>>,
     /// `--launch-cost`: the nodes the schedule keeps (see
     /// [`super::due::keep`]), each until when, if that is known. A node kept
     /// is held whatever its window says.
@@ -109,53 +106,6 @@ pub struct Planner<'a> {
     pub pool_budgets: Option<&'a BTreeSet<String>>,
 }
 
-/// The held nodes of one group that keep their hold during a paced release:
-/// those in scope that still carry it, from `from` on in (creation, name)
-/// order, which are the newest ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PacedKeep<'a> {
-    from: (Timestamp, &'a str),
-    /// When the next step releases more.
-    next: Option<Timestamp>,
-}
-
-/// What paced releases keep held at `now` of `nodes`, by group: none for a
-/// group its window or the manual hold holds, or whose every hold is due to
-/// come off.
-pub fn paced_keep<'a>(
-    windows: &Windows,
-    cfg: &WindowConfig,
-    now: Timestamp,
-    nodes: impl IntoIterator<Item = &'a NodeMeta>,
-) -> BTreeMap<&'a str, PacedKeep<'a>> {
-    let Some(pace) = cfg.release_pace else {
-        return BTreeMap::new();
-    };
-    if !windows.is_pacing() {
-        return BTreeMap::new();
-    }
-    let mut held: BTreeMap<&str, Vec<(Timestamp, &str)>> = BTreeMap::new();
-    for node in nodes.into_iter().filter(|n| n.in_scope() && is_marked(*n)) {
-        let group = cfg.groups.group_of(node);
-        held.entry(group)
-            .or_default()
-            .push((node.created(), node.name()));
-    }
-    held.into_iter()
-        .filter_map(|(group, mut held)| {
-            let pacing = windows.pacing(group)?;
-            if windows.holds(group, now) {
-                return None;
-            }
-            let (keep, next) = pace.still_held(pacing, now);
-            let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-            held.sort_unstable_by(|a, b| b.cmp(a));
-            let from = *held.get(keep.min(held.len()).checked_sub(1)?)?;
-            Some((group, PacedKeep { from, next }))
-        })
-        .collect()
-}
-
 impl Planner<'_> {
     /// Whether the node should carry the holds now, and until when its
     /// window (or the manual hold) holds it.
@@ -165,7 +115,6 @@ impl Planner<'_> {
         }
         let group = self.cfg.groups.group_of(node);
         let until = self.windows.held_until(group, self.now);
-        let paced = self.keeps(node, group);
         match self.kept.and_then(|kept| kept.get(node.name())) {
             // Held at least until the later end known (`None` < `Some`).
             Some(scheduled) => (true, until.max(scheduled.until)),
@@ -173,7 +122,7 @@ impl Planner<'_> {
                 let manual = self.windows.manual_held_until(self.now);
                 (manual.is_some(), manual)
             }
-            None => (until.is_some() || paced, until),
+            None => (until.is_some(), until),
         }
     }
 
@@ -186,13 +135,6 @@ impl Planner<'_> {
             None => Some(""),
             Some(pool) => covered.contains(pool).then_some(pool),
         }
-    }
-
-    /// Whether a paced release keeps this node's hold for now.
-    fn keeps(&self, node: &NodeMeta, group: &str) -> bool {
-        self.paced
-            .get(group)
-            .is_some_and(|keep| is_marked(node) && (node.created(), node.name()) >= keep.from)
     }
 
     /// The patch that brings this node to its desired state; `None` when it
@@ -268,14 +210,12 @@ impl Planner<'_> {
     }
 
     /// When the plan changes by itself (a hold ends), absent node changes:
-    /// a window's deadline, a paced release's next step, or the first
-    /// `held-until` to pass.
+    /// a window's deadline or the first `held-until` to pass.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
         nodes
             .into_iter()
             .filter_map(|node| self.node_wake(node))
             .chain(self.windows.next_wake())
-            .chain(self.paced.values().filter_map(|keep| keep.next))
             .min()
     }
 }
@@ -337,7 +277,6 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
-            release_pace: None,
             groups: Grouping::default(),
             group_holds: Default::default(),
         }
@@ -417,7 +356,6 @@ mod tests {
             cfg,
             holds,
             now,
-            paced: paced_keep(windows, cfg, now, &nodes),
             kept: None,
             explained: None,
             pool_budgets: None,
@@ -660,7 +598,6 @@ mod tests {
             cfg: &cfg,
             holds: &holds(),
             now: t(0),
-            paced: BTreeMap::new(),
             kept: Some(&kept),
             explained: None,
             pool_budgets: None,
@@ -693,7 +630,6 @@ mod tests {
                 cfg: &cfg,
                 holds: &holds(),
                 now: t(1),
-                paced: BTreeMap::new(),
                 kept: Some(&kept),
                 explained: Some(&explained),
                 pool_budgets: None,
@@ -713,51 +649,6 @@ mod tests {
             plan_at(&windows).release.is_empty(),
             "the manual hold holds all"
         );
-    }
-
-    #[test]
-    fn a_paced_release_lets_the_oldest_holds_go_first_a_step_at_a_time() {
-        use crate::core::pace::Pacing;
-        let mut cfg = cfg();
-        cfg.release_pace = Some("1/60s".parse().unwrap());
-        let mut w = open_window(&cfg, 0);
-        assert!(w.tick(t(10)));
-        w.start_pacing(Pacing {
-            since: t(10),
-            of: 4,
-        });
-        let nodes = [
-            held("d", -20),
-            held("a", -50),
-            held("c", -30),
-            held("b", -40),
-        ];
-        let scope = NodeScope::parse("").unwrap();
-        let at = |now| plan(&w, &cfg, &scope, &holds(), &nodes, now);
-        let first = at(t(10));
-        assert_eq!(names(&first.release), ["a"]);
-        assert_eq!(first.wake, Some(t(11)));
-        assert_eq!(names(&at(t(11)).release), ["a", "b"]);
-        assert_eq!(names(&at(t(12)).release), ["a", "b", "c"]);
-        let last = at(t(13));
-        assert_eq!(names(&last.release), ["a", "b", "c", "d"]);
-        assert_eq!(last.wake, None);
-        // Released nodes are not held again; the keep counts held nodes only.
-        let released_a = [
-            node("a", -50, json!({}), json!({})),
-            held("b", -40),
-            held("c", -30),
-            held("d", -20),
-        ];
-        let step = plan(&w, &cfg, &scope, &holds(), &released_a, t(11));
-        assert_eq!(names(&step.release), ["b"]);
-        assert!(step.hold.is_empty());
-        // A new node opens a window: everything is held again.
-        w.observe(t(12), t(12), &cfg);
-        let reopened = plan(&w, &cfg, &scope, &holds(), &released_a, t(12));
-        assert_eq!(names(&reopened.hold), ["a"]);
-        assert!(reopened.release.is_empty());
-        assert_eq!(w.pacing(), None);
     }
 
     #[test]
@@ -842,32 +733,6 @@ mod tests {
     }
 
     #[test]
-    fn each_group_paces_its_own_release() {
-        use crate::core::pace::Pacing;
-        let mut cfg = cfg();
-        cfg.groups = Grouping::per_label(Some("pool".into()));
-        cfg.release_pace = Some("1/60s".parse().unwrap());
-        let nodes = [
-            pool("gpu-a", -50, "gpu", true),
-            pool("gpu-b", -40, "gpu", true),
-            pool("web-a", -30, "web", true),
-            pool("web-b", -20, "web", true),
-            pool("web-c", -1, "web", true),
-        ];
-        let mut windows = Windows::default();
-        windows.observe_all([("gpu", t(-50)), ("web", t(-1))], t(0), &cfg);
-        windows.start_pacing("gpu", Pacing { since: t(0), of: 2 });
-        let plan = plan_every_node(&windows, &cfg, &nodes, t(0));
-        // gpu: one step taken, its oldest goes; web's window still holds all.
-        assert_eq!(names(&plan.release), ["gpu-a"]);
-        assert_eq!(
-            plan.wake,
-            Some(t(1)),
-            "gpu's next step, before web's deadline"
-        );
-    }
-
-    #[test]
     fn with_pool_budgets_only_nodes_of_pools_without_one_carry_the_annotation() {
         let cfg = cfg();
         let windows = Windows::from(open_window(&cfg, 0));
@@ -896,7 +761,6 @@ mod tests {
             cfg: &cfg,
             holds: &holds(),
             now: t(1),
-            paced: BTreeMap::new(),
             kept: None,
             explained: None,
             pool_budgets: Some(&covered),

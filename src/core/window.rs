@@ -22,7 +22,6 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::grouping::Grouping;
-use super::pace::{Pace, Pacing};
 use super::plus;
 
 /// How long holds last.
@@ -32,9 +31,6 @@ pub struct WindowConfig {
     pub hold: Duration,
     /// Cap of a window, from when it opened; `None` for no cap.
     pub max_hold: Option<Duration>,
-    /// How fast a window's holds come off when it closes by
-    /// itself; `None` for all at once.
-    pub release_pace: Option<Pace>,
     /// Which window a node counts in (`--window-per-label`).
     pub groups: Grouping,
     /// A hold of its own for some groups (`--group-hold-duration`), by label
@@ -88,10 +84,6 @@ pub struct Window {
     /// release ends it.
     #[serde(skip_serializing_if = "Option::is_none")]
     manual: Option<ManualHold>,
-    /// A paced release under way (`--release-pace`), until a window opens
-    /// or a release ends it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pacing: Option<Pacing>,
 }
 
 /// A hold an operator asked for: every node in scope is held until `until`,
@@ -215,9 +207,6 @@ impl Window {
             return Observed::Consumed;
         }
         let opened = self.open.is_none();
-        if opened {
-            self.pacing = None;
-        }
         let open = self.open.get_or_insert(OpenWindow {
             opened_at: creation,
             deadline: creation,
@@ -289,13 +278,7 @@ impl Window {
     /// group). Returns whether the window was open.
     pub fn release_window(&mut self, now: Timestamp) -> bool {
         self.consume_through(now);
-        self.pacing = None;
         self.open.take().is_some_and(|open| now < open.deadline)
-    }
-
-    /// Ends the paced release, if one is under way (a manual hold started).
-    pub fn stop_pacing(&mut self) {
-        self.pacing = None;
     }
 
     /// Holds every node in scope until `hold.until` (the `hold` command).
@@ -314,7 +297,6 @@ impl Window {
             Some(_) => ManualHoldOutcome::Extended,
         };
         self.manual = Some(hold);
-        self.pacing = None;
         outcome
     }
 
@@ -322,16 +304,6 @@ impl Window {
     /// `tick` would close.
     pub fn is_held(&self) -> bool {
         self.open.is_some() || self.manual.is_some()
-    }
-
-    /// Starts a paced release (the window closed by itself).
-    pub fn start_pacing(&mut self, pacing: Pacing) {
-        self.pacing = Some(pacing);
-    }
-
-    /// The paced release under way, if any.
-    pub fn pacing(&self) -> Option<&Pacing> {
-        self.pacing.as_ref()
     }
 
     /// The manual hold, if any (it may have ended until `tick`).
@@ -392,7 +364,6 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(hold * 60),
             max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
-            release_pace: None,
             groups: Grouping::default(),
             group_holds: BTreeMap::new(),
         }
@@ -759,34 +730,20 @@ mod tests {
         assert_eq!(serde_json::from_str::<Window>(&json).unwrap(), w);
     }
 
+    /// A record written during a paced release (`--release-pace`,
+    /// removed) still loads, and the next save leaves the field out.
     #[test]
-    fn a_paced_release_is_kept_in_the_record_until_a_window_opens_or_a_release() {
-        use crate::core::pace::Pacing;
-        let cfg = cluster(10, None);
+    fn a_window_record_with_a_paced_release_still_loads() {
         let mut w = Window::default();
-        w.observe(t(0), t(0), &cfg);
-        assert!(w.is_held());
+        w.observe(t(0), t(0), &cluster(10, None));
         assert!(w.tick(t(10)));
-        assert!(!w.is_held());
-        let pacing = Pacing {
-            since: t(10),
-            of: 7,
-        };
-        w.start_pacing(pacing);
-        let json = serde_json::to_string(&w).unwrap();
-        assert!(json.contains(r#""pacing":{"since":"#), "{json}");
-        assert_eq!(serde_json::from_str::<Window>(&json).unwrap(), w);
-        let mut released = w.clone();
-        released.release_now(t(11));
-        assert_eq!(
-            released.pacing(),
-            None,
-            "a release takes every hold off at once"
+        let kept = serde_json::to_string(&w).unwrap();
+        let old = kept.replace(
+            '}',
+            &format!(r#","pacing":{{"since":"{}","of":7}}}}"#, t(10)),
         );
-        let mut held = w.clone();
-        held.hold_manually(manual(11, 20), t(11));
-        assert_eq!(held.pacing(), None, "a manual hold holds everything again");
-        w.observe(t(12), t(12), &cfg);
-        assert_eq!(w.pacing(), None, "a new window holds everything again");
+        let loaded: Window = serde_json::from_str(&old).unwrap();
+        assert_eq!(loaded, w);
+        assert_eq!(serde_json::to_string(&loaded).unwrap(), kept);
     }
 }

@@ -19,7 +19,6 @@ use crate::core::groups::Windows;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::known::LastRun;
-use crate::core::pace::Pace;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, WindowConfig};
 
@@ -102,9 +101,6 @@ pub struct Settings {
     pub holds: Vec<String>,
     /// The node selector, kubectl syntax; empty for every node.
     pub node_selector: String,
-    /// `--release-pace`; absent: all at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub release_pace: Option<Pace>,
     /// `--window-per-label`; absent: one window for every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_per_label: Option<String>,
@@ -470,7 +466,6 @@ impl Settings {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: self.max_hold,
-            release_pace: self.release_pace,
             groups: Grouping::per_label(self.window_per_label.clone()),
             group_holds: self.group_hold_durations.clone(),
         }
@@ -514,13 +509,15 @@ mod tests {
         assert_eq!(serde_json::to_string(&settings).unwrap(), text);
     }
 
-    /// A record written with `--window-follows-work` (removed) still loads,
-    /// and the next save leaves the field out.
+    /// A record written with `--window-follows-work` or `--release-pace`
+    /// (removed) still loads, and the next save leaves the field out.
     #[test]
     fn settings_of_a_removed_flag_still_load() {
         let kept = r#"{"holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
-        let old = kept.replace('}', r#","windowFollowsWork":true}"#);
-        let settings: Settings = serde_json::from_str(&old).unwrap();
-        assert_eq!(serde_json::to_string(&settings).unwrap(), kept);
+        for field in [r#""windowFollowsWork":true"#, r#""releasePace":"10%/1m""#] {
+            let old = kept.replace('}', &format!(",{field}}}"));
+            let settings: Settings = serde_json::from_str(&old).unwrap();
+            assert_eq!(serde_json::to_string(&settings).unwrap(), kept, "{field}");
+        }
     }
 }
