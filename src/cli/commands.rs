@@ -1,0 +1,198 @@
+//! The flags of the commands run by hand: `status`, `explain`, `release`,
+//! `hold`, `uninstall`, `certs` and `self-check`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::core::holds::{Hold, Preset};
+
+use super::{ClientArgs, Output, RecordArgs, parse_label_value, parse_manual_hold, parse_reason};
+
+/// `self-check` (`crate::selfcheck`).
+#[derive(Debug, Args)]
+pub struct SelfCheckArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// The well-known holds the test Node must get, as `serve` takes them
+    /// (karpenter-v1 when neither this nor --hold-annotation is given).
+    #[arg(
+        long,
+        env = "NODE_HOLDER_HOLD_PRESETS",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub hold_preset: Vec<Preset>,
+
+    /// More holds the test Node must get, as key=value, as `serve` takes
+    /// them; repeat or comma-separate.
+    #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
+    pub hold_annotation: Vec<Hold>,
+
+    /// Labels of the test Node, as key=value, so that it falls inside
+    /// --node-selector and the webhook's objectSelector; repeat or
+    /// comma-separate.
+    #[arg(
+        long,
+        env = "NODE_HOLDER_SELF_CHECK_NODE_LABELS",
+        value_delimiter = ','
+    )]
+    pub node_label: Vec<String>,
+
+    /// How long the checks may take together, each tried again every 2 s
+    /// while it fails.
+    #[arg(long, env = "NODE_HOLDER_SELF_CHECK_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// Output format.
+    #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+
+    /// Nodes the held-node table shows (the rest are counted); 0 for all.
+    #[arg(long, env = "NODE_HOLDER_STATUS_LIMIT", default_value_t = 50)]
+    pub limit: usize,
+
+    /// Say that node-holder's holds are orphaned (an `Orphaned:` line, and
+    /// `orphaned` in JSON) when nodes or NodePools carry them and no leader
+    /// has been live for this long: nothing will release them. With a live
+    /// leader, held nodes whose `node-holder.dev/held-until` passed longer
+    /// ago than this are overdue (an `Overdue:` line, `overdue` in JSON):
+    /// the leader is not keeping its holds.
+    #[arg(long, env = "NODE_HOLDER_ORPHANED_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub orphaned_after: Duration,
+}
+
+/// What `release` and `hold` need: the cluster, the record, and what to run
+/// the leader's pass with when no leader runs.
+#[derive(Debug, Args)]
+pub struct RequestArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+
+    /// With `--window-per-label`: close only the window of the nodes with
+    /// this label value (`''`: the nodes without the label); a manual hold
+    /// stays. Unset: close every window and end the manual hold.
+    #[arg(long, env = "NODE_HOLDER_RELEASE_GROUP", value_parser = parse_label_value)]
+    pub group: Option<String>,
+
+    /// How long to wait for a running leader to finish the release.
+    #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    #[command(flatten)]
+    pub record: RecordArgs,
+
+    /// The node.
+    pub node: String,
+
+    /// Output format.
+    #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+
+    /// node-holder's Deployment in --namespace: scaled to 0 first, so that no
+    /// replica holds a node again once the holds are off.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_DEPLOYMENT")]
+    pub deployment: Option<String>,
+
+    /// node-holder's MutatingWebhookConfiguration: deleted first, so that no
+    /// new node is held at its CREATE.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_WEBHOOK_CONFIGURATION")]
+    pub webhook_configuration: Option<String>,
+
+    /// node-holder's MutatingAdmissionPolicy and its binding (policy mode,
+    /// both of this name): deleted first, as the webhook configuration.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_ADMISSION_POLICY")]
+    pub admission_policy: Option<String>,
+
+    /// How long to wait for the replicas to give up the Lease, and for the
+    /// release.
+    #[arg(long, env = "NODE_HOLDER_UNINSTALL_TIMEOUT", default_value = "3m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+
+    /// How long to hold, from now (`45m`, `2h`); at most a year. A manual hold
+    /// always ends; `--max-hold` does not cut it.
+    #[arg(long = "for", env = "NODE_HOLDER_HOLD_FOR", value_parser = parse_manual_hold)]
+    pub hold_for: Duration,
+
+    /// Why, for `status`, the Event and the log ("payments rollout").
+    #[arg(long, env = "NODE_HOLDER_HOLD_REASON", value_parser = parse_reason)]
+    pub reason: String,
+
+    /// How long to wait for a running leader to put the hold on every node.
+    #[arg(long, env = "NODE_HOLDER_HOLD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if
+    /// missing); existing certificates are not replaced without --renew or
+    /// --force.
+    #[arg(long, env = "NODE_HOLDER_CERTS_OUT_DIR", default_value = "certs/dev")]
+    pub out_dir: PathBuf,
+
+    /// DNS name the serving certificate is valid for, besides localhost and
+    /// 127.0.0.1; repeat for several (the webhook Service's names).
+    #[arg(
+        long = "dns-name",
+        env = "NODE_HOLDER_CERTS_DNS_NAMES",
+        value_delimiter = ',',
+        default_value = "node-holder.node-holder.svc"
+    )]
+    pub dns_names: Vec<String>,
+
+    /// How long the certificates are valid (`90d`, `8760h`).
+    #[arg(long, env = "NODE_HOLDER_CERTS_VALIDITY", default_value = "365d", value_parser = humantime::parse_duration)]
+    pub validity: Duration,
+
+    /// Issue a new serving certificate (tls.crt, tls.key) from the CA already
+    /// in the directory (ca.crt, ca.key); registered caBundles keep matching.
+    #[arg(long, env = "NODE_HOLDER_CERTS_RENEW", conflicts_with = "force")]
+    pub renew: bool,
+
+    /// Replace certificates already in the directory with a new CA; every
+    /// caBundle registered for the old CA stops matching.
+    #[arg(long, env = "NODE_HOLDER_CERTS_FORCE")]
+    pub force: bool,
+}
