@@ -296,3 +296,37 @@ async fn a_release_patch_from_a_stale_read_is_rejected_by_the_api_server() {
         "false"
     );
 }
+
+/// `--launch-cost` in a cluster with no CronJob: no pod can say what a new
+/// node is for, so the window counts it from its creation at once, exactly
+/// as the fixed hold does (it does not wait for the node to settle first).
+#[tokio::test]
+async fn with_no_cronjob_the_schedule_hold_counts_a_new_node_as_the_fixed_hold_does() {
+    let Cluster { cp, nodes, records } = Cluster::start().await;
+    common::install_node_holder_rbac(&cp).await;
+    common::install_rbac_for(&cp, "schedules").await;
+    let served = serve(&cp, &strs(&fast("6s", &["--launch-cost=2m"]))).await;
+    register_webhook(&cp, &served).await;
+    old_nodes(&nodes, &["old-1"], &[], Duration::from_secs(6)).await;
+
+    let new = create(&nodes, "new-1", &[], &[]).await;
+    let deadline = created(&new) + Duration::from_secs(6);
+    eventually_logging(
+        "the window opened at the node's creation",
+        Duration::from_secs(10),
+        &served,
+        || async {
+            let window = window(&records).await;
+            at(&window, "/open/openedAt") == Some(created(&new))
+                && at(&window, "/open/deadline") == Some(deadline)
+        },
+    )
+    .await;
+    eventually_logging(
+        "the old node held until the fixed hold's deadline",
+        Duration::from_secs(10),
+        &served,
+        || stamped(&nodes, &["old-1", "new-1"], deadline),
+    )
+    .await;
+}

@@ -160,6 +160,11 @@ struct WindowTask {
     kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
     /// CronJobs whose schedule was said to be unpredictable (once each).
     unpredictable: BTreeSet<String>,
+    /// `--launch-cost`: how long a new node settles before the window
+    /// counts it: the terms' settle while the cluster has CronJobs, nothing
+    /// while it has none (no pod can explain a node then, so the window
+    /// counts each from its creation, as without `--launch-cost`).
+    settle: Duration,
     /// `--warm-before-runs`: the placeholder Jobs made.
     warming: warming::Warming,
     /// `--launch-cost`: each CronJob's last run, remembered once its nodes
@@ -229,6 +234,7 @@ impl WindowTask {
             explained: BTreeSet::new(),
             kept: Default::default(),
             unpredictable: BTreeSet::new(),
+            settle: Duration::ZERO,
             warming: Default::default(),
             last_runs: BTreeMap::new(),
             release_request: None,

@@ -59,6 +59,11 @@ impl ScheduledWatch {
 
     /// The scheduled work after `from`; `group_of` names a node's group,
     /// `remembered` each CronJob's last run whose nodes may be gone.
+    /// Whether the cluster has a CronJob (predictable or not).
+    pub fn has_cronjobs(&self) -> bool {
+        !self.cronjobs.state().is_empty()
+    }
+
     pub fn known(
         &self,
         from: Timestamp,
@@ -313,6 +318,15 @@ impl super::WindowTask {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
             return None;
         };
+        self.settle = if watch.has_cronjobs() {
+            terms.settle
+        } else {
+            std::time::Duration::ZERO
+        };
+        let terms = Terms {
+            settle: self.settle,
+            ..terms
+        };
         let grouping = &self.config.window.groups;
         let views: Vec<NodeView<'_>> = snapshot
             .iter()
@@ -406,16 +420,25 @@ impl super::WindowTask {
     /// When the window counts `node` as created: its creation, or with
     /// `--launch-cost` once it settled (see [`crate::core::due::counted_at`]).
     pub(super) fn counted_at(&self, node: &NodeMeta) -> Timestamp {
-        match self.config.schedule {
+        match self.terms() {
             Some(terms) => counted_at(node.created(), &terms),
             None => node.created(),
         }
     }
 
+    /// `--launch-cost`'s terms, with the settle this pass uses.
+    fn terms(&self) -> Option<Terms> {
+        let terms = self.config.schedule?;
+        Some(Terms {
+            settle: self.settle,
+            ..terms
+        })
+    }
+
     /// Whether the window counts `node` (always, unless the schedule
     /// explains it or it is still settling).
     pub(super) fn counts_in_window(&self, node: &NodeMeta, now: Timestamp) -> bool {
-        self.config.schedule.is_none_or(|terms| {
+        self.terms().is_none_or(|terms| {
             counts_in_window(node.name(), node.created(), &self.explained, now, &terms)
         })
     }
