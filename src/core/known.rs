@@ -84,6 +84,26 @@ pub struct LastRun {
     pub group: String,
     pub nodes: usize,
     pub pods: usize,
+    /// The run's scheduled minute since the epoch (0 in records that did
+    /// not say it).
+    #[serde(default)]
+    pub minute: i64,
+}
+
+impl LastRun {
+    /// The same run as `remembered` saw it larger: as its nodes go one by
+    /// one, the pod garbage collector takes their pods with them, so the
+    /// run looks smaller than it was; its size is the largest seen.
+    fn at_least(self, remembered: Option<&LastRun>) -> LastRun {
+        match remembered {
+            Some(kept) if kept.minute == self.minute => LastRun {
+                nodes: self.nodes.max(kept.nodes),
+                pods: self.pods.max(kept.pods),
+                ..self
+            },
+            _ => self,
+        }
+    }
 }
 
 /// What the CronJobs and their pods say, at one instant.
@@ -155,7 +175,7 @@ pub fn known_work<'a>(
         let seen = seen.get(&cronjob.key);
         let seen_last = seen.and_then(|s| last_run(s, &group_of));
         let (last, on) = match seen_last {
-            Some((last, on)) => (last, on),
+            Some((last, on)) => (last.at_least(remembered.get(&cronjob.key)), on),
             None => match remembered.get(&cronjob.key) {
                 Some(last) => (last.clone(), Vec::new()),
                 None => continue,
@@ -242,7 +262,7 @@ fn last_run<'a>(
     seen: &Seen<'a>,
     group_of: &impl Fn(&str) -> Option<String>,
 ) -> Option<(LastRun, Vec<&'a str>)> {
-    seen.runs.values().rev().find_map(|(nodes, pods)| {
+    seen.runs.iter().rev().find_map(|(&minute, (nodes, pods))| {
         let mut groups: BTreeMap<String, usize> = BTreeMap::new();
         for node in nodes {
             if let Some(group) = group_of(node) {
@@ -254,6 +274,7 @@ fn last_run<'a>(
             group,
             nodes: nodes.len(),
             pods: *pods,
+            minute,
         };
         Some((last, nodes.iter().copied().collect()))
     })
@@ -404,6 +425,7 @@ mod tests {
             group: "batch".into(),
             nodes: 2,
             pods: 4,
+            minute: 29618880,
         };
         let remembered = BTreeMap::from([("team/hourly".to_string(), last.clone())]);
         let work = known_work(&cronjobs, pods, group_of, now, &remembered);
@@ -414,6 +436,30 @@ mod tests {
         );
         assert!(run.on.is_empty());
         assert_eq!(work.last, remembered, "remembered again");
+    }
+
+    #[test]
+    fn a_run_whose_nodes_go_one_by_one_keeps_the_size_it_had() {
+        let cronjobs = [cronjob("team/hourly", "0 * * * *")];
+        let now = at("2026-04-25T03:05:00Z");
+        let whole = [
+            pod("team", "hourly-29618880", "a1", false),
+            pod("team", "hourly-29618880", "a2", false),
+            pod("team", "hourly-29618880", "a3", false),
+        ];
+        let first = known_work(&cronjobs, whole, group_of, now, &BTreeMap::new());
+        assert_eq!(first.last["team/hourly"].nodes, 3);
+        // Two of its nodes are gone, and their pods with them.
+        let left = [pod("team", "hourly-29618880", "a1", false)];
+        let later = known_work(&cronjobs, left, group_of, now, &first.last);
+        let run = &later.runs["batch"][0];
+        assert_eq!((run.nodes, run.pods), (3, 3));
+        assert_eq!(run.on, ["a1"]);
+        assert_eq!(later.last, first.last);
+        // The next run is sized by itself, smaller or not.
+        let next = [pod("team", "hourly-29618940", "a1", false)];
+        let after = known_work(&cronjobs, next, group_of, now, &first.last);
+        assert_eq!(after.last["team/hourly"].nodes, 1);
     }
 
     #[test]
