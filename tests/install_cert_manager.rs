@@ -11,76 +11,19 @@
 use testsupport as common;
 use testsupport::install;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::window::{failed_open, held};
 use common::{WEBHOOK_NAME, node};
 use install::{
-    NAMESPACE, Pod, SERVICE_DNS_NAMES, install_cert_manager_crds, name, one, release_objects,
-    template, wait_until_the_webhook_holds,
+    CertManager, NAMESPACE, Pod, SERVICE_DNS_NAMES, install_cert_manager_crds, name, one,
+    release_objects, template, wait_until_the_webhook_holds,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
-use testenv::{ControlPlane, ManagedChild};
-
-/// cert-manager's controller and CA injector, running as the admin (the
-/// tests do not install cert-manager's own RBAC). Killed on drop.
-struct CertManager {
-    controller: ManagedChild,
-    cainjector: ManagedChild,
-    dir: tempfile::TempDir,
-}
-
-impl CertManager {
-    async fn start(cp: &ControlPlane) -> CertManager {
-        let binaries = tokio::task::spawn_blocking(testenv::ensure_cert_manager_built)
-            .await
-            .unwrap()
-            .expect("cert-manager builds from testenv/tools/cert-manager");
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
-        let spawn = |name: &'static str, program: &Path| {
-            let mut command = std::process::Command::new(program);
-            command.arg(&kubeconfig).arg("-v=2");
-            ManagedChild::spawn_command(name, command, &dir.path().join(format!("{name}.log")))
-                .unwrap()
-        };
-        let controller = spawn("cert-manager-controller", &binaries.controller);
-        let cainjector = spawn("cert-manager-cainjector", &binaries.cainjector);
-        CertManager {
-            controller,
-            cainjector,
-            dir,
-        }
-    }
-
-    fn check_running(&mut self) {
-        for child in [&mut self.controller, &mut self.cainjector] {
-            if let Err(err) = child.check_running() {
-                panic!("{err:#}");
-            }
-        }
-    }
-}
-
-impl Drop for CertManager {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for name in ["cert-manager-controller", "cert-manager-cainjector"] {
-                let log = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
-                    .unwrap_or_default();
-                let lines: Vec<&str> = log.lines().collect();
-                eprintln!(
-                    "{name}'s log (last lines):\n{}",
-                    lines[lines.len().saturating_sub(40)..].join("\n")
-                );
-            }
-        }
-    }
-}
+use testenv::ControlPlane;
 
 /// The `Ready` condition's status of cert-manager object `object`, if any.
 fn ready(object: &DynamicObject) -> Option<String> {

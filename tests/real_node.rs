@@ -11,8 +11,8 @@
 //! asks for root with `runAsNonRoot` is refused by the kubelet with
 //! `CreateContainerConfigError`.
 //!
-//! With Services (`RealNode::join_with_services`: kube-proxy and the
-//! EndpointSlice controller), the API server calls node-holder's webhook
+//! With Services (`RealNode::join_with_services`: kube-proxy and
+//! kube-controller-manager's EndpointSlice controller), the API server calls node-holder's webhook
 //! through the chart's Service: the rendered MutatingWebhookConfiguration
 //! names the Service, the API server dials its ClusterIP, kube-proxy's rules
 //! in the host's nat OUTPUT chain send the connection to the pod, and a Node

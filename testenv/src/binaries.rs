@@ -491,8 +491,8 @@ pub struct KubeComponents {
 
 /// Builds kube-scheduler and kube-controller-manager from the control
 /// plane's pin into `target/kube-components/<digest>/` if needed: what a
-/// Karpenter cluster runs, and what runs the real node's EndpointSlice
-/// controller.
+/// Karpenter cluster runs, and what runs beside a real node with Services
+/// (its controllers and scheduler).
 pub fn ensure_kube_components_built() -> Result<KubeComponents> {
     let module = module_dir();
     let stamp = kubernetes_stamp(&module)?;

@@ -39,9 +39,11 @@
 //! under a machine-wide file lock; a slot whose owner died without its
 //! teardown is cleaned by the next [`RealNode::join`] that takes it.
 //!
-//! [`RealNode::join_with_services`] also runs the EndpointSlice controller and
-//! kube-proxy for the node (see `services.rs`): a ClusterIP Service whose
-//! endpoints are the node's pods is then reachable from the host.
+//! [`RealNode::join_with_services`] also runs kube-proxy, kube-controller-manager
+//! and kube-scheduler for the node (see `services.rs`): a ClusterIP Service
+//! whose endpoints are the node's pods is then reachable from the host, pods
+//! reach the API server at the `kubernetes` Service, and Deployments and Jobs
+//! run their pods there.
 //!
 //! Needs root, and Debian's `containerd`, `runc` and
 //! `containernetworking-plugins` (and `iptables` for kube-proxy; `.ci/run`
@@ -113,10 +115,15 @@ impl RealNode {
         Self::join_with(cp, name, false).await
     }
 
-    /// [`join`](Self::join), and Services work: the EndpointSlice controller
-    /// and kube-proxy (iptables mode) run for the node, so that a ClusterIP
-    /// Service whose endpoints are the node's pods is reachable from the host,
-    /// where the API server runs. For the API server to call a webhook through
+    /// [`join`](Self::join), and Services and workloads work: kube-proxy
+    /// (iptables mode), kube-controller-manager (EndpointSlices, Deployments,
+    /// ReplicaSets, Jobs, garbage collection, node lifecycle, ServiceAccounts
+    /// and `kube-root-ca.crt`) and kube-scheduler run for the node, so that a
+    /// ClusterIP Service whose endpoints are the node's pods is reachable from
+    /// the host, where the API server runs, and pods reach the API server at
+    /// the `kubernetes` Service (`10.0.0.1:443`), which names the node's relay.
+    /// For pods to get ServiceAccount tokens, start `cp` with
+    /// [`SERVICE_ACCOUNTS`](crate::SERVICE_ACCOUNTS). For the API server to call a webhook through
     /// its Service's ClusterIP (not straight at an endpoint), start `cp` with
     /// [`CLUSTER_IP_ROUTING`](crate::CLUSTER_IP_ROUTING). kube-proxy's rules
     /// are the host's: one such node runs on the machine at a time (a second
@@ -184,6 +191,9 @@ impl RealNode {
                         name,
                         address: gateway,
                         pod_subnet: &subnet,
+                        api_server_for_pods: node
+                            .api_server_for_pods()
+                            .context("the node has no relay to the API server")?,
                         dir: &node.dir,
                     },
                     &binaries.kube_proxy,

@@ -82,6 +82,21 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// them.
 pub const CLUSTER_IP_ROUTING: &str = "--enable-aggregator-routing=false";
 
+/// The kube-apiserver flag (for [`ControlPlane::start_with_args`]) that keeps
+/// the `ServiceAccount` admission plugin on (the test control plane turns it
+/// off by default): every pod gets its ServiceAccount's token, projected by
+/// the kubelet through TokenRequest, the namespace's `kube-root-ca.crt` and
+/// its namespace, as in a cluster. For a cluster where a controller-manager
+/// makes `default` ServiceAccounts and publishes `kube-root-ca.crt`, as
+/// [`RealNode::join_with_services`] runs it; pods in a namespace without
+/// them are refused.
+pub const SERVICE_ACCOUNTS: &str = "--enable-admission-plugins=ServiceAccount";
+
+/// The `kubernetes` Service's ClusterIP (the first of the control plane's
+/// Service range, `10.0.0.0/24`): the API server's serving certificate
+/// names it, as a cluster's does, for pods that reach the API server there.
+pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
+
 /// A running etcd + kube-apiserver pair. Dropping it stops both and removes
 /// their files.
 pub struct ControlPlane {
@@ -169,9 +184,7 @@ impl ControlPlane {
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
-            // No controller-manager runs: nothing would mint ServiceAccount
-            // tokens, and loopback endpoints for `kubernetes` are invalid.
-            "--disable-admission-plugins=ServiceAccount".into(),
+            // Loopback endpoints for `kubernetes` are invalid.
             "--endpoint-reconciler-type=none".into(),
             format!("--audit-policy-file={}", p("audit-policy.yaml")),
             format!("--audit-log-path={}", audit_log.display()),
@@ -191,6 +204,12 @@ impl ControlPlane {
             format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
             "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         ];
+        // No controller-manager runs: nothing would publish `kube-root-ca.crt`
+        // or make the namespaces' `default` ServiceAccounts, and pods would
+        // be refused. On only when asked for ([`SERVICE_ACCOUNTS`]).
+        if !extra.iter().any(|arg| arg == SERVICE_ACCOUNTS) {
+            apiserver_args.push("--disable-admission-plugins=ServiceAccount".into());
+        }
         apiserver_args.extend_from_slice(extra);
         let apiserver = ManagedChild::spawn(
             "kube-apiserver",
@@ -462,7 +481,13 @@ fn write_files(root: &Path) -> Result<Files> {
     let mut serving = CertificateParams::new(vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
+        "kubernetes".to_string(),
+        "kubernetes.default".to_string(),
         "kubernetes.default.svc".to_string(),
+        "kubernetes.default.svc.cluster.local".to_string(),
+        // In-cluster clients dial the `kubernetes` Service's ClusterIP
+        // (KUBERNETES_SERVICE_HOST) and check this name.
+        KUBERNETES_SERVICE_IP.to_string(),
     ])?;
     serving
         .distinguished_name

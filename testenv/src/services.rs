@@ -1,15 +1,29 @@
-//! Services on the real node: kube-controller-manager's EndpointSlice
-//! controller and kube-proxy, both from the control plane's own
+//! Services and workloads on the real node: kube-controller-manager,
+//! kube-scheduler and kube-proxy, all from the control plane's own
 //! `k8s.io/kubernetes` release, so that a ClusterIP Service whose endpoints
 //! are pods of the real node is reachable from the host, where the API server
-//! runs: a connection from the host goes through the nat table's OUTPUT chain,
+//! runs (a connection from the host goes through the nat table's OUTPUT chain,
 //! where kube-proxy's rules DNAT the ClusterIP to a ready pod's address on the
-//! node's bridge.
+//! node's bridge), pods reach the API server at the `kubernetes` Service, and
+//! Deployments and Jobs run their pods there.
 //!
-//! - The EndpointSlice controller (`kube-controller-manager
-//!   --controllers=endpointslice-controller`, as the admin, no leader
-//!   election, no serving port) turns each Service's selector and its pods'
-//!   readiness into EndpointSlices, as in a cluster.
+//! - kube-controller-manager (as the admin, no leader election, no serving
+//!   port) runs the controllers in [`CONTROLLERS`]: EndpointSlices from each
+//!   Service's selector and its pods' readiness; Deployments, ReplicaSets and
+//!   Jobs making pods, and the garbage collector deleting what their owners
+//!   leave; the node lifecycle controller lifting the `not-ready` taint from
+//!   the Ready node; the namespaces' `default` ServiceAccounts and their
+//!   `kube-root-ca.crt` ConfigMap (the control plane's CA), which pods'
+//!   projected ServiceAccount volumes mount (with a control plane started
+//!   with [`SERVICE_ACCOUNTS`](crate::SERVICE_ACCOUNTS)).
+//! - kube-scheduler (as the admin) places pods that have no `nodeName`; pods
+//!   that tolerate the real node's taint can land there.
+//! - The `kubernetes` Service's EndpointSlice names the relay on the node's
+//!   bridge address to the API server (the API server listens on loopback
+//!   only, and publishes no endpoint of its own: `--endpoint-reconciler-type
+//!   =none`): a pod dialling `KUBERNETES_SERVICE_HOST` (`10.0.0.1:443`)
+//!   reaches the API server through kube-proxy's rules in the nat PREROUTING
+//!   chain, as in-cluster clients do.
 //! - kube-proxy in iptables mode (Debian's `iptables`, the nf_tables backend),
 //!   as `system:kube-proxy` (a client certificate; the API server's bootstrap
 //!   RBAC binds that user to `system:node-proxier`), for the node's name and
@@ -26,7 +40,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,36 +50,46 @@ use serde_json::json;
 
 use crate::binaries::ensure_kube_components_built;
 use crate::karpenter::start_kube_component;
-use crate::{ControlPlane, ManagedChild, free_ports};
+use crate::{ControlPlane, ManagedChild, apply_objects, free_ports};
+
+/// The controllers the real node's kube-controller-manager runs: see the
+/// module's documentation.
+const CONTROLLERS: &str = "endpointslice-controller,deployment-controller,\
+replicaset-controller,job-controller,garbage-collector-controller,\
+node-lifecycle-controller,serviceaccount-controller,\
+root-ca-certificate-publisher-controller";
 
 /// How long kube-proxy may take for its first sync of the host's rules.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a node may wait for another node's kube-proxy to stop.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// kube-proxy and the EndpointSlice controller for one real node. Dropping it
-/// stops both and removes kube-proxy's rules from the host.
+/// kube-proxy, kube-controller-manager and kube-scheduler for one real node.
+/// Dropping it stops them and removes kube-proxy's rules from the host.
 pub(crate) struct ServiceProxy {
     kube_proxy: Option<ManagedChild>,
-    endpoint_slices: Option<ManagedChild>,
+    controller_manager: Option<ManagedChild>,
+    scheduler: Option<ManagedChild>,
     binary: PathBuf,
     dir: PathBuf,
     lock: File,
 }
 
 /// Where the real node's kube-proxy runs: its node's name, address and pod
-/// subnet, and the directory for its files.
+/// subnet, where its pods reach the API server, and the directory for its
+/// files.
 pub(crate) struct ProxyNode<'a> {
     pub name: &'a str,
     pub address: Ipv4Addr,
     pub pod_subnet: &'a str,
+    pub api_server_for_pods: SocketAddr,
     pub dir: &'a Path,
 }
 
 impl ServiceProxy {
-    /// Takes the machine's kube-proxy lock, removes leftover rules, starts the
-    /// EndpointSlice controller and kube-proxy, and waits for kube-proxy's
-    /// first sync.
+    /// Takes the machine's kube-proxy lock, removes leftover rules, publishes
+    /// the `kubernetes` Service's endpoint, starts kube-controller-manager,
+    /// kube-scheduler and kube-proxy, and waits for kube-proxy's first sync.
     pub(crate) async fn start(
         cp: &ControlPlane,
         node: ProxyNode<'_>,
@@ -80,18 +104,33 @@ impl ServiceProxy {
             .context("kube-proxy lock task")??;
         let mut proxy = ServiceProxy {
             kube_proxy: None,
-            endpoint_slices: None,
+            controller_manager: None,
+            scheduler: None,
             binary: kube_proxy.to_path_buf(),
             dir: node.dir.to_path_buf(),
             lock,
         };
         proxy.cleanup()?;
 
-        proxy.endpoint_slices = Some(start_kube_component(
+        let admin = cp.admin_client().await?;
+        apply_objects(&admin, &[kubernetes_endpoints(node.api_server_for_pods)]).await?;
+        proxy.controller_manager = Some(start_kube_component(
             cp,
             "kube-controller-manager",
             &components.kube_controller_manager,
-            &["--controllers=endpointslice-controller".into()],
+            &[
+                format!("--controllers={CONTROLLERS}"),
+                format!("--root-ca-file={}", cp.dir().join("ca.crt").display()),
+                // A loaded 2-core machine must not turn the node NotReady
+                // (and taint it) because one Lease renewal came late.
+                "--node-monitor-grace-period=2m".into(),
+            ],
+        )?);
+        proxy.scheduler = Some(start_kube_component(
+            cp,
+            "kube-scheduler",
+            &components.kube_scheduler,
+            &[],
         )?);
 
         let kubeconfig = node.dir.join("kube-proxy.kubeconfig");
@@ -141,7 +180,8 @@ impl ServiceProxy {
         Ok(proxy)
     }
 
-    /// The last lines of kube-proxy's and the EndpointSlice controller's logs.
+    /// The last lines of kube-proxy's, kube-controller-manager's and
+    /// kube-scheduler's logs.
     pub(crate) fn log_tails(&self) -> String {
         let tail = |child: &Option<ManagedChild>| {
             child
@@ -150,9 +190,10 @@ impl ServiceProxy {
                 .unwrap_or_default()
         };
         format!(
-            "kube-proxy:\n{}\nkube-controller-manager (EndpointSlices):\n{}",
+            "kube-proxy:\n{}\nkube-controller-manager:\n{}\nkube-scheduler:\n{}",
             tail(&self.kube_proxy),
-            tail(&self.endpoint_slices)
+            tail(&self.controller_manager),
+            tail(&self.scheduler)
         )
     }
 
@@ -161,9 +202,13 @@ impl ServiceProxy {
     async fn wait_synced(&mut self, metrics_port: u16) -> Result<()> {
         let deadline = Instant::now() + SYNC_TIMEOUT;
         loop {
-            for child in [&mut self.kube_proxy, &mut self.endpoint_slices]
-                .into_iter()
-                .flatten()
+            for child in [
+                &mut self.kube_proxy,
+                &mut self.controller_manager,
+                &mut self.scheduler,
+            ]
+            .into_iter()
+            .flatten()
             {
                 child.check_running()?;
             }
@@ -217,12 +262,31 @@ impl ServiceProxy {
 impl Drop for ServiceProxy {
     fn drop(&mut self) {
         self.kube_proxy = None;
-        self.endpoint_slices = None;
+        self.scheduler = None;
+        self.controller_manager = None;
         if let Err(err) = self.cleanup() {
             eprintln!("testenv: {err:#}");
         }
         let _ = self.lock.unlock();
     }
+}
+
+/// The `kubernetes` Service's EndpointSlice (in `default`), naming `relay`
+/// (the API server's relay on the node's bridge): what a cluster's API server
+/// publishes of itself, so that pods reach it at the Service's ClusterIP.
+fn kubernetes_endpoints(relay: SocketAddr) -> serde_json::Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "kubernetes"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [relay.ip().to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": relay.port(), "protocol": "TCP"}],
+    })
 }
 
 /// Removes the `KUBE-FIREWALL` chain of the filter table and its jumps from

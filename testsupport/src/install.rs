@@ -413,3 +413,59 @@ pub async fn wait_until_the_webhook_holds(cp: &ControlPlane, pod: &mut Pod, limi
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// cert-manager's controller and CA injector, running as the admin (the
+/// tests do not install cert-manager's own RBAC). Killed on drop.
+pub struct CertManager {
+    controller: ManagedChild,
+    cainjector: ManagedChild,
+    dir: tempfile::TempDir,
+}
+
+impl CertManager {
+    pub async fn start(cp: &ControlPlane) -> CertManager {
+        let binaries = tokio::task::spawn_blocking(testenv::ensure_cert_manager_built)
+            .await
+            .unwrap()
+            .expect("cert-manager builds from testenv/tools/cert-manager");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = format!("--kubeconfig={}", cp.admin_kubeconfig().display());
+        let spawn = |name: &'static str, program: &Path| {
+            let mut command = std::process::Command::new(program);
+            command.arg(&kubeconfig).arg("-v=2");
+            ManagedChild::spawn_command(name, command, &dir.path().join(format!("{name}.log")))
+                .unwrap()
+        };
+        let controller = spawn("cert-manager-controller", &binaries.controller);
+        let cainjector = spawn("cert-manager-cainjector", &binaries.cainjector);
+        CertManager {
+            controller,
+            cainjector,
+            dir,
+        }
+    }
+
+    pub fn check_running(&mut self) {
+        for child in [&mut self.controller, &mut self.cainjector] {
+            if let Err(err) = child.check_running() {
+                panic!("{err:#}");
+            }
+        }
+    }
+}
+
+impl Drop for CertManager {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for name in ["cert-manager-controller", "cert-manager-cainjector"] {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!(
+                    "{name}'s log (last lines):\n{}",
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
+            }
+        }
+    }
+}

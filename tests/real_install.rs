@@ -1,0 +1,514 @@
+//! The chart installed as a user installs it, on the real node, for real
+//! (issue 39): `helm install` of `chart/` with node-holder's image from a
+//! local registry, placed on the real node by the chart's own `nodeSelector`
+//! and `tolerations` values, TLS by cert-manager (its controller and CA
+//! injector as processes, as in `tests/install_cert_manager.rs`).
+//!
+//! Nothing between helm and the kubelet is made by hand: the Deployment and
+//! ReplicaSet controllers make the pods, kube-scheduler places them, the
+//! kubelet pulls the image, mounts cert-manager's Secret and the pods'
+//! ServiceAccount tokens (TokenRequest, `kube-root-ca.crt`), and node-holder
+//! reaches the API server in-cluster, at the `kubernetes` Service's ClusterIP.
+//! The pods turn Ready by their probes, one leads (the Lease), and a Node
+//! CREATE is held by the webhook through the chart's Service (kube-proxy's
+//! rules). `helm test` runs its `self-check` Pod on the real node, and `helm
+//! uninstall` its pre-delete Job (`node-holder uninstall`) there too, after
+//! which nothing of node-holder's is left in the cluster.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use testenv::{ControlPlane, LocalRegistry, REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode};
+
+use testsupport::install::{self, CertManager, NAMESPACE, RELEASE};
+use testsupport::window::{HOLD, MARKER, failed_open, held};
+
+/// The Lease and the record ConfigMap node-holder keeps in its namespace.
+const WINDOW: &str = "node-holder-window";
+/// How long anything here may take on a loaded 2-core machine: the image
+/// pull, cert-manager's issuance, the kubelet's Secret mount retries.
+const LIMIT: Duration = Duration::from_secs(300);
+/// `helm`'s own limit for install, test and uninstall.
+const HELM_TIMEOUT: &str = "--timeout=5m";
+
+#[test]
+fn helm_installs_node_holder_on_the_real_node_tests_it_and_uninstalls_it() {
+    // Worker threads: the relay that carries the pods' connections to the
+    // API server, and the watch of the pods, run on this runtime while helm
+    // runs. Its shutdown is bounded: once, a run whose every check had passed
+    // and whose cluster was gone did not end until nextest stopped it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(install_test_uninstall());
+    runtime.shutdown_timeout(Duration::from_secs(10));
+}
+
+async fn install_test_uninstall() {
+    let started = Instant::now();
+    let log = |what: &str| eprintln!("real_install: {what} at {:.0?}", started.elapsed());
+    // The API server calls the webhook at its Service's ClusterIP, and pods
+    // get ServiceAccount tokens, as in a cluster.
+    let cp = ControlPlane::start_with_args(&[
+        testenv::CLUSTER_IP_ROUTING.into(),
+        testenv::SERVICE_ACCOUNTS.into(),
+    ])
+    .await
+    .unwrap();
+    let admin = cp.admin_client().await.unwrap();
+    install::install_cert_manager_crds(&cp).await;
+    let mut cert_manager = CertManager::start(&cp).await;
+
+    // The node (with kube-proxy, kube-controller-manager and kube-scheduler)
+    // joins while node-holder's image is built as `cargo xtask image` builds
+    // it; the image is pushed to a registry the node trusts.
+    let registry = LocalRegistry::start().unwrap();
+    let layout_dir = tempfile::tempdir().unwrap();
+    let layout_path = layout_dir.path().join("layout");
+    let tag = format!("real-install-{}", std::process::id());
+    let build = {
+        let (layout_path, tag) = (layout_path.clone(), tag.clone());
+        tokio::task::spawn_blocking(move || {
+            let binary = xtask::image::build_static().unwrap();
+            xtask::image::write_layout(&binary, &layout_path, &tag).unwrap()
+        })
+    };
+    let (node, layout) = tokio::join!(RealNode::join_with_services(&cp), build);
+    let node = node.unwrap();
+    let layout = layout.unwrap();
+    let repository = format!("{}/node-holder", registry.host());
+    let pushed = registry
+        .crane(&[
+            "push",
+            layout_path.to_str().unwrap(),
+            &format!("{repository}:{tag}"),
+        ])
+        .unwrap();
+    assert!(pushed.ends_with(&layout.manifest_digest), "{pushed}");
+    node.trust_registry(registry.host()).unwrap();
+    log("node Ready and image pushed");
+
+    // Every pod of the namespace as it changes, to see the hooks' pods,
+    // which helm deletes once they succeed.
+    let seen = watch_pods(admin.clone());
+
+    // `helm install`, as a user runs it: the image from the registry, the
+    // pods pinned to the real node with the chart's placement values, TLS by
+    // cert-manager (the chart's default).
+    let placement = format!(
+        "--set-json=nodeSelector={}",
+        json!({REAL_NODE_LABEL: "true"})
+    );
+    let tolerations = format!(
+        "--set-json=tolerations={}",
+        json!([{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    helm(
+        &cp,
+        &[
+            "install",
+            RELEASE,
+            install::chart().to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            &format!("--set=image.repository={repository}"),
+            &format!("--set=image.tag={tag}"),
+            &placement,
+            &tolerations,
+            HELM_TIMEOUT,
+        ],
+    )
+    .await;
+    log("helm install done");
+
+    // The Deployment's replicas, made by the ReplicaSet controller, placed
+    // by the scheduler on the real node, Ready by their probes.
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
+    let deployment = until(
+        &node,
+        &mut cert_manager,
+        "the Deployment's replicas Ready",
+        || async {
+            let d = deployments.get(RELEASE).await.unwrap();
+            let want = d.spec.replicas.unwrap_or(1);
+            let status = d.status.clone().unwrap_or_default();
+            (status.ready_replicas == Some(want) && status.updated_replicas == Some(want))
+                .then_some(d)
+        },
+    )
+    .await;
+    let replicas = deployment.spec.replicas.unwrap();
+    log("the Deployment's replicas are Ready");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let selector =
+        format!("app.kubernetes.io/name=node-holder,app.kubernetes.io/instance={RELEASE}");
+    let running: Vec<Value> = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| serde_json::to_value(p).unwrap())
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
+    assert_eq!(running.len(), replicas as usize, "{running:#?}");
+    for pod in &running {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        assert_eq!(pod["spec"]["nodeName"], node.name(), "{name}");
+        let owner = &pod["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "ReplicaSet", "{name}: {owner}");
+        let status = &pod["status"]["containerStatuses"][0];
+        assert_eq!(status["ready"], true, "{name}: {status}");
+        assert!(
+            status["imageID"]
+                .as_str()
+                .is_some_and(|id| id.ends_with(&format!("@{}", layout.manifest_digest))),
+            "{name}: {status}"
+        );
+        // The ServiceAccount's token, projected by the kubelet.
+        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        assert!(
+            volumes.iter().any(|v| v["projected"]["sources"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["serviceAccountToken"].is_object()))),
+            "{name}: no ServiceAccount token volume in {volumes:#?}"
+        );
+    }
+    let names: Vec<&str> = running
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+
+    // One replica leads: it holds the Lease.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), NAMESPACE);
+    let leader = until(
+        &node,
+        &mut cert_manager,
+        "a replica holding the Lease",
+        || async {
+            let lease = leases.get_opt(WINDOW).await.unwrap()?;
+            let holder = lease.spec?.holder_identity?;
+            names.iter().any(|n| holder.contains(n)).then_some(holder)
+        },
+    )
+    .await;
+    log(&format!("{leader} leads"));
+
+    // cert-manager's CA is in the webhook configuration, and the API server
+    // calls the webhook through the Service's ClusterIP: a Node CREATE comes
+    // back held.
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    let nodes: Api<Node> = Api::all(admin.clone());
+    until(
+        &node,
+        &mut cert_manager,
+        "a dry-run Node held by the webhook",
+        || async {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            let probe = nodes
+                .create(&dry_run, &testsupport::node("probe"))
+                .await
+                .unwrap();
+            held(&probe).then_some(())
+        },
+    )
+    .await;
+    // The caBundle is cert-manager's CA, injected by its cainjector; the
+    // pods serve the certificate it issued into the Secret they mount.
+    let config = configs.get(RELEASE).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    let issued = secrets.get("node-holder-tls").await.unwrap().data.unwrap();
+    assert_eq!(
+        config.webhooks.unwrap()[0].client_config.ca_bundle,
+        Some(issued["ca.crt"].clone()),
+        "the caBundle is cert-manager's CA"
+    );
+    let created = nodes
+        .create(
+            &PostParams::default(),
+            &testsupport::node("via-helm-install"),
+        )
+        .await
+        .unwrap();
+    assert!(held(&created), "the create came back held: {created:?}");
+    let event = cp
+        .wait_for_node_create_event("via-helm-install")
+        .await
+        .unwrap();
+    assert!(!failed_open(&event), "{event}");
+
+    // The paths were the cluster's: the kernel's connection tracking holds
+    // the API server's connection to the Service's ClusterIP, port 443,
+    // answered by a replica's webhook port, and the replicas' in-cluster
+    // connections to the `kubernetes` Service (10.0.0.1:443), answered by
+    // the API server's relay on the node: both through kube-proxy's DNAT.
+    let services: Api<Service> = Api::namespaced(admin.clone(), NAMESPACE);
+    let cluster_ip = services
+        .get(RELEASE)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let pod_ips: Vec<String> = running
+        .iter()
+        .map(|p| p["status"]["podIP"].as_str().unwrap().to_string())
+        .collect();
+    let relay = node.api_server_for_pods().unwrap();
+    let (relay_ip, relay_port) = (relay.ip().to_string(), relay.port().to_string());
+    let conntrack = std::fs::read_to_string("/proc/net/nf_conntrack").unwrap();
+    let connections: Vec<_> = conntrack.lines().map(connection).collect();
+    assert!(
+        connections.iter().any(
+            |(original, reply)| original == &[cluster_ip.as_str(), "443"]
+                && pod_ips.iter().any(|ip| reply == &[ip.as_str(), "8443"])
+        ),
+        "no tracked connection to {cluster_ip}:443 answered by a replica:\n{conntrack}"
+    );
+    assert!(
+        connections.iter().any(|(original, reply)| original
+            == &[testenv::KUBERNETES_SERVICE_IP, "443"]
+            && reply == &[relay_ip.as_str(), relay_port.as_str()]),
+        "no tracked connection to the kubernetes Service answered by {relay}:\n{conntrack}"
+    );
+    log("a new Node is held");
+
+    // `helm test`: node-holder's self-check in a Pod of its own, on the real
+    // node.
+    let out = match try_helm(
+        &cp,
+        &["test", RELEASE, "--namespace", NAMESPACE, HELM_TIMEOUT],
+    )
+    .await
+    {
+        Ok(out) => out,
+        Err(err) => panic!("{err}\n{}\n{}", pod_logs(&pods).await, node.log_tails()),
+    };
+    assert!(out.contains("Succeeded"), "{out}");
+    let test_pod = format!("{RELEASE}-test");
+    ran_on_the_real_node(&seen, &node, |name| name == test_pod);
+    log("helm test passed");
+
+    // `helm uninstall`: the pre-delete hook Job runs `node-holder uninstall`
+    // on the real node, then helm deletes the release.
+    if let Err(err) = try_helm(
+        &cp,
+        &["uninstall", RELEASE, "--namespace", NAMESPACE, HELM_TIMEOUT],
+    )
+    .await
+    {
+        panic!("{err}\n{}\n{}", pod_logs(&pods).await, node.log_tails());
+    }
+    let job = format!("{RELEASE}-uninstall-");
+    ran_on_the_real_node(&seen, &node, |name| name.starts_with(&job));
+    log("helm uninstall done");
+
+    // Nothing of node-holder's is left: no hold or marker on any node, no
+    // record, no Lease, no webhook configuration, no pod.
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    let cluster_roles: Api<ClusterRole> = Api::all(admin.clone());
+    until(
+        &node,
+        &mut cert_manager,
+        "nothing of node-holder's left",
+        || async {
+            let left_nodes: Vec<String> = nodes
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|n| {
+                    let labels = n.metadata.labels.clone().unwrap_or_default();
+                    let annotations = n.metadata.annotations.clone().unwrap_or_default();
+                    labels.contains_key(MARKER)
+                        || annotations.contains_key(HOLD)
+                        || annotations
+                            .keys()
+                            .any(|k| k.starts_with("node-holder.dev/"))
+                })
+                .map(|n| n.metadata.name.unwrap_or_default())
+                .collect();
+            let left_pods = pods.list(&ListParams::default()).await.unwrap().items;
+            let left_roles = cluster_roles
+                .list(
+                    &ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")),
+                )
+                .await
+                .unwrap()
+                .items;
+            let left = (
+                left_nodes.is_empty(),
+                configmaps.get_opt(WINDOW).await.unwrap().is_none(),
+                leases.get_opt(WINDOW).await.unwrap().is_none(),
+                configs.get_opt(RELEASE).await.unwrap().is_none(),
+                deployments.get_opt(RELEASE).await.unwrap().is_none(),
+                left_pods.is_empty(),
+                left_roles.is_empty(),
+            );
+            (left == (true, true, true, true, true, true, true)).then_some(())
+        },
+    )
+    .await;
+    // The Node that was held is still there, without the hold.
+    let after = nodes.get("via-helm-install").await.unwrap();
+    assert!(!held(&after), "{after:?}");
+    log("nothing of node-holder's is left; done");
+}
+
+/// Runs the pinned helm against `cp` as the admin; fails with its output
+/// unless it succeeds, else returns its standard output.
+async fn helm(cp: &ControlPlane, args: &[&str]) -> String {
+    try_helm(cp, args)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// Runs the pinned helm against `cp` as the admin (on a blocking thread:
+/// the runtime goes on serving the relay and the watch): its standard
+/// output, or its output and error when it fails.
+async fn try_helm(cp: &ControlPlane, args: &[&str]) -> Result<String, String> {
+    let mut command = install::helm();
+    command.env("KUBECONFIG", cp.admin_kubeconfig()).args(args);
+    let out = tokio::task::spawn_blocking(move || command.output().expect("helm runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "helm {args:?} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    eprintln!("helm {}:\n{stdout}", args[0]);
+    Ok(stdout)
+}
+
+/// The status and log of every pod in node-holder's namespace, for a
+/// failure's message.
+async fn pod_logs(pods: &Api<Pod>) -> String {
+    let mut text = String::new();
+    for pod in pods.list(&ListParams::default()).await.unwrap().items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let log = pods
+            .logs(&name, &kube::api::LogParams::default())
+            .await
+            .unwrap_or_else(|err| format!("(no log: {err})"));
+        let status = serde_json::to_string_pretty(&pod.status).unwrap();
+        text += &format!("pod {name}: {status}\nlog:\n{log}\n");
+    }
+    text
+}
+
+/// Every state of every pod in node-holder's namespace, by name, as a
+/// watch sees them (until the test ends).
+fn watch_pods(client: kube::Client) -> Arc<Mutex<BTreeMap<String, Vec<Value>>>> {
+    let seen: Arc<Mutex<BTreeMap<String, Vec<Value>>>> = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let pod = match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+                _ => continue,
+            };
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let value = serde_json::to_value(pod).unwrap();
+            record.lock().unwrap().entry(name).or_default().push(value);
+        }
+    });
+    seen
+}
+
+/// Asserts that a pod whose name `matches` ran on `node` and its container
+/// exited 0: a real pod, its process really run.
+fn ran_on_the_real_node(
+    seen: &Mutex<BTreeMap<String, Vec<Value>>>,
+    node: &RealNode,
+    matches: impl Fn(&str) -> bool,
+) {
+    let seen = seen.lock().unwrap();
+    let states: Vec<&Value> = seen
+        .iter()
+        .filter(|(name, _)| matches(name))
+        .flat_map(|(_, states)| states)
+        .collect();
+    assert!(!states.is_empty(), "no such pod seen: {:?}", seen.keys());
+    assert!(
+        states
+            .iter()
+            .all(|p| p["spec"]["nodeName"].is_null() || p["spec"]["nodeName"] == node.name()),
+        "{states:#?}"
+    );
+    assert!(
+        states.iter().any(|p| {
+            p["spec"]["nodeName"] == node.name()
+                && p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+        }),
+        "no state of the pod says its container exited 0 on {}: {states:#?}",
+        node.name()
+    );
+}
+
+/// A line of /proc/net/nf_conntrack as (original destination and port, reply
+/// source and port); empty strings when the line has no ports.
+fn connection<'a>(line: &'a str) -> ([&'a str; 2], [&'a str; 2]) {
+    let values = |key: &str| -> Vec<&'a str> {
+        line.split_whitespace()
+            .filter_map(|word| word.strip_prefix(key))
+            .collect()
+    };
+    let (dst, dport, src, sport) = (
+        values("dst="),
+        values("dport="),
+        values("src="),
+        values("sport="),
+    );
+    let at = |list: &Vec<&'a str>, i: usize| list.get(i).copied().unwrap_or_default();
+    ([at(&dst, 0), at(&dport, 0)], [at(&src, 1), at(&sport, 1)])
+}
+
+/// Polls `check` every 500 ms until it returns something, up to [`LIMIT`];
+/// fails with `what` and the node's logs. cert-manager must keep running.
+async fn until<T, F, Fut>(
+    node: &RealNode,
+    cert_manager: &mut CertManager,
+    what: &str,
+    check: F,
+) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        cert_manager.check_running();
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not within {LIMIT:?}: {what}\n{}",
+            node.log_tails()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
