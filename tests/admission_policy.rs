@@ -223,11 +223,12 @@ async fn with_node_holder_down_new_nodes_are_still_held_and_released_once_it_is_
 
 /// `helm` against the test cluster, as its admin.
 fn helm_on(cp: &ControlPlane, args: &[&str]) -> String {
-    let out = helm()
-        .env("KUBECONFIG", cp.admin_kubeconfig())
-        .args(args)
-        .output()
-        .unwrap();
+    let mut command = helm();
+    command.env("KUBECONFIG", cp.admin_kubeconfig()).args(args);
+    if matches!(args.first(), Some(&("install" | "upgrade" | "template"))) {
+        command.arg(testsupport::install::IMAGE);
+    }
+    let out = command.output().unwrap();
     succeeded(&out)
 }
 

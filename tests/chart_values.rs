@@ -797,6 +797,7 @@ fn notes(values: &[&str]) -> String {
             NAMESPACE,
             "--dry-run=client",
             "--output=json",
+            testsupport::install::IMAGE,
         ])
         .args(values)
         .output()
@@ -996,7 +997,7 @@ fn the_schema_refuses_a_wrong_type_for_each_new_value() {
 #[test]
 fn helm_lint_passes_with_the_new_values_set() {
     let out = helm()
-        .args(["lint", "--strict"])
+        .args(["lint", "--strict", testsupport::install::IMAGE])
         .arg(chart())
         .args(everything_set())
         .output()

@@ -131,7 +131,7 @@ fn manifest(path: &str) -> Vec<Value> {
 fn helm_lint_passes_for_each_tls_mode() {
     for (mode, values) in tls_modes() {
         let out = helm()
-            .args(["lint", "--strict"])
+            .args(["lint", "--strict", testsupport::install::IMAGE])
             .arg(chart())
             .args(strs(&values))
             .output()
@@ -297,6 +297,11 @@ fn each_tls_mode_renders_its_certificates_and_ca_bundle() {
 #[test]
 fn helm_template_refuses_incomplete_or_unsafe_values() {
     for (values, says) in [
+        // No image is published by default: the chart asks for one.
+        (
+            vec!["--set=image.repository="],
+            "image.repository is required",
+        ),
         (vec!["--set=tls.mode=provided"], "tls.provided.caBundle"),
         (
             vec!["--set=config.warmBeforeRuns=2m"],

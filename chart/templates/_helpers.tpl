@@ -56,7 +56,8 @@ one of yours, which must then be named.
 
 {{/* node-holder's image: the Deployment's, and the hooks' too. */}}
 {{- define "node-holder.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- $repository := required "image.repository is required: the registry and repository you pushed node-holder's image to (it is not published anywhere by default)" .Values.image.repository }}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
 {{/*

@@ -60,6 +60,10 @@ pub fn helm() -> Command {
     cmd
 }
 
+/// The image the tests' releases name (the chart requires one): `args`
+/// that set `image.repository` themselves win, as they come after it.
+pub const IMAGE: &str = "--set=image.repository=node-holder";
+
 /// `helm template RELEASE chart --namespace NAMESPACE` with `args`, as the
 /// rendered objects, or helm's error.
 pub fn try_template(args: &[&str]) -> Result<Vec<Value>, String> {
@@ -67,7 +71,13 @@ pub fn try_template(args: &[&str]) -> Result<Vec<Value>, String> {
     let out = helm()
         .args(["template", RELEASE])
         .arg(chart())
-        .args(["--namespace", NAMESPACE, "--kube-version", &kube_version])
+        .args([
+            "--namespace",
+            NAMESPACE,
+            "--kube-version",
+            &kube_version,
+            IMAGE,
+        ])
         .args(args)
         .output()
         .expect("helm runs");
