@@ -23,8 +23,8 @@ use crate::core::names::is_dns_subdomain;
 pub struct DevCertificates {
     pub ca_pem: String,
     pub ca_key_pem: String,
-    pub cert_pem: String,
-    pub key_pem: String,
+    cert_pem: String,
+    key_pem: String,
 }
 
 impl DevCertificates {

@@ -34,7 +34,7 @@ pub struct Explanation {
     pub until: Option<Until>,
     /// The node's `node-holder.dev/held-until`: held at least until then.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_until_annotation: Option<Timestamp>,
+    held_until_annotation: Option<Timestamp>,
     pub leader: Option<String>,
     /// The node's last Events, oldest first.
     pub events: Vec<NodeEvent>,
@@ -49,7 +49,7 @@ pub struct HoldOnNode {
     /// node-holder put it there (listed in `node-holder.dev/hold-keys` on a
     /// marked node); else it is someone else's and node-holder never
     /// removes it.
-    pub node_holders: bool,
+    node_holders: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

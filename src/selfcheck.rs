@@ -25,7 +25,7 @@ use crate::state::record::NAME;
 
 /// The test Node's name prefix (the API server adds a suffix, so that it
 /// never collides with a real node).
-pub const NODE_PREFIX: &str = "node-holder-self-check-";
+const NODE_PREFIX: &str = "node-holder-self-check-";
 
 /// How long a failed check waits before it tries again.
 const POLL: Duration = Duration::from_secs(2);
@@ -49,7 +49,7 @@ pub async fn run(args: &SelfCheckArgs) -> Result<()> {
 }
 
 /// The labels `--node-label` gives, as `key=value`.
-pub fn node_labels(given: &[String]) -> Result<BTreeMap<String, String>> {
+fn node_labels(given: &[String]) -> Result<BTreeMap<String, String>> {
     given
         .iter()
         .map(|text| {
@@ -65,7 +65,7 @@ pub fn node_labels(given: &[String]) -> Result<BTreeMap<String, String>> {
 }
 
 /// The Node created as a dry run: a generated name and `labels`.
-pub fn test_node(labels: BTreeMap<String, String>) -> Node {
+fn test_node(labels: BTreeMap<String, String>) -> Node {
     Node {
         metadata: ObjectMeta {
             generate_name: Some(NODE_PREFIX.to_string()),
@@ -107,7 +107,7 @@ async fn held_at_create(client: &kube::Client, node: &Node, holds: &Holds) -> Re
 }
 
 /// Whether a new Node's `annotations` carry every hold, in words.
-pub fn verdict_on_holds(
+fn verdict_on_holds(
     annotations: Option<&BTreeMap<String, String>>,
     holds: &Holds,
 ) -> Result<String> {
@@ -137,7 +137,7 @@ async fn live_leader(client: &kube::Client, namespace: &str) -> Result<String> {
 }
 
 /// The Lease's `holder`, in words: an error unless it is live.
-pub fn verdict_on_leader(holder: Option<Holder>, namespace: &str) -> Result<String> {
+fn verdict_on_leader(holder: Option<Holder>, namespace: &str) -> Result<String> {
     match holder {
         Some(holder) if !holder.expired => Ok(format!(
             "leading: {} holds the Lease {namespace}/{NAME}",

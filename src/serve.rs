@@ -26,7 +26,7 @@ use crate::server::{
 
 /// Every metric of the process: each subsystem registers its own in one
 /// registry, which `/metrics` exposes.
-pub struct ProcessMetrics {
+struct ProcessMetrics {
     pub webhook: WebhookMetrics,
     pub tls: TlsMetrics,
     pub window: WindowMetrics,
@@ -34,7 +34,7 @@ pub struct ProcessMetrics {
 }
 
 impl ProcessMetrics {
-    pub fn register() -> Self {
+    fn register() -> Self {
         let mut registry = crate::metrics::registry();
         let webhook = WebhookMetrics::register(&mut registry);
         let reasons = HandshakeFailure::ALL.map(HandshakeFailure::label);
@@ -50,7 +50,7 @@ impl ProcessMetrics {
 }
 
 /// The window task's configuration the flags describe.
-pub fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::Config> {
+fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::Config> {
     check_window_flags(args)?;
     check_mechanism_flags(args)?;
     Ok(controller::Config {

@@ -23,7 +23,7 @@ use crate::core::selector::NodeScope;
 use crate::state::record::FIELD_MANAGER;
 
 /// Karpenter's maximum of budgets a NodePool may have.
-pub const MAX_BUDGETS: usize = 50;
+const MAX_BUDGETS: usize = 50;
 
 /// How one NodePool write ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Pools {
 
     /// Every NodePool (node-holder's entry comes off pools that left the
     /// selector too).
-    pub async fn list(&self) -> Result<Vec<DynamicObject>> {
+    async fn list(&self) -> Result<Vec<DynamicObject>> {
         Ok(self
             .api
             .list(&ListParams::default())
@@ -87,7 +87,7 @@ impl Pools {
     }
 
     /// The NodePool `name` as it is now; `None` once it is gone.
-    pub async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
+    async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
         self.api
             .get_opt(name)
             .await
@@ -95,14 +95,14 @@ impl Pools {
     }
 
     /// Whether the pool is one node-holder holds by budget.
-    pub fn in_scope(&self, pool: &DynamicObject) -> bool {
+    fn in_scope(&self, pool: &DynamicObject) -> bool {
         self.scope.matches(labels(&pool.metadata))
     }
 
     /// Sets the pool's budgets to `budgets`, and its budget marker
     /// ([`crate::core::budget::BUDGET_MARKER`]) to
     /// `until` (removed with `None`), if nobody wrote it since it was read.
-    pub async fn write(
+    async fn write(
         &self,
         pool: &DynamicObject,
         budgets: Vec<Value>,
@@ -155,7 +155,7 @@ pub fn watch_refused(err: &watcher::Error) -> Option<u16> {
 }
 
 /// Karpenter's `karpenter.sh/v1` resource `kind` (`plural`).
-pub fn karpenter_resource(kind: &str, plural: &str) -> ApiResource {
+fn karpenter_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: "karpenter.sh".into(),
         version: "v1".into(),

@@ -12,11 +12,15 @@ impl WindowTask {
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
-        let mut planner = planner(&self.windows, &self.config, now);
-        planner.pool_budgets = pool_budgets;
-        planner.kept = self.config.schedule.map(|_| &self.kept);
-        planner.explained = self.config.schedule.map(|_| &self.explained);
-        let planner = &planner;
+        let planner = &Planner {
+            windows: &self.windows,
+            cfg: &self.config.window,
+            holds: &self.config.holding.holds,
+            now,
+            kept: self.config.schedule.map(|_| &self.kept),
+            explained: self.config.schedule.map(|_| &self.explained),
+            pool_budgets,
+        };
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
@@ -62,7 +66,7 @@ impl WindowTask {
     }
 
     /// The windows' gauges after a pass: the hold, and each group's.
-    pub(super) fn show_windows(&self, groups: GroupGauges) {
+    fn show_windows(&self, groups: GroupGauges) {
         let window = &self.config.window;
         let hold = window.for_group(UNLABELLED).hold;
         self.metrics.hold.set(hold.as_secs_f64());
@@ -109,7 +113,7 @@ impl WindowTask {
     /// After a pass that removed every hold it had to: no release under way,
     /// and the handled release request is done (`release` waits for that).
     /// A failed write is tried again after the next pass.
-    pub(super) async fn record_released(&mut self) {
+    async fn record_released(&mut self) {
         let done = self.release_unconfirmed;
         if !self.releasing && done.is_none() {
             return;
@@ -126,7 +130,7 @@ impl WindowTask {
     /// After a pass that put every hold it had to: the handled manual hold
     /// request is done (`hold` waits for that). A failed write is tried
     /// again after the next pass.
-    pub(super) async fn record_held(&mut self) {
+    async fn record_held(&mut self) {
         let Some(done) = self.hold_unconfirmed else {
             return;
         };
@@ -197,7 +201,7 @@ impl WindowTask {
 
 /// The nodes (by index) each kind of patch changes.
 #[derive(Default)]
-pub(super) struct ByAction {
+struct ByAction {
     hold: Vec<usize>,
     release: Vec<usize>,
     stamp: Vec<usize>,
@@ -237,26 +241,13 @@ fn by_action<'a>(
 /// Before a closed window's holds come off, the record says how many nodes
 /// the release starts with, for `status`; whether it does. A failed write
 /// costs only that line of `status`: logged, not retried.
-pub(super) async fn record_releasing(store: &RecordStore, total: usize) -> bool {
+async fn record_releasing(store: &RecordStore, total: usize) -> bool {
     match store.release_progress(Some(total), None).await {
         Ok(()) => true,
         Err(err) => {
             tracing::warn!(error = %err, "recording the release progress failed");
             false
         }
-    }
-}
-
-/// The plan at `now`: the window's.
-pub(super) fn planner<'a>(windows: &'a Windows, config: &'a Config, now: Timestamp) -> Planner<'a> {
-    Planner {
-        windows,
-        cfg: &config.window,
-        holds: &config.holding.holds,
-        now,
-        kept: None,
-        explained: None,
-        pool_budgets: None,
     }
 }
 
@@ -268,7 +259,7 @@ pub(super) fn seconds(at: Option<Timestamp>) -> f64 {
 /// Each group's held nodes once a pass's patches land, for the group
 /// metrics.
 #[derive(Default)]
-pub(super) struct GroupGauges<'a> {
+struct GroupGauges<'a> {
     held: std::collections::BTreeMap<&'a str, i64>,
 }
 

@@ -148,7 +148,7 @@ impl HoldEvent {
     }
 
     /// node-holder put its hold on the node.
-    pub fn held(patch: &NodePatch) -> Self {
+    fn held(patch: &NodePatch) -> Self {
         HoldEvent {
             regarding: Regarding::node(&patch.name, patch.uid.as_deref()),
             reason: "HoldApplied",
@@ -162,7 +162,7 @@ impl HoldEvent {
     }
 
     /// node-holder removed its hold from the node.
-    pub fn released(patch: &NodePatch) -> Self {
+    fn released(patch: &NodePatch) -> Self {
         let why = patch.pool_budget.as_ref().map_or_else(
             || "node-holder's hold window closed".to_string(),
             |pool| format!("NodePool {pool}'s budget holds it instead"),

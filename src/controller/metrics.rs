@@ -46,7 +46,7 @@ pub const GROUP_SERIES: usize = 20;
 /// be it: a value starts with a letter or digit.
 pub const OTHER_GROUPS: &str = "_other";
 /// The group label of the nodes without the label.
-pub const NO_LABEL_GROUP: &str = "_none";
+const NO_LABEL_GROUP: &str = "_none";
 
 /// The hold window's metrics, set by the leader's task.
 #[derive(Clone)]
@@ -62,7 +62,7 @@ pub struct WindowMetrics {
     pub holds_released: Counter,
     /// `held-until` writes in PATCHes of their own: on nodes already held,
     /// and removals when stamps are off.
-    pub held_until_stamps: Counter,
+    held_until_stamps: Counter,
     /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
     /// Failed passes by kind ([`FailureKind`]).

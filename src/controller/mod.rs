@@ -96,7 +96,7 @@ impl Config {
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
-    pub fn settings(&self) -> Settings {
+    fn settings(&self) -> Settings {
         Settings {
             hold_duration: self.window.hold,
             max_hold: self.window.max_hold,

@@ -41,7 +41,7 @@ impl NodeStore {
         nodes
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.read().len()
     }
 

@@ -31,7 +31,7 @@ impl WindowTask {
     }
 
     /// The groups whose window is open (ended or not).
-    pub(super) fn open_groups(&self) -> Vec<String> {
+    fn open_groups(&self) -> Vec<String> {
         self.windows
             .iter()
             .filter(|(_, w)| w.open().is_some())
@@ -64,7 +64,7 @@ impl WindowTask {
     }
 
     /// The log lines of the windows that closed at this pass.
-    pub(super) fn log_closed(&mut self, open_before: Vec<String>) {
+    fn log_closed(&mut self, open_before: Vec<String>) {
         for group in open_before {
             let Some(w) = self.windows.window(&group).filter(|w| w.open().is_none()) else {
                 continue;
@@ -81,7 +81,7 @@ impl WindowTask {
     }
 
     /// A group as a log field: only when windows are grouped.
-    pub(super) fn group_field<'g>(&self, group: &'g str) -> Option<&'g str> {
+    fn group_field<'g>(&self, group: &'g str) -> Option<&'g str> {
         self.config
             .window
             .groups
@@ -90,12 +90,7 @@ impl WindowTask {
     }
 
     /// The Event that says why a new node is held, once per node and leader.
-    pub(super) fn announce(
-        &mut self,
-        node: &NodeMeta,
-        observed: Observed,
-        until: Option<Timestamp>,
-    ) {
+    fn announce(&mut self, node: &NodeMeta, observed: Observed, until: Option<Timestamp>) {
         let key = node.uid().unwrap_or(node.name());
         if self.announced.insert(key.to_string()) {
             if self.config.pools.is_none() {

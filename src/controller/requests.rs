@@ -13,7 +13,7 @@ impl WindowTask {
 
     /// Whether the record, as changed, carries a manual hold request this
     /// leader has not taken yet; takes it.
-    pub(super) fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
+    fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
         let Some(hold) = record::pending_hold(meta) else {
             return false;
         };
@@ -47,7 +47,7 @@ impl WindowTask {
         }
     }
 
-    pub(super) fn apply_release(&mut self, requested: Option<ReleaseRequest>, now: Timestamp) {
+    fn apply_release(&mut self, requested: Option<ReleaseRequest>, now: Timestamp) {
         if let Some(ReleaseRequest { at, group }) = requested {
             let was_open = self.windows.release_now(at.min(now), group.as_deref());
             tracing::info!(requested_at = %at, group, was_open, "hold window released on request");
@@ -56,7 +56,7 @@ impl WindowTask {
 
     /// Puts a manual hold in the window; the log line and the Event on the
     /// record say who asked, why and until when.
-    pub(super) fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
+    fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
         let Some(hold) = hold else { return };
         if self
             .windows
@@ -87,7 +87,7 @@ impl WindowTask {
 
     /// Whether the record, as changed, carries a release request this leader
     /// has not taken yet; takes it.
-    pub(super) fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
+    fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
         let Some(request) = record::release_request(meta) else {
             return false;
         };

@@ -33,7 +33,7 @@ use crate::core::schedule::Schedule;
 use crate::core::warm::{WARM_LABEL, is_placeholder};
 
 /// The label the Job controller puts on each of its pods.
-pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
 /// The watches and their stores; dropping it stops them. `changes` ticks
 /// when either changes, so the leader runs a (coalesced) pass.
@@ -60,11 +60,11 @@ impl ScheduledWatch {
     /// The scheduled work after `from`; `group_of` names a node's group,
     /// `remembered` each CronJob's last run whose nodes may be gone.
     /// Whether the cluster has a CronJob (predictable or not).
-    pub fn has_cronjobs(&self) -> bool {
+    fn has_cronjobs(&self) -> bool {
         !self.cronjobs.state().is_empty()
     }
 
-    pub fn known(
+    fn known(
         &self,
         from: Timestamp,
         group_of: impl Fn(&str) -> Option<String>,

@@ -83,7 +83,7 @@ pub enum BadReview {
 /// managedFields are most of a Node's ~5 KB) instead of building JSON trees
 /// of it.
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
-pub struct Admitted {
+struct Admitted {
     #[serde(default, deserialize_with = "read_metadata")]
     pub metadata: ObjectMeta,
 }

@@ -122,7 +122,7 @@ pub fn entry_slack(hold: Duration) -> Duration {
 pub struct Added {
     /// Copies of node-holder's entry the owner's budgets had when it added
     /// its own.
-    pub owner_copies: usize,
+    owner_copies: usize,
     /// The entry node-holder added; absent in records of older versions,
     /// whose entry was [`entry`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +134,7 @@ pub struct Added {
 
 impl Added {
     /// The entry node-holder added, as it reads in the pool's list.
-    pub fn ours(&self) -> Value {
+    fn ours(&self) -> Value {
         self.entry.clone().unwrap_or_else(entry)
     }
 

@@ -64,7 +64,7 @@ pub enum Keep<'a> {
 
 impl Keep<'_> {
     /// Until when it is kept, if that is known.
-    pub fn until(&self) -> Option<Timestamp> {
+    fn until(&self) -> Option<Timestamp> {
         match self {
             Keep::Busy => None,
             Keep::Settling { until } => Some(*until),
@@ -203,7 +203,7 @@ impl Terms {
     /// Whether keeping an idle node from `now` until a run at `at` costs no
     /// more than launching one again for it (a run that started less than
     /// the grace ago still counts: its pods are landing).
-    pub fn pays(&self, now: Timestamp, at: Timestamp) -> bool {
+    fn pays(&self, now: Timestamp, at: Timestamp) -> bool {
         now < plus(at, self.grace) && at <= plus(now, self.launch_cost)
     }
 }
@@ -213,7 +213,7 @@ impl Terms {
 /// the nodes its last run occupied first, then the others in the order
 /// given (those already held first). The nodes not listed are kept by
 /// nothing here.
-pub fn reserve<'a>(
+fn reserve<'a>(
     idle: &[&'a str],
     runs: &'a [Run],
     now: Timestamp,

@@ -136,13 +136,13 @@ impl NodeFields for NodeMeta {
 /// bytes, little-endian), then its bytes. Lookups scan; a node keeps at
 /// most a handful of pairs.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Pairs(Box<[u8]>);
+struct Pairs(Box<[u8]>);
 
 impl Pairs {
     /// The pairs, in order. A string longer than 4 GiB, which no API server
     /// stores (a node's annotations are at most 256 KiB in all), is cut at
     /// that length.
-    pub fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Pairs {
+    fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Pairs {
         let mut bytes = Vec::new();
         for (key, value) in pairs {
             for text in [key, value] {
@@ -154,11 +154,11 @@ impl Pairs {
         Pairs(bytes.into_boxed_slice())
     }
 
-    pub fn get(&self, key: &str) -> Option<&str> {
+    fn get(&self, key: &str) -> Option<&str> {
         self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         let mut rest: &[u8] = &self.0;
         std::iter::from_fn(move || {
             let key = next_text(&mut rest)?;

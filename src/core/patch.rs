@@ -97,7 +97,7 @@ pub fn with_held_until(meta: &impl NodeFields, Patch(mut ops): Patch, until: Tim
 
 /// How [`with_held_until`] writes `until`: RFC 3339 in whole seconds,
 /// rounded down.
-pub fn stamp_text(until: Timestamp) -> String {
+fn stamp_text(until: Timestamp) -> String {
     floor_seconds(until).to_string()
 }
 

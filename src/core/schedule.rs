@@ -76,16 +76,6 @@ impl Schedule {
             .ok()
             .map(|next| next.timestamp())
     }
-
-    /// The runs after `from` up to and including `until`, in order.
-    pub fn runs_until(
-        &self,
-        from: Timestamp,
-        until: Timestamp,
-    ) -> impl Iterator<Item = Timestamp> + '_ {
-        std::iter::successors(self.next_after(from), |&t| self.next_after(t))
-            .take_while(move |&t| t <= until)
-    }
 }
 
 /// The schedule's five fields, descriptors expanded.
@@ -241,22 +231,6 @@ mod tests {
                 .unwrap()
                 .next_after(at("2026-11-27T00:00:00Z")),
             None
-        );
-    }
-
-    #[test]
-    fn runs_until_lists_each_run_in_a_span() {
-        let s = Schedule::parse("*/20 * * * *", None).unwrap();
-        let runs: Vec<Timestamp> = s
-            .runs_until(at("2026-11-27T10:00:00Z"), at("2026-11-27T11:00:00Z"))
-            .collect();
-        assert_eq!(
-            runs,
-            [
-                at("2026-11-27T10:20:00Z"),
-                at("2026-11-27T10:40:00Z"),
-                at("2026-11-27T11:00:00Z")
-            ]
         );
     }
 }

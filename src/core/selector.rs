@@ -31,7 +31,7 @@ impl NodeScope {
         self.selector.matches(labels)
     }
 
-    pub fn selects_all(&self) -> bool {
+    fn selects_all(&self) -> bool {
         self.selector.selects_all()
     }
 

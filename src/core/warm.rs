@@ -27,13 +27,13 @@ use super::plus;
 /// The PriorityClass of every placeholder: below every real pod (whose
 /// default priority is 0), and never preempting.
 pub const PRIORITY_CLASS: &str = "node-holder-warm";
-pub const PRIORITY: i32 = -100;
+const PRIORITY: i32 = -100;
 /// What every placeholder Job and pod carries, so that node-holder (and
 /// `uninstall`) finds its own and nothing else.
 pub const WARM_LABEL: (&str, &str) = ("node-holder.dev/warm", "true");
 /// The placeholder Job's annotations: the CronJob and the run it warms for.
-pub const FOR_ANNOTATION: &str = "node-holder.dev/warm-for";
-pub const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
+const FOR_ANNOTATION: &str = "node-holder.dev/warm-for";
+const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
 /// Placeholder Jobs' names: the prefix, the run's minute since the epoch
 /// and the start of the CronJob's uid.
 const NAME_PREFIX: &str = "node-holder-warm-";
@@ -43,7 +43,7 @@ const UID_CHARS: usize = 8;
 /// nodes free instead of preempting.
 pub const HANDOVER: Duration = Duration::from_secs(5);
 /// The container every placeholder runs: it does nothing until stopped.
-pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 
 /// One run's warm: a placeholder Job.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,7 @@ pub struct Warm<'a> {
 }
 
 /// A placeholder Job's name for a run of the CronJob with `uid`.
-pub fn placeholder_name(uid: &str, at: Timestamp) -> String {
+fn placeholder_name(uid: &str, at: Timestamp) -> String {
     let uid: String = uid.chars().take(UID_CHARS).collect();
     format!("{NAME_PREFIX}{}-{uid}", at.as_second().div_euclid(60))
 }

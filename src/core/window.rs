@@ -52,7 +52,7 @@ impl WindowConfig {
     }
 
     /// One node's hold: `hold`, or `max_hold` when that is shorter.
-    pub fn node_hold(&self) -> Duration {
+    fn node_hold(&self) -> Duration {
         self.max_hold.map_or(self.hold, |max| max.min(self.hold))
     }
 
@@ -124,7 +124,7 @@ pub struct OpenWindow {
     /// reached (a node created before the cap would have been capped too).
     /// Not the deadline: a node created just before the deadline but seen
     /// after it still extends, as a new window.
-    pub counted_through: Timestamp,
+    counted_through: Timestamp,
 }
 
 /// What observing one node did.
@@ -156,19 +156,6 @@ impl Observed {
 }
 
 impl Window {
-    /// The window rebuilt from the creation times of the nodes in scope, when
-    /// no record exists. Deleted nodes and past releases are lost, so a
-    /// stored record is preferred: see [`Window::observe_all`].
-    pub fn derive(
-        creations: impl IntoIterator<Item = Timestamp>,
-        now: Timestamp,
-        cfg: &WindowConfig,
-    ) -> Window {
-        let mut window = Window::default();
-        window.observe_all(creations, now, cfg);
-        window
-    }
-
     /// Catches the record up with every node in scope (each reconcile, or
     /// after a restart): replays them in the order they count as created,
     /// then closes what ended by `now`. Nodes the record already counted
@@ -311,11 +298,6 @@ impl Window {
         self.manual.as_ref()
     }
 
-    /// Whether the window holds at `now` (the deadline may pass before `tick`).
-    pub fn is_open(&self, now: Timestamp) -> bool {
-        self.deadline().is_some_and(|deadline| now < deadline)
-    }
-
     /// When the hold of every node in scope ends: the open window's deadline
     /// or the manual hold's end, whichever is later.
     pub fn deadline(&self) -> Option<Timestamp> {
@@ -341,12 +323,6 @@ impl Window {
     pub fn closed_through(&self) -> Option<Timestamp> {
         self.closed_through
     }
-
-    /// Until when the window (or a manual hold, when that ends later) holds
-    /// the nodes it holds at `now`; `None` once that is past.
-    pub fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
-        self.deadline().filter(|&end| now < end)
-    }
 }
 
 #[cfg(test)]
@@ -354,6 +330,31 @@ mod tests {
     use super::*;
 
     const MIN: i64 = 60;
+
+    impl Window {
+        /// Whether the window holds at `now` (the deadline may pass before `tick`).
+        pub(crate) fn is_open(&self, now: Timestamp) -> bool {
+            self.deadline().is_some_and(|deadline| now < deadline)
+        }
+
+        /// Until when the window (or a manual hold, when that ends later) holds
+        /// the nodes it holds at `now`; `None` once that is past.
+        pub(crate) fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
+            self.deadline().filter(|&end| now < end)
+        }
+    }
+
+    /// The window rebuilt from the creation times of the nodes alone, as
+    /// when no record exists.
+    fn derive(
+        creations: impl IntoIterator<Item = Timestamp>,
+        now: Timestamp,
+        cfg: &WindowConfig,
+    ) -> Window {
+        let mut window = Window::default();
+        window.observe_all(creations, now, cfg);
+        window
+    }
 
     /// Minute `m` of the test's timeline.
     fn t(m: i64) -> Timestamp {
@@ -585,11 +586,7 @@ mod tests {
             restarted.observe_all(existing.clone().step_by(2), t(stop), &cfg);
             assert_eq!(restarted, record, "restart at {stop} after deletions");
             // Without a record, the window is rebuilt from the nodes alone.
-            assert_eq!(
-                Window::derive(existing, t(stop), &cfg),
-                record,
-                "derive at {stop}"
-            );
+            assert_eq!(derive(existing, t(stop), &cfg), record, "derive at {stop}");
         }
     }
 
@@ -618,15 +615,15 @@ mod tests {
     fn derivation_ignores_the_order_of_the_nodes() {
         let cfg = cluster(10, Some(25));
         let mut shuffled = [31, 0, 66, 9, 41, 3].map(t);
-        let a = Window::derive(shuffled, t(70), &cfg);
+        let a = derive(shuffled, t(70), &cfg);
         shuffled.reverse();
-        assert_eq!(Window::derive(shuffled, t(70), &cfg), a);
+        assert_eq!(derive(shuffled, t(70), &cfg), a);
         assert_eq!(a, live(&[0, 3, 9, 31, 41, 66], 70, &cfg));
     }
 
     #[test]
     fn derivation_without_nodes_is_closed_and_empty() {
-        let w = Window::derive([], t(0), &cluster(10, None));
+        let w = derive([], t(0), &cluster(10, None));
         assert_eq!(w, Window::default());
         assert_eq!(serde_json::to_string(&w).unwrap(), "{}");
     }

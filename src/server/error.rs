@@ -27,7 +27,7 @@ pub enum WebhookError {
 
 impl WebhookError {
     /// The HTTP status it is answered with.
-    pub fn status(&self) -> StatusCode {
+    fn status(&self) -> StatusCode {
         match self {
             WebhookError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             WebhookError::NotJson { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -38,7 +38,7 @@ impl WebhookError {
 
     /// Its kind in a word or two, the log line's `error` (the whole
     /// reason is its `detail`).
-    pub fn label(&self) -> &'static str {
+    fn label(&self) -> &'static str {
         match self {
             WebhookError::BodyTooLarge { .. } => "body too large",
             WebhookError::NotJson { .. } => "not JSON",

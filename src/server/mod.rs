@@ -8,7 +8,7 @@ mod tests;
 pub mod tls;
 
 pub use connection::{HandshakeFailure, TlsServing, drain_time, per_source, serve_tls};
-pub use error::WebhookError;
+use error::WebhookError;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -215,7 +215,7 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    pub fn ready(&self) -> bool {
+    fn ready(&self) -> bool {
         self.api_reachable.load(Ordering::Relaxed) && !self.shutting_down.load(Ordering::Relaxed)
     }
 }

@@ -45,7 +45,7 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
 /// Files whose bytes make a value (a certificate and key, a CA), read at
 /// start and swapped in place whenever the bytes change and still make a
 /// value; a broken change keeps the previous value in use.
-pub struct Reloading<T> {
+struct Reloading<T> {
     files: Vec<File>,
     parse: fn(&[File], &[Vec<u8>]) -> Result<T>,
     current: ArcSwap<Version<T>>,
@@ -64,14 +64,14 @@ struct Version<T> {
 }
 
 /// What the reloader's log lines say.
-pub struct Logged {
+struct Logged {
     pub reloaded: &'static str,
     pub kept: &'static str,
 }
 
 impl<T: Send + Sync + 'static> Reloading<T> {
     /// Reads and parses the files, or says which one is wrong and how.
-    pub fn load(files: Vec<File>, parse: fn(&[File], &[Vec<u8>]) -> Result<T>) -> Result<Self> {
+    fn load(files: Vec<File>, parse: fn(&[File], &[Vec<u8>]) -> Result<T>) -> Result<Self> {
         let bytes = read_all(&files)?;
         let value = parse(&files, &bytes)?;
         Ok(Reloading {
@@ -82,13 +82,13 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     }
 
     /// The value in use.
-    pub fn current(&self) -> impl std::ops::Deref<Target = T> + '_ {
+    fn current(&self) -> impl std::ops::Deref<Target = T> + '_ {
         CurrentValue(self.current.load_full())
     }
 
     /// Re-reads the files; swaps in changed bytes that make a value. Returns
     /// whether it swapped.
-    pub fn reload(&self) -> Result<bool> {
+    fn reload(&self) -> Result<bool> {
         let bytes = read_all(&self.files)?;
         if self.current.load().bytes == bytes {
             return Ok(false);
@@ -100,7 +100,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
 
     /// Polls the files every `interval` until the process ends; `on_swap`
     /// sees each new value.
-    pub fn spawn_reloader(
+    fn spawn_reloader(
         self: &Arc<Self>,
         interval: Duration,
         logged: Logged,
@@ -149,7 +149,7 @@ fn read_all(files: &[File]) -> Result<Vec<Vec<u8>>> {
 pub struct ReloadingCert(Arc<Reloading<ServingCert>>);
 
 /// A serving certificate with its key, and its leaf's notAfter.
-pub struct ServingCert {
+struct ServingCert {
     key: Arc<CertifiedKey>,
     /// Unix seconds of the leaf certificate's notAfter.
     pub not_after: i64,
@@ -173,14 +173,8 @@ impl ReloadingCert {
         Ok(ReloadingCert(Arc::new(Reloading::load(files, parse_pair)?)))
     }
 
-    /// Re-reads the files; swaps in a changed, valid pair. Returns whether it
-    /// swapped. A broken new pair keeps the old one serving.
-    pub fn reload(&self) -> Result<bool> {
-        self.0.reload()
-    }
-
     /// Unix seconds of the current certificate's notAfter.
-    pub fn not_after(&self) -> i64 {
+    fn not_after(&self) -> i64 {
         self.0.current().not_after
     }
 
@@ -269,12 +263,6 @@ impl ReloadingClientCa {
             vec![file],
             parse_client_ca,
         )?)))
-    }
-
-    /// Re-reads the file; swaps in a changed, valid CA. Returns whether it
-    /// swapped. A broken new file keeps the old CA in force.
-    pub fn reload(&self) -> Result<bool> {
-        self.0.reload()
     }
 
     /// Polls the file every `interval` until the process ends.

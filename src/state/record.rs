@@ -43,13 +43,13 @@ const SETTINGS_KEY: &str = "settings.json";
 
 /// Annotation through which `release` asks the leader to close the window:
 /// the RFC 3339 time of the request.
-pub fn release_request_annotation() -> String {
+fn release_request_annotation() -> String {
     format!("{PREFIX}/release-requested-at")
 }
 
 /// Annotation that `release --group VALUE` sets beside its request: the
 /// group whose window closes. Absent: every group's, and the manual hold.
-pub fn release_group_annotation() -> String {
+fn release_group_annotation() -> String {
     format!("{PREFIX}/release-group")
 }
 
@@ -64,26 +64,26 @@ pub struct ReleaseRequest {
 /// Annotation the leader (or `release` running without one) sets once a
 /// release request is done, every hold it covered removed: the request's
 /// time. `release` waits for it.
-pub fn release_done_annotation() -> String {
+fn release_done_annotation() -> String {
     format!("{PREFIX}/release-done-at")
 }
 
 /// Annotation the leader sets while it removes a closed window's holds: how
 /// many nodes that release started with (`status` shows the progress).
-pub fn releasing_annotation() -> String {
+fn releasing_annotation() -> String {
     format!("{PREFIX}/releasing")
 }
 
 /// Annotation through which `hold` asks the leader for a manual hold: the
 /// [`ManualHold`] as JSON.
-pub fn hold_request_annotation() -> String {
+fn hold_request_annotation() -> String {
     format!("{PREFIX}/hold-requested")
 }
 
 /// Annotation the leader (or `hold` running without one) sets once a manual
 /// hold request is in the window and every node in scope carries the hold:
 /// the request's time. `hold` waits for it.
-pub fn hold_done_annotation() -> String {
+fn hold_done_annotation() -> String {
     format!("{PREFIX}/hold-done-at")
 }
 

@@ -4,7 +4,8 @@
 
 mod text;
 
-pub use text::{relative, render_text, render_text_limited};
+pub use text::relative;
+use text::render_text_limited;
 
 use std::collections::BTreeMap;
 
@@ -351,6 +352,11 @@ mod tests {
     use super::*;
     use crate::core::budget::Mechanism;
     use std::time::Duration;
+
+    /// The readable form with every held node.
+    pub(super) fn render_text(status: &Status, now: Timestamp) -> String {
+        render_text_limited(status, now, 0)
+    }
 
     pub(super) fn at(text: &str) -> Timestamp {
         text.parse().unwrap()

@@ -42,13 +42,7 @@ pub fn relative(at: Timestamp, now: Timestamp) -> String {
 }
 
 /// The readable form: the window, the release request, the leader, then a
-/// table of the held nodes.
-pub fn render_text(status: &Status, now: Timestamp) -> String {
-    render_text_limited(status, now, 0)
-}
-
-/// [`render_text`] with at most `limit` rows of held nodes (0: all), the
-/// rest counted.
+/// table of at most `limit` rows of held nodes (0: all), the rest counted.
 pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> String {
     let mut out = String::new();
     let mut line = |label: &str, value: String| {
@@ -397,7 +391,7 @@ mod tests {
     use crate::core::window::ManualHold;
     use crate::state::lease::Holder;
     use crate::status::HeldNode;
-    use crate::status::tests::{at, closed, held, settings};
+    use crate::status::tests::{at, closed, held, render_text, settings};
 
     /// `--launch-cost`: the nodes kept for a run, by run, and the busy ones.
     #[test]
