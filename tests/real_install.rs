@@ -274,7 +274,7 @@ async fn install_test_uninstall() {
     let relay = node.api_server_for_pods().unwrap();
     let (relay_ip, relay_port) = (relay.ip().to_string(), relay.port().to_string());
     let conntrack = std::fs::read_to_string("/proc/net/nf_conntrack").unwrap();
-    let connections: Vec<_> = conntrack.lines().map(connection).collect();
+    let connections: Vec<_> = conntrack.lines().map(testenv::tracked_connection).collect();
     assert!(
         connections.iter().any(
             |(original, reply)| original == &[cluster_ip.as_str(), "443"]
@@ -466,24 +466,6 @@ fn ran_on_the_real_node(
         "no state of the pod says its container exited 0 on {}: {states:#?}",
         node.name()
     );
-}
-
-/// A line of /proc/net/nf_conntrack as (original destination and port, reply
-/// source and port); empty strings when the line has no ports.
-fn connection<'a>(line: &'a str) -> ([&'a str; 2], [&'a str; 2]) {
-    let values = |key: &str| -> Vec<&'a str> {
-        line.split_whitespace()
-            .filter_map(|word| word.strip_prefix(key))
-            .collect()
-    };
-    let (dst, dport, src, sport) = (
-        values("dst="),
-        values("dport="),
-        values("src="),
-        values("sport="),
-    );
-    let at = |list: &Vec<&'a str>, i: usize| list.get(i).copied().unwrap_or_default();
-    ([at(&dst, 0), at(&dport, 0)], [at(&src, 1), at(&sport, 1)])
 }
 
 /// Polls `check` every 500 ms until it returns something, up to [`LIMIT`];

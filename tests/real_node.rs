@@ -387,9 +387,12 @@ async fn the_api_server_calls_node_holders_webhook_on_the_real_node_through_the_
     let conntrack = std::fs::read_to_string("/proc/net/nf_conntrack").unwrap();
     let (cluster_ip, pod_ip) = (cluster_ip.to_string(), pod_ip.as_str());
     assert!(
-        conntrack.lines().map(connection).any(|(original, reply)| {
-            original == [cluster_ip.as_str(), "443"] && reply == [pod_ip, "8443"]
-        }),
+        conntrack
+            .lines()
+            .map(testenv::tracked_connection)
+            .any(|(original, reply)| {
+                original == [cluster_ip.as_str(), "443"] && reply == [pod_ip, "8443"]
+            }),
         "no tracked connection to {cluster_ip}:443 answered by {pod_ip}:8443:\n{conntrack}"
     );
 
@@ -593,24 +596,6 @@ async fn wait_for_pod(
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-/// A line of /proc/net/nf_conntrack as (original destination and port, reply
-/// source and port); empty strings when the line has no ports.
-fn connection<'a>(line: &'a str) -> ([&'a str; 2], [&'a str; 2]) {
-    let values = |key: &str| -> Vec<&'a str> {
-        line.split_whitespace()
-            .filter_map(|word| word.strip_prefix(key))
-            .collect()
-    };
-    let (dst, dport, src, sport) = (
-        values("dst="),
-        values("dport="),
-        values("src="),
-        values("sport="),
-    );
-    let at = |list: &Vec<&'a str>, i: usize| list.get(i).copied().unwrap_or_default();
-    ([at(&dst, 0), at(&dport, 0)], [at(&src, 1), at(&sport, 1)])
 }
 
 fn condition(pod: &Value, kind: &str) -> bool {

@@ -58,6 +58,7 @@ pub use karpenter::{
 pub use kubelet::{REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode, SANDBOX_IMAGE};
 pub use process::ManagedChild;
 pub use registry::LocalRegistry;
+pub use services::tracked_connection;
 
 /// The namespace node-holder's restricted identity belongs to.
 pub const NODE_HOLDER_NAMESPACE: &str = "node-holder";

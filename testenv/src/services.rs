@@ -386,6 +386,25 @@ fn check_prerequisites() -> Result<()> {
     Ok(())
 }
 
+/// A line of /proc/net/nf_conntrack as (original destination and port, reply
+/// source and port); empty strings when the line has no ports. What the
+/// tests read to tell that a connection went through kube-proxy.
+pub fn tracked_connection<'a>(line: &'a str) -> ([&'a str; 2], [&'a str; 2]) {
+    let values = |key: &str| -> Vec<&'a str> {
+        line.split_whitespace()
+            .filter_map(|word| word.strip_prefix(key))
+            .collect()
+    };
+    let (dst, dport, src, sport) = (
+        values("dst="),
+        values("dport="),
+        values("src="),
+        values("sport="),
+    );
+    let at = |list: &Vec<&'a str>, i: usize| list.get(i).copied().unwrap_or_default();
+    ([at(&dst, 0), at(&dport, 0)], [at(&src, 1), at(&sport, 1)])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
