@@ -33,17 +33,7 @@ const SECRET: &str = "node-holder-tls";
 /// 127.0.0.1 (none given: its default, the Service's first name); returns the
 /// CA's PEM.
 fn certs(dir: &Path, dns_names: &[&str]) -> Vec<u8> {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"));
-    command.args(["certs", "--out-dir", dir.to_str().unwrap()]);
-    for name in dns_names {
-        command.args(["--dns-name", name]);
-    }
-    let out = command.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testsupport::make_certs_for(dir, dns_names);
     std::fs::read(dir.join("ca.crt")).unwrap()
 }
 

@@ -209,17 +209,7 @@ async fn the_api_server_calls_node_holders_webhook_on_the_real_node_through_the_
     // The serving certificate for the Service's names, as `node-holder
     // certs` makes it, and the chart rendered with it (`tls.mode=provided`).
     let certs = tempfile::tempdir().unwrap();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"));
-    command.args(["certs", "--out-dir", certs.path().to_str().unwrap()]);
-    for name in install::SERVICE_DNS_NAMES {
-        command.args(["--dns-name", name]);
-    }
-    let out = command.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testsupport::make_certs_for(certs.path(), &install::SERVICE_DNS_NAMES);
     let read = |file: &str| std::fs::read_to_string(certs.path().join(file)).unwrap();
     install_identity_and_secrets(&cp, node, &read("tls.crt"), &read("tls.key")).await;
     let ca_bundle = {

@@ -117,6 +117,13 @@ pub fn make_certs(dir: &std::path::Path) {
     certs_command(dir, &[]);
 }
 
+/// [`make_certs`], the serving certificate valid for `dns_names` besides
+/// localhost and 127.0.0.1.
+pub fn make_certs_for(dir: &std::path::Path, dns_names: &[&str]) {
+    let extra: Vec<&str> = dns_names.iter().flat_map(|n| ["--dns-name", n]).collect();
+    certs_command(dir, &extra);
+}
+
 /// Replaces the certificates in `dir` with a new CA and serving pair
 /// (`node-holder certs --force`).
 pub fn replace_certs(dir: &std::path::Path) {
