@@ -64,7 +64,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
 use kube::api::{Api, PostParams};
 use testenv::{ClusterOptions, Disruption, KarpenterCluster};
 
@@ -171,6 +171,10 @@ impl Prepared {
         let options = ClusterOptions {
             registration_delay: Some(BOOT),
             log_level: "info",
+            feature_gates: arms
+                .iter()
+                .any(|a| a.buffer)
+                .then_some("CapacityBuffer=true"),
         };
         let cluster = KarpenterCluster::start_with(&options, &Disruption::default()).await?;
         for arm in arms {
@@ -266,10 +270,18 @@ async fn play(client: &kube::Client, day: &Day, arms: &[Arm], start: (Instant, u
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let cronjobs: Api<CronJob> = Api::namespaced(client.clone(), "default");
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), "default");
+    let buffers = workload::buffers(client);
     for arm in arms {
         for scheduled in &day.cronjobs {
             let cronjob = workload::cronjob(&arm.name, scheduled, origin)?;
             cronjobs.create(&PostParams::default(), &cronjob).await?;
+            if arm.buffer {
+                let (template, buffer) = workload::buffer(&arm.name, scheduled, origin)?;
+                templates.create(&PostParams::default(), &template).await?;
+                let buffer = serde_json::from_value(buffer)?;
+                buffers.create(&PostParams::default(), &buffer).await?;
+            }
         }
         let steady = workload::deployment(&arm.name, "steady", day.steady, testenv::POD_CPU)?;
         let service = workload::deployment(&arm.name, "service", day.service.0, days::SERVICE_CPU)?;
@@ -287,7 +299,11 @@ async fn play(client: &kube::Client, day: &Day, arms: &[Arm], start: (Instant, u
     tokio::time::sleep_until((started + Duration::from_secs_f64(day.end)).into()).await;
     for arm in arms {
         for scheduled in &day.cronjobs {
-            workload::suspend(&cronjobs, &format!("{}-{}", arm.name, scheduled.name)).await?;
+            let name = format!("{}-{}", arm.name, scheduled.name);
+            workload::suspend(&cronjobs, &name).await?;
+            if arm.buffer {
+                buffers.delete(&name, &Default::default()).await?;
+            }
         }
         for part in ["steady", "service"] {
             workload::scale(&deployments, &format!("{}-{part}", arm.name), 0).await?;

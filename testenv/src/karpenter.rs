@@ -55,6 +55,8 @@ pub struct ClusterOptions {
     /// Karpenter's `LOG_LEVEL`. Tests read its decisions at `debug`; a
     /// benchmark that runs many pools side by side lowers it to spare CPU.
     pub log_level: &'static str,
+    /// Karpenter's `FEATURE_GATES` (`CapacityBuffer=true`), or its defaults.
+    pub feature_gates: Option<&'static str>,
 }
 
 impl Default for ClusterOptions {
@@ -62,6 +64,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             registration_delay: None,
             log_level: "debug",
+            feature_gates: None,
         }
     }
 }
@@ -525,6 +528,9 @@ fn start_karpenter(
         .env("METRICS_PORT", metrics_port.to_string())
         .env("HEALTH_PROBE_PORT", health_port.to_string())
         .env("LOG_LEVEL", options.log_level);
+    if let Some(gates) = options.feature_gates {
+        command.env("FEATURE_GATES", gates);
+    }
     ManagedChild::spawn_command("karpenter", command, &cp.dir().join("karpenter.log"))
 }
 

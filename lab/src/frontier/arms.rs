@@ -25,6 +25,9 @@ pub struct Arm {
     pub warm: Option<u64>,
     /// The NodePool's `consolidationPolicy`.
     pub policy: &'static str,
+    /// A Karpenter `CapacityBuffer` in its pool of each CronJob's run: the
+    /// operator's headroom for scheduled runs, all day.
+    pub buffer: bool,
 }
 
 /// Karpenter's default consolidation policy.
@@ -42,6 +45,7 @@ impl Arm {
             launch_cost: None,
             warm: None,
             policy: DEFAULT_POLICY,
+            buffer: false,
         }
     }
 
@@ -65,6 +69,18 @@ impl Arm {
         }
     }
 
+    /// Karpenter alone at `WhenEmpty` with a `CapacityBuffer` (v1.14,
+    /// feature gate `CapacityBuffer`) of each CronJob's run in its pool:
+    /// what Karpenter itself offers for runs that must not wait for a
+    /// launch.
+    fn karpenter_buffered(after: u64) -> Arm {
+        Arm {
+            name: format!("kcb-{}", knob(after)),
+            buffer: true,
+            ..Arm::karpenter_when_empty(after)
+        }
+    }
+
     fn node_holder(hold: u64) -> Arm {
         Arm {
             name: format!("nh-{}", knob(hold)),
@@ -73,6 +89,7 @@ impl Arm {
             launch_cost: None,
             warm: None,
             policy: DEFAULT_POLICY,
+            buffer: false,
         }
     }
 
@@ -128,6 +145,7 @@ impl Arm {
             .into_iter()
             .chain(karpenter_when_empty)
             .chain(karpenter_balanced)
+            .chain([Arm::karpenter_buffered(0)])
             .chain(holder)
             .chain([
                 Arm::scheduled(300),
@@ -288,7 +306,7 @@ mod tests {
         for arm in Arm::all() {
             let policy = arm.disruption().consolidation_policy;
             let expected = match &arm.name[..arm.name.find('-').unwrap()] {
-                "kaw" | "nsw" | "nsx" => "WhenEmpty",
+                "kaw" | "kcb" | "nsw" | "nsx" => "WhenEmpty",
                 "kab" => "Balanced",
                 _ => "WhenEmptyOrUnderutilized",
             };

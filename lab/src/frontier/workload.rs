@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
 
 use super::arms::{ARM_LABEL, Arm};
 use super::days::{Scheduled, Step};
@@ -64,6 +66,32 @@ pub fn cronjob(arm: &str, scheduled: &Scheduled, origin: u32) -> Result<CronJob>
     template["metadata"]["labels"][ARM_LABEL] = json!(arm);
     testenv::in_pool(&mut template["spec"], arm);
     Ok(serde_json::from_value(object)?)
+}
+
+/// The PodTemplate and the Karpenter `CapacityBuffer` (one chunk per pod
+/// of a run) that keep room for each run of `scheduled` in the arm's pool
+/// all day: what an operator sets up for runs that must not wait.
+pub fn buffer(arm: &str, scheduled: &Scheduled, origin: u32) -> Result<(PodTemplate, Value)> {
+    let cronjob = serde_json::to_value(cronjob(arm, scheduled, origin)?)?;
+    let name = format!("{arm}-{}", scheduled.name);
+    let template: PodTemplate = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { ARM_LABEL: arm } },
+        "template": cronjob["spec"]["jobTemplate"]["spec"]["template"],
+    }))?;
+    let buffer = json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1beta1",
+        "kind": "CapacityBuffer",
+        "metadata": { "name": name, "labels": { ARM_LABEL: arm } },
+        "spec": { "podTemplateRef": { "name": name }, "replicas": scheduled.pods },
+    });
+    Ok((template, buffer))
+}
+
+/// Karpenter's `CapacityBuffer`s in `default`.
+pub fn buffers(client: &kube::Client) -> Api<DynamicObject> {
+    let kind = GroupVersionKind::gvk("autoscaling.x-k8s.io", "v1beta1", "CapacityBuffer");
+    let resource = ApiResource::from_gvk_with_plural(&kind, "capacitybuffers");
+    Api::namespaced_with(client.clone(), "default", &resource)
 }
 
 /// Suspends the CronJob `name`: the day's work is over.
@@ -188,4 +216,24 @@ fn finished(job: &Job) -> bool {
         cs.iter()
             .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_keeps_one_chunk_per_pod_of_a_run_shaped_and_pinned_like_it() {
+        let day = super::super::days::Day::generate("long-gaps", 1).unwrap();
+        let scheduled = &day.cronjobs[0];
+        let (template, buffer) = buffer("kcb-0s", scheduled, 7).unwrap();
+        let name = format!("kcb-0s-{}", scheduled.name);
+        assert_eq!(template.metadata.name.as_deref(), Some(name.as_str()));
+        assert_eq!(buffer["spec"]["podTemplateRef"]["name"], name.as_str());
+        assert_eq!(buffer["spec"]["replicas"], scheduled.pods);
+        let spec = serde_json::to_value(template.template.and_then(|t| t.spec)).unwrap();
+        assert_eq!(spec["nodeSelector"]["karpenter.sh/nodepool"], "kcb-0s");
+        let requests = &spec["containers"][0]["resources"]["requests"]["cpu"];
+        assert_eq!(requests, testenv::POD_CPU);
+    }
 }
