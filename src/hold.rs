@@ -1,7 +1,8 @@
 //! `node-holder hold --for 45m --reason "payments rollout"`: holds every node
-//! in scope now, until then, whatever the window does. It asks through the
-//! record like `release` (see [`crate::request`]); the hold lives in the
-//! window record, so it survives restarts and failover, and `release` ends it.
+//! in scope now, until then, whatever the window does. It asks the leader
+//! through the record like `release` (see [`crate::request`]); the hold
+//! lives in the window record, so it survives restarts and failover, and
+//! `release` ends it.
 
 use anyhow::{Context, Result};
 use jiff::Timestamp;
@@ -10,8 +11,7 @@ use kube::api::{Api, PostParams};
 
 use crate::cli::HoldArgs;
 use crate::core::window::ManualHold;
-use crate::request::{self, Handled};
-use crate::state::Request;
+use crate::request::{self, Handled, Request};
 use crate::state::record::{self, RecordStore};
 use crate::status;
 
@@ -39,10 +39,10 @@ pub async fn run(args: &HoldArgs) -> Result<()> {
     let requested = hold.requested_at;
     let done = move |meta: &_| record::hold_done_at(meta).is_some_and(|done| done >= requested);
     let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
-    let handled = request::handle(
+    let handled = request::await_leader(
         &client,
-        &args.request,
-        Request::Hold(hold.clone()),
+        namespace,
+        Request::Hold,
         done,
         leader_alive,
         args.timeout,
@@ -59,10 +59,8 @@ async fn report(
     hold: &ManualHold,
     handled: Handled,
 ) -> Result<()> {
-    match handled {
-        Handled::ByLeader { leader, took } => println!("handled by {leader} in {took:.1?}"),
-        Handled::Here(report) => println!("held {} node(s) here", report.held.len()),
-    }
+    let Handled { leader, took } = handled;
+    println!("handled by {leader} in {took:.1?}");
     let status = status::read(client, namespace, Timestamp::now()).await?;
     match status.manual {
         Some(current) if current.requested_at != hold.requested_at => println!(

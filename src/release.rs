@@ -1,14 +1,13 @@
-//! `node-holder release`: closes the hold window now (and ends a manual
-//! hold) and strips node-holder's holds, through the leader or, with none,
-//! by itself (see [`crate::request`]).
+//! `node-holder release`: asks the leader to close the hold window now (and
+//! end a manual hold) and strip node-holder's holds (see
+//! [`crate::request`]).
 
 use anyhow::{Result, bail};
 use jiff::Timestamp;
 
 use crate::cli::ReleaseArgs;
 use crate::core::grouping;
-use crate::request::{self, Handled};
-use crate::state::Request;
+use crate::request::{self, Handled, Request};
 use crate::state::record::{self, RecordStore, ReleaseRequest};
 use crate::status;
 
@@ -36,38 +35,25 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
     );
     let done = move |meta: &_| record::release_done_at(meta).is_some_and(|done| done >= now);
     let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
-    let handled = request::handle(
+    let Handled { leader, took } = request::await_leader(
         &client,
-        &args.request,
-        Request::Release(request),
+        namespace,
+        Request::Release,
         done,
         leader_alive,
         args.timeout,
     )
     .await?;
-    match handled {
-        Handled::ByLeader { leader, took } => {
-            let status = status::read(&client, namespace, Timestamp::now()).await?;
-            println!(
-                "released by {leader} in {took:.1?}; {} node(s) still held{}",
-                status.held_nodes.len(),
-                if status.open {
-                    " by a window opened since"
-                } else {
-                    ""
-                }
-            );
+    let status = status::read(&client, namespace, Timestamp::now()).await?;
+    println!(
+        "released by {leader} in {took:.1?}; {} node(s) still held{}",
+        status.held_nodes.len(),
+        if status.open {
+            " by a window opened since"
+        } else {
+            ""
         }
-        Handled::Here(report) => {
-            println!("released {} node(s)", report.released.len());
-            for name in &report.released {
-                println!("  {name}");
-            }
-            for key in &report.left {
-                println!("  left in place (changed by someone else): {key}");
-            }
-        }
-    }
+    );
     Ok(())
 }
 

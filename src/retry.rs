@@ -32,25 +32,17 @@ pub const TASK_RESTART: Duration = Duration::from_secs(2);
 /// How long a replica that stops waits for its Lease to be given back.
 pub const LEASE_HANDOVER: Duration = Duration::from_secs(5);
 
-/// Passes `release` and `hold` run at most, with no leader, while node
-/// patches fail (each after [`pass_backoff`]).
+/// Passes `uninstall` runs at most while node patches fail (each after
+/// [`pass_backoff`]).
 pub const ONCE_ATTEMPTS: u32 = 5;
 
 /// Attempts at one NodePool write while others keep writing the pool (each
 /// reads it again at once).
 pub const POOL_WRITE_ATTEMPTS: u32 = 5;
 
-/// How often a command's request passes between a leader and the command
-/// itself (a leader dies, or one starts while the command takes over)
-/// before it gives up.
-pub const REQUEST_HANDOFFS: u32 = 3;
-
 /// How often a command waiting for the leader checks the Lease is still
 /// held.
 pub const LEADER_POLL: Duration = Duration::from_secs(1);
-
-/// How long a command waits to take a free Lease.
-pub const LEASE_TAKE: Duration = Duration::from_secs(20);
 
 /// How often `serve` checks the API server for its readiness: often while it
 /// is unreachable, seldom while it answers.

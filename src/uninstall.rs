@@ -4,8 +4,9 @@
 //!    admission policy and its binding): no new node is held at its CREATE;
 //! 2. the Deployment is scaled to 0 and the Lease waited for: no replica
 //!    holds a node late any more;
-//! 3. every hold and budget entry comes off, as `release` does with no
-//!    leader (holding the Lease while it works);
+//! 3. every hold and budget entry comes off, by the leader's own pass run
+//!    here once, under the Lease (the one command that acts without a
+//!    leader);
 //! 4. the record ConfigMap and the Lease are deleted;
 //! 5. `--warm-before-runs`' placeholder Jobs and their PriorityClass are
 //!    deleted (without the permission, which only warms grant, there are
@@ -26,11 +27,12 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::cli::UninstallArgs;
+use crate::controller::{self, PassReport};
 use crate::core::holds::MARKED;
 use crate::core::warm::{PRIORITY_CLASS, WARM_LABEL};
-use crate::request::{self, Handled};
-use crate::state::Request;
-use crate::state::record::{self, ReleaseRequest};
+use crate::request;
+use crate::state::lease;
+use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
 
 /// The `uninstall` subcommand.
 pub async fn run(args: &UninstallArgs) -> Result<()> {
@@ -128,20 +130,86 @@ async fn stop_replicas(
 }
 
 /// Closes every window, ends a manual hold and strips every hold and
-/// budget entry, here (no leader runs any more).
+/// budget entry, here: the leader's own pass, run once under the Lease so
+/// that no replica starting meanwhile races it. The one path that acts
+/// without a leader; `release` and `hold` only ask one.
 async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
-    let now = Timestamp::now();
-    let request = Request::Release(ReleaseRequest {
-        at: now,
-        group: None,
-    });
-    let done = move |meta: &_| record::release_done_at(meta).is_some_and(|done| done >= now);
-    match request::handle(client, &args.request, request, done, false, args.timeout).await? {
-        Handled::Here(report) => println!("released {} node(s)", report.released.len()),
-        Handled::ByLeader { leader, .. } => println!("released by {leader}"),
+    let namespace = &args.request.record.namespace;
+    let identity = format!("uninstall-{}", controller::default_identity());
+    let manager =
+        lease::lease_manager(client, namespace, &identity, COMMAND_LEASE.as_secs()).await?;
+    match tokio::time::timeout(args.timeout, manager.changed()).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) | Err(_) => bail!(
+            "a replica took the Lease: node-holder still runs; scale it down (--deployment) first"
+        ),
+        Ok(Err(err)) => return Err(err).context("taking the lease"),
+    }
+    let released = release_under_lease(client, namespace, identity).await;
+    if let Err(err) = manager.release().await {
+        eprintln!("warning: releasing the lease failed: {err}");
+    }
+    let report = released?;
+    println!("released {} node(s)", report.released.len());
+    for key in &report.left {
+        println!("  left in place (changed by someone else): {key}");
     }
     Ok(())
 }
+
+async fn release_under_lease(
+    client: &kube::Client,
+    namespace: &str,
+    identity: String,
+) -> Result<PassReport> {
+    let record = RecordStore::new(client.clone(), namespace).load().await?;
+    let config = leader_config(namespace, record.settings, identity)?;
+    let request = ReleaseRequest {
+        at: Timestamp::now(),
+        group: None,
+    };
+    controller::release_once(client.clone(), config, request).await
+}
+
+/// The leader's configuration for the pass run here: the settings the last
+/// leader recorded, or, when none has run, `serve`'s defaults; the bounds of
+/// its patching are always `serve`'s defaults.
+fn leader_config(
+    namespace: &str,
+    settings: Option<Settings>,
+    identity: String,
+) -> Result<controller::Config> {
+    let defaults = crate::cli::serve_defaults()?;
+    let (window, holding, pools) = match settings {
+        Some(settings) => (
+            settings.window_config(),
+            settings.holding()?,
+            settings.pools()?,
+        ),
+        None => (
+            defaults.window.window_config(),
+            defaults.holding.holding()?,
+            defaults.holding.pools()?,
+        ),
+    };
+    Ok(controller::Config {
+        window,
+        holding,
+        pools,
+        namespace: namespace.to_string(),
+        identity,
+        lease_duration: COMMAND_LEASE,
+        // The release ends the windows outright: nothing is kept for runs.
+        schedule: None,
+        warm_lead: None,
+        qps: defaults.patching.api_qps,
+        // Run by hand, the pass publishes no Events (`EventSink::none`).
+        node_events_per_pass: 0,
+    })
+}
+
+/// How long `uninstall` holds the Lease at a time while it releases.
+const COMMAND_LEASE: Duration = Duration::from_secs(15);
 
 /// Deletes every placeholder Job in `namespace` (their pods with them) and
 /// the PriorityClass they run at.

@@ -2,7 +2,8 @@
 //! against the real API server: every node in scope held until the hold's
 //! end, whatever the window does; who asked, why and until when in `status`,
 //! an Event and the leader's log; kept across a change of leader; ended
-//! early by `release`; handled by the command itself when no leader runs.
+//! early by `release`; with no leader, recorded for the next one to carry
+//! out.
 
 use testsupport as common;
 
@@ -179,25 +180,52 @@ async fn a_manual_hold_holds_every_node_survives_a_new_leader_and_release_ends_i
     assert!(status["manual"].is_null(), "{status}");
 }
 
+/// With no live leader, `hold` says so and fails, and holds nothing: the
+/// request stays in the record. The next leader, started with other
+/// settings, carries it out (every node held and stamped with the hold's
+/// end, by the leader, not the command) and writes its own settings at its
+/// first pass.
 #[tokio::test]
-async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
+async fn a_manual_hold_asked_with_no_leader_is_carried_out_by_the_next_leader() {
     let cp = ControlPlane::start().await.unwrap();
-    let served = serve_short_window(&cp).await;
+    let served = serve_short_window_with(&cp, &["--max-hold=3h"]).await;
     let nodes = nodes_past_their_window(&cp, &served, &["a", "b"]).await;
+    let recorded = |status: &serde_json::Value| status["settings"]["maxHold"].clone();
+    assert_eq!(recorded(&status_json(&cp)), "3h");
     // The leader dies without handing over its lease.
     drop(served);
 
-    let out = succeeded(&operator(&cp, &["hold", "--for", "1h", "--reason", REASON]));
-    assert!(out.contains("no live leader: holding here"), "{out}");
-    assert!(out.contains("held 2 node(s) here"), "{out}");
-    assert_eq!(marked(&nodes).await, ["a", "b"]);
-    assert_eq!(
-        stamped(&nodes, &["a", "b"]).await,
-        ["a", "b"],
-        "stamped, as the leader would"
+    let out = operator(&cp, &["hold", "--for", "1h", "--reason", REASON]);
+    let said = common::output_report(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "no live leader: the request is recorded, and the next leader carries it out"
+        ),
+        "{said}"
     );
+    assert!(marked(&nodes).await.is_empty(), "the command held nothing");
+
+    let served = serve_short_window(&cp).await;
+    eventually_logging(
+        "the recorded hold carried out by the new leader",
+        Duration::from_secs(30),
+        &served,
+        || async { marked(&nodes).await == ["a", "b"] },
+    )
+    .await;
+    eventually_logging(
+        "the nodes stamped and the new leader's settings recorded",
+        Duration::from_secs(30),
+        &served,
+        || async {
+            stamped(&nodes, &["a", "b"]).await == ["a", "b"] && recorded(&status_json(&cp)) == "2h"
+        },
+    )
+    .await;
     let status = status_json(&cp);
     assert_eq!(status["manual"]["by"], ADMIN_USER, "{status}");
+    assert_eq!(status["manual"]["reason"], REASON, "{status}");
 
     // A second, shorter hold leaves the longer one in force and says so.
     let out = succeeded(&operator(
@@ -209,33 +237,4 @@ async fn a_manual_hold_with_no_leader_running_holds_the_nodes_itself() {
         "{out}"
     );
     assert_eq!(status_json(&cp)["manual"]["reason"], REASON);
-}
-
-/// A hold run by hand holds with the settings the last leader recorded and
-/// stamps each node with the hold's end, as the leader does. And a leader
-/// started with settings other than the record's writes its own at its first
-/// pass, though the window does not change.
-#[tokio::test]
-async fn a_manual_hold_run_by_hand_stamps_its_nodes_and_a_new_leader_rewrites_the_settings() {
-    let cp = ControlPlane::start().await.unwrap();
-    let served = serve_short_window_with(&cp, &["--max-hold=3h"]).await;
-    let nodes = nodes_past_their_window(&cp, &served, &["a", "b"]).await;
-    drop(served);
-
-    let out = succeeded(&operator(&cp, &["hold", "--for", "1h", "--reason", REASON]));
-    assert!(out.contains("held 2 node(s) here"), "{out}");
-    assert_eq!(marked(&nodes).await, ["a", "b"]);
-    assert_eq!(stamped(&nodes, &["a", "b"]).await, ["a", "b"]);
-    let recorded = |status: &serde_json::Value| status["settings"]["maxHold"].clone();
-    assert_eq!(recorded(&status_json(&cp)), "3h");
-
-    // A leader with the default cap writes its settings at once.
-    let served = serve_short_window(&cp).await;
-    eventually_logging(
-        "the new leader's settings recorded",
-        Duration::from_secs(30),
-        &served,
-        || async { recorded(&status_json(&cp)) == "2h" },
-    )
-    .await;
 }

@@ -76,8 +76,7 @@ pub struct StatusArgs {
     pub orphaned_after: Duration,
 }
 
-/// What `release` and `hold` need: the cluster, the record, and what to run
-/// the leader's pass with when no leader runs.
+/// What `release`, `hold` and `uninstall` need: the cluster and the record.
 #[derive(Debug, Args)]
 pub struct RequestArgs {
     #[command(flatten)]
@@ -98,7 +97,7 @@ pub struct ReleaseArgs {
     #[arg(long, env = "NODE_HOLDER_RELEASE_GROUP", value_parser = parse_label_value)]
     pub group: Option<String>,
 
-    /// How long to wait for a running leader to finish the release.
+    /// How long to wait for the leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
@@ -159,7 +158,7 @@ pub struct HoldArgs {
     #[arg(long, env = "NODE_HOLDER_HOLD_REASON", value_parser = parse_reason)]
     pub reason: String,
 
-    /// How long to wait for a running leader to put the hold on every node.
+    /// How long to wait for the leader to put the hold on every node.
     #[arg(long, env = "NODE_HOLDER_HOLD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }

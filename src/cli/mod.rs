@@ -54,10 +54,11 @@ pub enum Command {
     /// Say why one node is held, by whom, until when, and what was last
     /// said about it (node-holder's and Karpenter's Events).
     Explain(ExplainArgs),
-    /// Close the hold window now and strip node-holder's holds.
+    /// Ask the leader to close the hold window now and strip node-holder's
+    /// holds (with no live leader: `uninstall` strips them).
     Release(ReleaseArgs),
-    /// Hold every node in scope now, for a while, whatever the window does
-    /// (a rollout, an incident); `release` ends it early.
+    /// Ask the leader to hold every node in scope now, for a while, whatever
+    /// the window does (a rollout, an incident); `release` ends it early.
     Hold(HoldArgs),
     /// Remove everything node-holder left in the cluster, as its chart's
     /// pre-delete hook does: stop new holds, stop its replicas, strip every

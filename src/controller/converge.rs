@@ -94,15 +94,10 @@ impl WindowTask {
         Instant::now().checked_add(after)
     }
 
-    /// Adds what `patch` did to the report, if one is kept.
+    /// Adds what a release `patch` did to the report, if one is kept.
     pub(super) fn note(&self, action: Action, patch: &NodePatch) {
-        if let Some(report) = &self.report {
+        if let (Some(report), Action::Release) = (&self.report, action) {
             let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
-            match action {
-                Action::Hold => return report.held.push(patch.name.clone()),
-                Action::Stamp => return,
-                Action::Release => {}
-            }
             report
                 .left
                 .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));

@@ -111,32 +111,24 @@ async fn hand_over(
 
 use crate::retry::ONCE_ATTEMPTS;
 
-/// Handles `request` with the leader's own pass, once, as
-/// `config.identity`, which must hold the Lease: what `release` and `hold`
-/// do when no leader runs. The pass puts the request in the window record,
-/// converges the nodes (holds, releases) as a leader would, and records the
-/// request as done. A pass whose patches failed runs again from a fresh
-/// list, a few times.
-pub async fn handle_once(
+/// Carries out `request` with the leader's own pass, once, as
+/// `config.identity`, which must hold the Lease: what `uninstall` does
+/// after the replicas stopped. The pass puts the request in the window
+/// record, takes node-holder's holds and budget entries off as a leader
+/// would, and records the request as done. A pass whose patches failed runs
+/// again from a fresh list, a few times.
+pub async fn release_once(
     client: kube::Client,
     config: Config,
-    request: Request,
+    request: ReleaseRequest,
 ) -> Result<PassReport> {
     let metrics = super::WindowMetrics::register(&mut crate::metrics::registry());
     let mut task = WindowTask::new(client, config, metrics, EventSink::none());
     task.report = Some(std::sync::Mutex::new(PassReport::default()));
     let record = task.store.load().await?;
     task.restore(record);
-    match request {
-        Request::Release(requested) => {
-            task.release_unconfirmed = Some(requested.at);
-            task.release_request = Some(requested);
-        }
-        Request::Hold(hold) => {
-            task.hold_unconfirmed = Some(hold.requested_at);
-            task.hold_request = Some(hold);
-        }
-    }
+    task.release_unconfirmed = Some(request.at);
+    task.release_request = Some(request);
     for attempt in 1..=ONCE_ATTEMPTS {
         let nodes = list_nodes(&task.client, task.config.keep()).await?;
         task.pass(&nodes).await?;
@@ -151,7 +143,6 @@ pub async fn handle_once(
     let report = task.report.take().unwrap_or_default();
     let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());
     // Patches complete in any order; the report is by name.
-    report.held.sort();
     report.released.sort();
     report.left.sort();
     Ok(report)

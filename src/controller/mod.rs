@@ -23,7 +23,7 @@ use crate::retry::{self, watch_backoff};
 use converge::seconds;
 pub use error::FailureKind;
 use error::PassError;
-pub use leader::{default_identity, handle_once, run};
+pub use leader::{default_identity, release_once, run};
 use watches::{nodes_seen, pool_changed, sleep_until, watch_changed, watch_pools, watch_record};
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -52,8 +52,8 @@ use crate::core::node::NodeMeta;
 use crate::core::plan::{Action, NodePatch, Planner};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
+use crate::state::lease;
 use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
-use crate::state::{Request, lease};
 use coalesce::{Coalesce, Due};
 pub use events::NODE_EVENTS_PER_PASS;
 use events::{EventSink, HoldEvent, PassEvents};
@@ -185,16 +185,14 @@ struct WindowTask {
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
     failures: u32,
-    /// What the patches did, node by node, when someone asked (`release`
-    /// and `hold` without a leader print it).
+    /// What the releases did, node by node, when someone asked
+    /// (`uninstall` prints it).
     report: Option<std::sync::Mutex<PassReport>>,
 }
 
-/// What the patches of [`handle_once`] did, node by node.
+/// What the releases of [`release_once`] did, node by node.
 #[derive(Debug, Default, Clone)]
 pub struct PassReport {
-    /// Nodes that got node-holder's hold.
-    pub held: Vec<String>,
     /// Nodes whose holds came off.
     pub released: Vec<String>,
     /// `node: key` of holds someone changed since node-holder placed them:

@@ -6,16 +6,3 @@
 
 pub mod lease;
 pub mod record;
-
-use crate::core::window::ManualHold;
-use record::ReleaseRequest;
-
-/// What an operator asks of the window through the record.
-#[derive(Debug, Clone)]
-pub enum Request {
-    /// `release`: close the windows now (and end a manual hold), or one
-    /// group's window.
-    Release(ReleaseRequest),
-    /// `hold`: hold every node in scope until the hold's end.
-    Hold(ManualHold),
-}
