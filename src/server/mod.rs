@@ -3,8 +3,6 @@
 mod connection;
 mod error;
 pub mod metrics;
-#[cfg(test)]
-mod tests;
 pub mod tls;
 
 pub use connection::{HandshakeFailure, TlsServing, drain_time, per_source, serve_tls};
@@ -269,3 +267,6 @@ pub async fn serve_admin(
         .await
         .context("admin server")
 }
+
+#[cfg(test)]
+mod tests;
