@@ -19,12 +19,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::metrics::TlsMetrics;
+use super::tls::ReloadingTls;
 
 /// How the TLS port serves: its drain time, connection bound and metrics.
 #[derive(Clone)]
@@ -109,19 +109,20 @@ impl Drop for InFlight {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
-/// stops accepting, lets in-flight requests finish (up to `drain`) and closes
+/// Serves `router` over TLS on `listener`, each connection with the
+/// configuration `tls` has then, until `stop` is cancelled, then stops
+/// accepting, lets in-flight requests finish (up to `drain`) and closes
 /// keep-alive connections.
 pub async fn serve_tls(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    tls: Arc<ReloadingTls>,
     router: Router,
     stop: CancellationToken,
     serving: TlsServing,
 ) -> Result<()> {
     let (http1, http2) = protocols();
     let connection = Connection {
-        acceptor,
+        tls,
         router,
         http1: Arc::new(http1),
         http2: Arc::new(http2),
@@ -267,7 +268,7 @@ async fn drain(connections: &Semaphore, max_connections: usize, drain: Duration)
 /// What serving one connection needs; cloned for each.
 #[derive(Clone)]
 struct Connection {
-    acceptor: TlsAcceptor,
+    tls: Arc<ReloadingTls>,
     router: Router,
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
@@ -329,7 +330,7 @@ impl Connection {
             }
             Err(err) => return Err(FailedHandshake::new(err, tcp)),
         }
-        let accepted = self.acceptor.accept(tcp).into_fallible().await;
+        let accepted = self.tls.acceptor().accept(tcp).into_fallible().await;
         accepted.map_err(|(err, tcp)| FailedHandshake::new(err, tcp))
     }
 
