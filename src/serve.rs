@@ -19,8 +19,8 @@ use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
 use crate::server::tls::{RELOAD_INTERVAL, ReloadingTls};
 use crate::server::{
-    HandshakeFailure, Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState,
-    admin_router, drain_time, per_source, serve_admin, serve_tls, webhook_router,
+    Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState, admin_router, drain_time,
+    per_source, serve_admin, serve_tls, webhook_router,
 };
 
 /// Every metric of the process: each subsystem registers its own in one
@@ -36,8 +36,7 @@ impl ProcessMetrics {
     fn register() -> Self {
         let mut registry = crate::metrics::registry();
         let webhook = WebhookMetrics::register(&mut registry);
-        let reasons = HandshakeFailure::ALL.map(HandshakeFailure::label);
-        let tls = TlsMetrics::register(&mut registry, &reasons);
+        let tls = TlsMetrics::register(&mut registry);
         let window = WindowMetrics::register(&mut registry);
         ProcessMetrics {
             webhook,
@@ -323,6 +322,8 @@ fn listen(addr: std::net::SocketAddr, backlog: u32) -> Result<TcpListener> {
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::*;
 
     /// A rate over an absent series is no alert at all: every label value
@@ -355,7 +356,7 @@ mod tests {
                 "node_holder_tls_handshake_errors_total{{reason=\"{reason}\"}} 0"
             ));
         }
-        for kind in crate::controller::FailureKind::ALL {
+        for kind in crate::controller::FailureKind::iter() {
             zeros.push(format!(
                 "node_holder_pass_failures_total{{kind=\"{}\"}} 0",
                 kind.label()

@@ -304,8 +304,7 @@ impl Connection {
             Ok(Err(failed)) => failed,
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                self.metrics
-                    .handshake_error(HandshakeFailure::Timeout.label());
+                self.metrics.handshake_error(HandshakeFailure::Timeout);
                 return None;
             }
         };
@@ -313,7 +312,7 @@ impl Connection {
             None => tracing::debug!(%peer, "plain HTTP on the TLS port refused"),
             Some(err) => log_handshake_failure(failed.reason, peer, err),
         }
-        self.metrics.handshake_error(failed.reason.label());
+        self.metrics.handshake_error(failed.reason);
         None
     }
 
@@ -475,8 +474,10 @@ fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
 }
 
 /// Why a connection to the webhook port never completed its TLS handshake:
-/// the `reason` label of `node_holder_tls_handshake_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the `reason` label of `node_holder_tls_handshake_errors_total`. Every
+/// reason shows at 0 from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum HandshakeFailure {
     PlainHttp,
     Timeout,
@@ -486,33 +487,6 @@ pub enum HandshakeFailure {
     IncompatibleClient,
     NotTls,
     Other,
-}
-
-impl HandshakeFailure {
-    /// Every reason, so the metric shows each at 0 from the start.
-    pub const ALL: [HandshakeFailure; 8] = [
-        Self::PlainHttp,
-        Self::Timeout,
-        Self::NoClientCertificate,
-        Self::ClientCertificateRejected,
-        Self::CertificateRejected,
-        Self::IncompatibleClient,
-        Self::NotTls,
-        Self::Other,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::PlainHttp => "plain-http",
-            Self::Timeout => "timeout",
-            Self::NoClientCertificate => "no-client-certificate",
-            Self::ClientCertificateRejected => "client-certificate-rejected",
-            Self::CertificateRejected => "certificate-rejected",
-            Self::IncompatibleClient => "incompatible-client",
-            Self::NotTls => "not-tls",
-            Self::Other => "other",
-        }
-    }
 }
 
 /// How long a client may take to send its TLS handshake.

@@ -196,7 +196,7 @@ fn audit(decision: &Decision, started: Instant) {
         operation = %r.operation,
         user = %r.user,
         dry_run = r.dry_run,
-        decision = decision.outcome.label(),
+        decision = <&str>::from(&decision.outcome),
         patched,
         holds = %holds,
         latency_us = started.elapsed().as_micros() as u64,
