@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
@@ -18,10 +17,10 @@ use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
 use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
-use crate::server::tls::{RELOAD_INTERVAL, ReloadingCert, ReloadingClientCa};
+use crate::server::tls::{RELOAD_INTERVAL, ReloadingTls};
 use crate::server::{
-    HandshakeFailure, Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState,
-    admin_router, drain_time, per_source, serve_admin, serve_tls, webhook_router,
+    Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState, admin_router, drain_time,
+    per_source, serve_admin, serve_tls, webhook_router,
 };
 
 /// Every metric of the process: each subsystem registers its own in one
@@ -37,8 +36,7 @@ impl ProcessMetrics {
     fn register() -> Self {
         let mut registry = crate::metrics::registry();
         let webhook = WebhookMetrics::register(&mut registry);
-        let reasons = HandshakeFailure::ALL.map(HandshakeFailure::label);
-        let tls = TlsMetrics::register(&mut registry, &reasons);
+        let tls = TlsMetrics::register(&mut registry);
         let window = WindowMetrics::register(&mut registry);
         ProcessMetrics {
             webhook,
@@ -192,7 +190,7 @@ fn log_start(
         .transpose()?
         .map_or_else(|| "none (admission policy)".to_string(), |a| a.to_string());
     let client_certificates = match webhook {
-        Some(w) if w.tls.client_ca.is_some() => "required",
+        Some(_) if args.client_ca_file().is_some() => "required",
         _ => "off",
     };
     tracing::info!(
@@ -210,65 +208,31 @@ fn log_start(
     Ok(())
 }
 
-/// `--admission webhook`: the webhook's certificates and its bound port.
+/// `--admission webhook`: the webhook's TLS and its bound port.
 struct Webhook {
-    tls: Tls,
+    tls: Arc<ReloadingTls>,
     listener: TcpListener,
 }
 
 impl Webhook {
     async fn bind(args: &ServeArgs) -> Result<Self> {
-        let tls = Tls::load(args)?;
-        let listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
-            .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
-        Ok(Webhook { tls, listener })
-    }
-
-    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>, metrics: TlsMetrics) -> Task {
-        self.tls.serve(args, self.listener, state, metrics)
-    }
-}
-
-/// The webhook port's certificates: the serving pair, and the client CA
-/// when client certificates are required.
-struct Tls {
-    cert: Arc<ReloadingCert>,
-    client_ca: Option<Arc<ReloadingClientCa>>,
-    acceptor: TlsAcceptor,
-}
-
-impl Tls {
-    fn load(args: &ServeArgs) -> Result<Self> {
-        let cert = Arc::new(ReloadingCert::load(
+        let tls = ReloadingTls::load(
             &args.tls_cert_file,
             &args.tls_key_file,
-        )?);
-        let client_ca = args
-            .client_ca_file()
-            .map(ReloadingClientCa::load)
-            .transpose()?
-            .map(Arc::new);
-        let acceptor = TlsAcceptor::from(Arc::new(cert.server_config(client_ca.as_ref())?));
-        Ok(Tls {
-            cert,
-            client_ca,
-            acceptor,
+            args.client_ca_file(),
+        )?;
+        let listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
+            .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
+        Ok(Webhook {
+            tls: Arc::new(tls),
+            listener,
         })
     }
 
-    /// Keeps the certificates current and serves the webhook on `listener`.
-    fn serve(
-        self,
-        args: &ServeArgs,
-        listener: TcpListener,
-        state: Arc<WebhookState>,
-        metrics: TlsMetrics,
-    ) -> Task {
-        self.cert
+    /// Keeps the TLS configuration current and serves the webhook.
+    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>, metrics: TlsMetrics) -> Task {
+        self.tls
             .spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
-        if let Some(client_ca) = &self.client_ca {
-            client_ca.spawn_reloader(RELOAD_INTERVAL);
-        }
         let limits = Limits {
             request_timeout: args.request_timeout,
             max_concurrent: MAX_CONCURRENT_REQUESTS,
@@ -282,8 +246,8 @@ impl Tls {
         };
         Task::spawn(|stop| {
             serve_tls(
-                listener,
-                self.acceptor,
+                self.listener,
+                self.tls,
                 webhook_router(state, limits),
                 stop,
                 serving,
@@ -358,6 +322,8 @@ fn listen(addr: std::net::SocketAddr, backlog: u32) -> Result<TcpListener> {
 
 #[cfg(test)]
 mod tests {
+    use strum::IntoEnumIterator;
+
     use super::*;
 
     /// A rate over an absent series is no alert at all: every label value
@@ -390,7 +356,7 @@ mod tests {
                 "node_holder_tls_handshake_errors_total{{reason=\"{reason}\"}} 0"
             ));
         }
-        for kind in crate::controller::FailureKind::ALL {
+        for kind in crate::controller::FailureKind::iter() {
             zeros.push(format!(
                 "node_holder_pass_failures_total{{kind=\"{}\"}} 0",
                 kind.label()

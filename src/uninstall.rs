@@ -23,6 +23,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -76,27 +77,23 @@ async fn stop_admission(client: &kube::Client, args: &UninstallArgs) -> Result<(
         .await?;
     }
     if let Some(name) = &args.admission_policy {
-        for kind in ["MutatingAdmissionPolicyBinding", "MutatingAdmissionPolicy"] {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &admission_policy(kind));
-            delete(&api, name).await?;
+        for (kind, plural) in [
+            (
+                "MutatingAdmissionPolicyBinding",
+                "mutatingadmissionpolicybindings",
+            ),
+            ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
+        ] {
+            let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+            let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+            delete(
+                &Api::<DynamicObject>::all_with(client.clone(), &resource),
+                name,
+            )
+            .await?;
         }
     }
     Ok(())
-}
-
-/// `admissionregistration.k8s.io/v1` `kind` (the policy or its binding).
-pub fn admission_policy(kind: &str) -> ApiResource {
-    let plural = match kind {
-        "MutatingAdmissionPolicy" => "mutatingadmissionpolicies",
-        _ => "mutatingadmissionpolicybindings",
-    };
-    ApiResource {
-        group: "admissionregistration.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "admissionregistration.k8s.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
 }
 
 /// Scales `deployment` to 0 and waits until no replica leads any more.

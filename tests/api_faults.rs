@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use node_holder::server::metrics::TlsMetrics;
-use node_holder::server::tls::ReloadingCert;
+use node_holder::server::tls::ReloadingTls;
 use node_holder::server::{TlsServing, serve_tls};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -343,10 +343,14 @@ async fn register_injector(
     let dir = tempfile::tempdir().unwrap();
     let certs = node_holder::certs::generate(&[], secs(3600)).unwrap();
     node_holder::certs::write(&certs, dir.path()).unwrap();
-    let cert = Arc::new(
-        ReloadingCert::load(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).unwrap(),
+    let tls = Arc::new(
+        ReloadingTls::load(
+            &dir.path().join("tls.crt"),
+            &dir.path().join("tls.key"),
+            None,
+        )
+        .unwrap(),
     );
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config(None).unwrap()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let injector = Arc::new(Injector {
@@ -359,7 +363,7 @@ async fn register_injector(
     let stop = CancellationToken::new();
     tokio::spawn(serve_tls(
         listener,
-        acceptor,
+        tls,
         router,
         stop.clone(),
         TlsServing {

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use futures::Stream;
 use jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
+use kube::core::{GroupVersionKind, PartialObjectMeta};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use serde_json::Value;
 
@@ -48,7 +48,8 @@ pub struct Pools {
 
 impl Pools {
     pub fn new(client: kube::Client, scope: NodeScope) -> Self {
-        let resource = karpenter_resource("NodePool", "nodepools");
+        let nodepool = GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool");
+        let resource = ApiResource::from_gvk_with_plural(&nodepool, "nodepools");
         Pools {
             api: Api::all_with(client.clone(), &resource),
             meta: Api::all_with(client, &resource),
@@ -151,17 +152,6 @@ pub fn watch_refused(err: &watcher::Error) -> Option<u16> {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => Some(status.code),
         _ => None,
-    }
-}
-
-/// Karpenter's `karpenter.sh/v1` resource `kind` (`plural`).
-fn karpenter_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "karpenter.sh".into(),
-        version: "v1".into(),
-        api_version: "karpenter.sh/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
     }
 }
 

@@ -8,8 +8,9 @@ use std::fmt;
 use crate::state::lease::NotLeading;
 
 /// What kind of failure ended a pass: the label of
-/// `node_holder_pass_failures_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// `node_holder_pass_failures_total`, each shown at 0 from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum FailureKind {
     /// 409 or 422: someone else wrote the object first.
     Conflict,
@@ -31,30 +32,9 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// Every kind, for the metric's series at zero.
-    pub const ALL: [FailureKind; 8] = [
-        FailureKind::Conflict,
-        FailureKind::Throttled,
-        FailureKind::Forbidden,
-        FailureKind::Refused,
-        FailureKind::Server,
-        FailureKind::Connection,
-        FailureKind::NotLeading,
-        FailureKind::Other,
-    ];
-
     /// Its label value.
     pub fn label(self) -> &'static str {
-        match self {
-            FailureKind::Conflict => "conflict",
-            FailureKind::Throttled => "throttled",
-            FailureKind::Forbidden => "forbidden",
-            FailureKind::Refused => "refused",
-            FailureKind::Server => "server",
-            FailureKind::Connection => "connection",
-            FailureKind::NotLeading => "not_leading",
-            FailureKind::Other => "other",
-        }
+        self.into()
     }
 
     /// The kind of a Kubernetes client error: by the API's status, else no
@@ -162,8 +142,9 @@ mod tests {
 
     #[test]
     fn every_kind_has_its_own_label() {
+        use strum::IntoEnumIterator;
         let labels: std::collections::BTreeSet<&str> =
-            FailureKind::ALL.iter().map(|k| k.label()).collect();
-        assert_eq!(labels.len(), FailureKind::ALL.len());
+            FailureKind::iter().map(FailureKind::label).collect();
+        assert_eq!(labels.len(), FailureKind::iter().count());
     }
 }

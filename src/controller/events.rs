@@ -7,9 +7,11 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Resource;
 use kube::api::{Api, PostParams};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -31,88 +33,36 @@ pub const NODE_EVENTS_PER_PASS: usize = 500;
 /// `reportingController` of node-holder's Events.
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
-/// One Event on one node, or on the window record.
+/// One Event on one node, on the window record, or on a CronJob
+/// (`--launch-cost`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HoldEvent {
-    regarding: Regarding,
+    regarding: ObjectReference,
     reason: &'static str,
     action: &'static str,
     note: String,
 }
 
-/// What an Event is about.
-#[derive(Debug, Clone, PartialEq)]
-enum Regarding {
-    Node {
-        name: String,
-        uid: Option<String>,
-    },
-    /// The record's ConfigMap, in node-holder's namespace.
-    Record {
-        namespace: String,
-    },
-    /// A CronJob (`--launch-cost`).
-    CronJob {
-        namespace: String,
-        name: String,
-        uid: Option<String>,
-    },
+/// A reference to the `K` named `name`, in `namespace` unless it is
+/// cluster-scoped.
+fn reference<K: Resource<DynamicType = ()>>(
+    namespace: Option<&str>,
+    name: &str,
+    uid: Option<&str>,
+) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        uid: uid.map(str::to_string),
+        ..ObjectReference::default()
+    }
 }
 
-impl Regarding {
-    fn node(name: &str, uid: Option<&str>) -> Self {
-        Regarding::Node {
-            name: name.to_string(),
-            uid: uid.map(str::to_string),
-        }
-    }
-
-    fn name(&self) -> &str {
-        match self {
-            Regarding::Node { name, .. } => name,
-            Regarding::Record { .. } => crate::state::record::NAME,
-            Regarding::CronJob { name, .. } => name,
-        }
-    }
-
-    /// Nodes are cluster-scoped: their Events go to `default`.
-    fn namespace(&self) -> &str {
-        match self {
-            Regarding::Node { .. } => "default",
-            Regarding::Record { namespace } | Regarding::CronJob { namespace, .. } => namespace,
-        }
-    }
-
-    fn reference(&self) -> ObjectReference {
-        match self {
-            Regarding::Node { name, uid } => ObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Node".to_string()),
-                name: Some(name.clone()),
-                uid: uid.clone(),
-                ..ObjectReference::default()
-            },
-            Regarding::Record { namespace } => ObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("ConfigMap".to_string()),
-                name: Some(crate::state::record::NAME.to_string()),
-                namespace: Some(namespace.clone()),
-                ..ObjectReference::default()
-            },
-            Regarding::CronJob {
-                namespace,
-                name,
-                uid,
-            } => ObjectReference {
-                api_version: Some("batch/v1".to_string()),
-                kind: Some("CronJob".to_string()),
-                name: Some(name.clone()),
-                namespace: Some(namespace.clone()),
-                uid: uid.clone(),
-                ..ObjectReference::default()
-            },
-        }
-    }
+/// The record's ConfigMap, in node-holder's namespace.
+fn record(namespace: &str) -> ObjectReference {
+    reference::<ConfigMap>(Some(namespace), crate::state::record::NAME, None)
 }
 
 fn until(deadline: Option<Timestamp>) -> String {
@@ -131,7 +81,7 @@ impl HoldEvent {
             _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
         HoldEvent {
-            regarding: Regarding::node(node.name(), node.uid()),
+            regarding: reference::<Node>(None, node.name(), node.uid()),
             reason,
             action: "Hold",
             note: format!(
@@ -150,7 +100,7 @@ impl HoldEvent {
     /// node-holder put its hold on the node.
     fn held(patch: &NodePatch) -> Self {
         HoldEvent {
-            regarding: Regarding::node(&patch.name, patch.uid.as_deref()),
+            regarding: reference::<Node>(None, &patch.name, patch.uid.as_deref()),
             reason: "HoldApplied",
             action: "Hold",
             note: format!(
@@ -179,7 +129,7 @@ impl HoldEvent {
             ));
         }
         HoldEvent {
-            regarding: Regarding::node(&patch.name, patch.uid.as_deref()),
+            regarding: reference::<Node>(None, &patch.name, patch.uid.as_deref()),
             reason: "HoldReleased",
             action: "Release",
             note,
@@ -191,7 +141,7 @@ impl HoldEvent {
     /// `--launch-cost`: the node is kept for a scheduled run.
     pub fn kept_for_run(node: &NodeMeta, until: Timestamp, why: String) -> Self {
         HoldEvent {
-            regarding: Regarding::node(node.name(), node.uid()),
+            regarding: reference::<Node>(None, node.name(), node.uid()),
             reason: "HeldForScheduledRun",
             action: "Hold",
             note: format!("held until {until}: {why}"),
@@ -222,11 +172,7 @@ impl HoldEvent {
     ) -> Self {
         let (namespace, name) = cronjob.split_once('/').unwrap_or(("default", cronjob));
         HoldEvent {
-            regarding: Regarding::CronJob {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: uid.map(str::to_string),
-            },
+            regarding: reference::<CronJob>(Some(namespace), name, uid),
             reason,
             action,
             note,
@@ -236,7 +182,7 @@ impl HoldEvent {
     /// `--launch-cost`: the schedule no longer keeps the node.
     pub fn nothing_due(node: &NodeMeta, why: String) -> Self {
         HoldEvent {
-            regarding: Regarding::node(node.name(), node.uid()),
+            regarding: reference::<Node>(None, node.name(), node.uid()),
             reason: "ScheduledHoldEnded",
             action: "Release",
             note: why,
@@ -290,9 +236,7 @@ impl PassEvents {
             Action::Stamp => return None,
         };
         Some(HoldEvent {
-            regarding: Regarding::Record {
-                namespace: self.namespace,
-            },
+            regarding: record(&self.namespace),
             reason,
             action,
             note: format!(
@@ -333,9 +277,7 @@ impl HoldEvent {
             ),
         };
         HoldEvent {
-            regarding: Regarding::Record {
-                namespace: namespace.to_string(),
-            },
+            regarding: record(namespace),
             reason,
             action: "Hold",
             note,
@@ -370,8 +312,7 @@ impl EventSink {
                     },
                 };
                 pacer.tick().await;
-                let api: Api<K8sEvent> =
-                    Api::namespaced(client.clone(), event.regarding.namespace());
+                let api: Api<K8sEvent> = Api::namespaced(client.clone(), event.namespace());
                 if let Err(err) = api
                     .create(&PostParams::default(), &event.to_k8s(&instance))
                     .await
@@ -379,7 +320,7 @@ impl EventSink {
                     failures += 1;
                     // The 1st, 2nd, 4th, 8th… failure: visible, never a flood.
                     if failures.is_power_of_two() {
-                        tracing::warn!(regarding = %event.regarding.name(), failures, error = %err, "publishing an event failed");
+                        tracing::warn!(regarding = %event.name(), failures, error = %err, "publishing an event failed");
                     }
                 }
             }
@@ -397,12 +338,23 @@ impl EventSink {
     /// Queues `event`; drops it when the queue is full.
     pub fn send(&self, event: HoldEvent) {
         if let Err(mpsc::error::TrySendError::Full(event)) = self.queue.try_send(event) {
-            tracing::debug!(regarding = %event.regarding.name(), reason = event.reason, "event queue full; event dropped");
+            tracing::debug!(regarding = %event.name(), reason = event.reason, "event queue full; event dropped");
         }
     }
 }
 
 impl HoldEvent {
+    /// The name of what it regards.
+    fn name(&self) -> &str {
+        self.regarding.name.as_deref().unwrap_or_default()
+    }
+
+    /// The namespace of what it regards. Nodes are cluster-scoped: their
+    /// Events go to `default`.
+    fn namespace(&self) -> &str {
+        self.regarding.namespace.as_deref().unwrap_or("default")
+    }
+
     /// The `events.k8s.io/v1` Event, in the namespace of what it regards,
     /// named as kubectl and client-go name Events: object name, time.
     fn to_k8s(&self, instance: &str) -> K8sEvent {
@@ -410,10 +362,10 @@ impl HoldEvent {
             metadata: ObjectMeta {
                 name: Some(format!(
                     "{}.{:x}",
-                    truncate(self.regarding.name(), 230),
+                    truncate(self.name(), 230),
                     Timestamp::now().as_nanosecond()
                 )),
-                namespace: Some(self.regarding.namespace().to_string()),
+                namespace: Some(self.namespace().to_string()),
                 ..ObjectMeta::default()
             },
             event_time: Some(MicroTime(Timestamp::now())),
@@ -423,7 +375,7 @@ impl HoldEvent {
             type_: Some("Normal".to_string()),
             reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
             reporting_instance: Some(instance.to_string()),
-            regarding: Some(self.regarding.reference()),
+            regarding: Some(self.regarding.clone()),
             ..K8sEvent::default()
         }
     }
@@ -466,8 +418,8 @@ mod tests {
         assert_eq!(sent[0], Some(HoldEvent::held(&patch("a"))));
         assert!(sent[1].is_some() && sent[2].is_none() && sent[3].is_none());
         let summary = events.finish().unwrap();
-        assert_eq!(summary.regarding.name(), crate::state::record::NAME);
-        assert_eq!(summary.regarding.namespace(), "ops");
+        assert_eq!(summary.name(), crate::state::record::NAME);
+        assert_eq!(summary.namespace(), "ops");
         assert_eq!(summary.reason, "NodesHeld");
         assert!(summary.note.contains(" 4 nodes") && summary.note.contains("first 2"));
     }

@@ -10,6 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use strum::IntoEnumIterator;
 
 use super::error::FailureKind;
 use crate::core::plan::Action;
@@ -103,8 +104,8 @@ struct OutcomeLabel {
 impl ScheduleMetrics {
     fn register(registry: &mut Registry) -> Self {
         let metrics = ScheduleMetrics::default();
-        for reason in crate::core::due::Reason::ALL {
-            let reason = reason.label();
+        for reason in crate::core::due::Reason::iter() {
+            let reason = reason.into();
             metrics
                 .kept_nodes
                 .get_or_create(&ReasonLabel { reason })
@@ -152,7 +153,7 @@ impl ScheduleMetrics {
 
     /// Shows one pass's counts: nodes kept by reason (its label), and the
     /// CronJobs it cannot predict.
-    pub fn show(&self, kept: [(&'static str, usize); 3], unpredictable: usize) {
+    pub fn show(&self, kept: impl Iterator<Item = (&'static str, usize)>, unpredictable: usize) {
         for (reason, n) in kept {
             let n = i64::try_from(n).unwrap_or(i64::MAX);
             self.kept_nodes
@@ -256,7 +257,7 @@ impl WindowMetrics {
         for at_create in ["held", "unheld"] {
             show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
         }
-        for kind in FailureKind::ALL {
+        for kind in FailureKind::iter() {
             show_at_zero(&self.pass_failures, KindLabel { kind: kind.label() });
         }
         registry.register(

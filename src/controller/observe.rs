@@ -50,7 +50,7 @@ impl WindowTask {
                 group = self.group_field(group),
                 created = %node.created(),
                 deadline = %until.map_or_else(String::new, |d| d.to_string()),
-                "hold window {}", observed.label()
+                "hold window {observed}"
             );
         }
         let new_in_window = self

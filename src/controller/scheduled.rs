@@ -20,6 +20,7 @@ use kube::api::{Api, ObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
+use strum::IntoEnumIterator;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::budgets::watch_refused;
@@ -376,12 +377,11 @@ impl super::WindowTask {
                 .values()
                 .filter(|keep| Kept::from(*keep).reason == reason)
                 .count();
-            (reason.label(), n)
+            (reason.into(), n)
         };
-        let [busy, run, settling] = Reason::ALL;
         self.metrics
             .schedule
-            .show([count(busy), count(run), count(settling)], unpredictable);
+            .show(Reason::iter().map(count), unpredictable);
     }
 
     /// The log lines of what the schedule keeps now and did not before,

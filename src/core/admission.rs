@@ -14,8 +14,10 @@ use kube::core::{DynamicResourceScope, Resource};
 use super::holds::{Hold, Holding};
 use super::patch::add_holds;
 
-/// What happened to one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What happened to one request (into `&str`: the word of the audit log and
+/// annotation).
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Outcome {
     /// A Node CREATE in scope: these holds were added.
     Held { added: Vec<Hold> },
@@ -31,19 +33,6 @@ pub enum Outcome {
     /// allowed unheld (as a failing webhook would be, with `Ignore`), said so
     /// in the audit annotations and the log rather than called held.
     Unpatched { reason: String },
-}
-
-impl Outcome {
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Held { .. } => "held",
-            Outcome::AlreadyHeld => "already-held",
-            Outcome::OutOfScope => "out-of-scope",
-            Outcome::NotANodeCreate => "not-a-node-create",
-            Outcome::Invalid { .. } => "invalid",
-            Outcome::Unpatched { .. } => "unpatched",
-        }
-    }
 }
 
 /// The fields of a request worth a log line.
@@ -213,7 +202,7 @@ fn hold_new_node(
 /// keys hold no `/`.
 fn audit_annotations(outcome: &Outcome, scope: &str) -> std::collections::HashMap<String, String> {
     let mut annotations = BTreeMap::new();
-    annotations.insert("decision", outcome.label().to_string());
+    annotations.insert("decision", <&str>::from(outcome).to_string());
     match outcome {
         Outcome::Held { added } => {
             let holds: Vec<String> = added.iter().map(ToString::to_string).collect();

@@ -30,8 +30,9 @@ use super::selector::NodeScope;
 pub const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 
 /// How node-holder holds nodes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, strum::Display)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Mechanism {
     /// The hold annotation on every node in scope (one PATCH a node).
     #[default]
@@ -40,15 +41,6 @@ pub enum Mechanism {
     /// (one PATCH a pool); drift goes on. The webhook still holds each new
     /// node until its pool carries the budget.
     Budget,
-}
-
-impl std::fmt::Display for Mechanism {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mechanism::Annotation => "annotation",
-            Mechanism::Budget => "budget",
-        })
-    }
 }
 
 impl Mechanism {

@@ -73,26 +73,16 @@ impl Keep<'_> {
     }
 }
 
-/// Why the schedule keeps a node, as the record and `status` say it.
+/// Why the schedule keeps a node, in the same word in the record, `status`
+/// and the metric's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[derive(strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Reason {
     Busy,
     Run,
     Settling,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 3] = [Reason::Busy, Reason::Run, Reason::Settling];
-
-    /// The word the record, `status` and the metric's label use.
-    pub fn label(self) -> &'static str {
-        match self {
-            Reason::Busy => "busy",
-            Reason::Run => "run",
-            Reason::Settling => "settling",
-        }
-    }
 }
 
 /// One node the schedule keeps, as the leader records it for `status`.

@@ -41,7 +41,8 @@ pub struct NodePatch {
 }
 
 /// Which way a node's patch goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Action {
     Hold,
     Release,
@@ -51,11 +52,7 @@ pub enum Action {
 
 impl Action {
     pub fn label(self) -> &'static str {
-        match self {
-            Action::Hold => "hold",
-            Action::Release => "release",
-            Action::Stamp => "stamp",
-        }
+        self.into()
     }
 }
 

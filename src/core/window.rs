@@ -127,8 +127,9 @@ pub struct OpenWindow {
     counted_through: Timestamp,
 }
 
-/// What observing one node did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What observing one node did (its `Display`: the word the log says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
+#[strum(serialize_all = "lowercase")]
 pub enum Observed {
     /// Created at or before the end of a closed or released window.
     Consumed,
@@ -141,18 +142,6 @@ pub enum Observed {
     /// Opened or extended a window that has already ended by `now`: there is
     /// nothing to hold (a node seen long after its creation).
     Expired,
-}
-
-impl Observed {
-    pub fn label(self) -> &'static str {
-        match self {
-            Observed::Consumed => "consumed",
-            Observed::Opened => "opened",
-            Observed::Extended => "extended",
-            Observed::Unchanged => "unchanged",
-            Observed::Expired => "expired",
-        }
-    }
 }
 
 impl Window {

@@ -19,12 +19,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::metrics::TlsMetrics;
+use super::tls::ReloadingTls;
 
 /// How the TLS port serves: its drain time, connection bound and metrics.
 #[derive(Clone)]
@@ -109,19 +109,20 @@ impl Drop for InFlight {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
-/// stops accepting, lets in-flight requests finish (up to `drain`) and closes
+/// Serves `router` over TLS on `listener`, each connection with the
+/// configuration `tls` has then, until `stop` is cancelled, then stops
+/// accepting, lets in-flight requests finish (up to `drain`) and closes
 /// keep-alive connections.
 pub async fn serve_tls(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    tls: Arc<ReloadingTls>,
     router: Router,
     stop: CancellationToken,
     serving: TlsServing,
 ) -> Result<()> {
     let (http1, http2) = protocols();
     let connection = Connection {
-        acceptor,
+        tls,
         router,
         http1: Arc::new(http1),
         http2: Arc::new(http2),
@@ -267,7 +268,7 @@ async fn drain(connections: &Semaphore, max_connections: usize, drain: Duration)
 /// What serving one connection needs; cloned for each.
 #[derive(Clone)]
 struct Connection {
-    acceptor: TlsAcceptor,
+    tls: Arc<ReloadingTls>,
     router: Router,
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
@@ -303,8 +304,7 @@ impl Connection {
             Ok(Err(failed)) => failed,
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                self.metrics
-                    .handshake_error(HandshakeFailure::Timeout.label());
+                self.metrics.handshake_error(HandshakeFailure::Timeout);
                 return None;
             }
         };
@@ -312,7 +312,7 @@ impl Connection {
             None => tracing::debug!(%peer, "plain HTTP on the TLS port refused"),
             Some(err) => log_handshake_failure(failed.reason, peer, err),
         }
-        self.metrics.handshake_error(failed.reason.label());
+        self.metrics.handshake_error(failed.reason);
         None
     }
 
@@ -329,7 +329,7 @@ impl Connection {
             }
             Err(err) => return Err(FailedHandshake::new(err, tcp)),
         }
-        let accepted = self.acceptor.accept(tcp).into_fallible().await;
+        let accepted = self.tls.acceptor().accept(tcp).into_fallible().await;
         accepted.map_err(|(err, tcp)| FailedHandshake::new(err, tcp))
     }
 
@@ -474,8 +474,10 @@ fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
 }
 
 /// Why a connection to the webhook port never completed its TLS handshake:
-/// the `reason` label of `node_holder_tls_handshake_errors_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the `reason` label of `node_holder_tls_handshake_errors_total`. Every
+/// reason shows at 0 from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum HandshakeFailure {
     PlainHttp,
     Timeout,
@@ -485,33 +487,6 @@ pub enum HandshakeFailure {
     IncompatibleClient,
     NotTls,
     Other,
-}
-
-impl HandshakeFailure {
-    /// Every reason, so the metric shows each at 0 from the start.
-    pub const ALL: [HandshakeFailure; 8] = [
-        Self::PlainHttp,
-        Self::Timeout,
-        Self::NoClientCertificate,
-        Self::ClientCertificateRejected,
-        Self::CertificateRejected,
-        Self::IncompatibleClient,
-        Self::NotTls,
-        Self::Other,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::PlainHttp => "plain-http",
-            Self::Timeout => "timeout",
-            Self::NoClientCertificate => "no-client-certificate",
-            Self::ClientCertificateRejected => "client-certificate-rejected",
-            Self::CertificateRejected => "certificate-rejected",
-            Self::IncompatibleClient => "incompatible-client",
-            Self::NotTls => "not-tls",
-            Self::Other => "other",
-        }
-    }
 }
 
 /// How long a client may take to send its TLS handshake.

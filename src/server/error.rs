@@ -26,40 +26,17 @@ pub enum WebhookError {
 }
 
 impl WebhookError {
-    /// The HTTP status it is answered with.
-    fn status(&self) -> StatusCode {
+    /// The HTTP status it is answered with, and its kind in a word or two:
+    /// the log line's `error` (the whole reason is its `detail`).
+    fn status(&self) -> (StatusCode, &'static str) {
         match self {
-            WebhookError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            WebhookError::NotJson { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            WebhookError::BadReview(_) => StatusCode::BAD_REQUEST,
-            WebhookError::Serialise(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    /// Its kind in a word or two, the log line's `error` (the whole
-    /// reason is its `detail`).
-    fn label(&self) -> &'static str {
-        match self {
-            WebhookError::BodyTooLarge { .. } => "body too large",
-            WebhookError::NotJson { .. } => "not JSON",
-            WebhookError::BadReview(_) => "not an AdmissionReview",
-            WebhookError::Serialise(_) => "serialising the AdmissionReview failed",
-        }
-    }
-
-    /// The declared body length, for the log line of a body too large.
-    fn content_length(&self) -> Option<u64> {
-        match self {
-            WebhookError::BodyTooLarge { length } => Some(*length),
-            _ => None,
-        }
-    }
-
-    /// The Content-Type sent, for the log line of a body not said to be JSON.
-    fn content_type(&self) -> Option<&str> {
-        match self {
-            WebhookError::NotJson { content_type } => Some(content_type),
-            _ => None,
+            WebhookError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
+            WebhookError::NotJson { .. } => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "not JSON"),
+            WebhookError::BadReview(_) => (StatusCode::BAD_REQUEST, "not an AdmissionReview"),
+            WebhookError::Serialise(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "serialising the AdmissionReview failed",
+            ),
         }
     }
 }
@@ -70,15 +47,19 @@ impl WebhookError {
 /// there is one, for queries that do not parse `detail`.
 impl IntoResponse for WebhookError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let (length, content_type) = (self.content_length(), self.content_type());
+        let (status, error) = self.status();
+        let (content_length, content_type) = match &self {
+            WebhookError::BodyTooLarge { length } => (Some(*length), None),
+            WebhookError::NotJson { content_type } => (None, Some(content_type.as_str())),
+            _ => (None, None),
+        };
         if status.is_server_error() {
-            tracing::error!(error = self.label(), detail = %self, "webhook request failed");
+            tracing::error!(error, detail = %self, "webhook request failed");
         } else {
             tracing::warn!(
-                error = self.label(),
+                error,
                 detail = %self,
-                content_length = length,
+                content_length,
                 content_type,
                 "webhook request refused"
             );

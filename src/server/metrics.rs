@@ -11,6 +11,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use strum::IntoEnumIterator;
+
+use super::HandshakeFailure;
 use crate::metrics::{CodeLabel, ReasonLabel, code_label, show_at_zero};
 
 /// The webhook's answers known in advance, shown at 0 from the start so a
@@ -101,11 +104,12 @@ pub struct TlsMetrics {
 }
 
 impl TlsMetrics {
-    /// The webhook port's TLS metrics, registered in `registry`, each of
-    /// `reasons` (the handshake failures' labels) shown at 0.
-    pub fn register(registry: &mut Registry, reasons: &[&'static str]) -> Self {
+    /// The webhook port's TLS metrics, registered in `registry`, each
+    /// handshake failure's reason shown at 0.
+    pub fn register(registry: &mut Registry) -> Self {
         let tls = TlsMetrics::default();
-        for &reason in reasons {
+        for reason in HandshakeFailure::iter() {
+            let reason = reason.into();
             show_at_zero(&tls.handshake_errors, ReasonLabel { reason });
         }
         registry.register(
@@ -127,8 +131,9 @@ impl TlsMetrics {
     }
 
     /// Counts a connection that never completed its TLS handshake, by its
-    /// reason's label.
-    pub fn handshake_error(&self, reason: &'static str) {
+    /// reason.
+    pub fn handshake_error(&self, reason: HandshakeFailure) {
+        let reason = reason.into();
         self.handshake_errors
             .get_or_create(&ReasonLabel { reason })
             .inc();

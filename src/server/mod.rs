@@ -3,8 +3,6 @@
 mod connection;
 mod error;
 pub mod metrics;
-#[cfg(test)]
-mod tests;
 pub mod tls;
 
 pub use connection::{HandshakeFailure, TlsServing, drain_time, per_source, serve_tls};
@@ -198,7 +196,7 @@ fn audit(decision: &Decision, started: Instant) {
         operation = %r.operation,
         user = %r.user,
         dry_run = r.dry_run,
-        decision = decision.outcome.label(),
+        decision = <&str>::from(&decision.outcome),
         patched,
         holds = %holds,
         latency_us = started.elapsed().as_micros() as u64,
@@ -269,3 +267,6 @@ pub async fn serve_admin(
         .await
         .context("admin server")
 }
+
+#[cfg(test)]
+mod tests;
