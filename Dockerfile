@@ -13,6 +13,10 @@
 # The chart runs it as `node-holder serve` with a read-only root filesystem.
 
 FROM --platform=$BUILDPLATFORM docker.io/library/rust:1.95-bookworm AS build
+# cargo-auditable embeds the binary's dependency list (crates and versions) in
+# the binary itself, where the SBOM scanner (buildx --sbom) reads it. Before
+# TARGETARCH: one layer for every platform.
+RUN cargo install cargo-auditable --locked --version 0.7.7
 ARG TARGETARCH
 WORKDIR /src
 COPY docker/rust-target.sh /usr/local/bin/rust-target
@@ -36,7 +40,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     set -eu; \
     target_env="$(rust-target "$TARGETARCH")"; eval "$target_env"; \
-    cargo build --release --locked --package node-holder --bin node-holder --target "$RUST_TARGET"; \
+    cargo auditable build --release --locked --package node-holder --bin node-holder --target "$RUST_TARGET"; \
     install -D -m 0755 "target/$RUST_TARGET/release/node-holder" /out/node-holder
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -335,6 +335,13 @@ fn the_dockerfile_cross_compiles_every_platform_the_release_builds() {
         "the toolchain and the build both take the target from rust-target"
     );
     assert!(dockerfile.contains(r#"--target "$RUST_TARGET""#));
+    // The binary carries its crates for the SBOM scan (buildx --sbom).
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("cargo auditable build --release --locked")),
+        "the binary is built by cargo auditable"
+    );
     assert!(dockerfile.contains(r#"target/$RUST_TARGET/release/node-holder"#));
     // The runtime stage copies the binary and runs nothing: no emulator needed
     // for a platform the runner is not.
