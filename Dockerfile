@@ -1,20 +1,47 @@
 # syntax=docker/dockerfile:1
-# node-holder's container image: a static-ish Rust build on Debian 12, run on
-# distroless (glibc, CA certificates, no shell) as the non-root user 65532.
+# node-holder's container image: a Rust build on Debian 12, run on distroless
+# (glibc, CA certificates, no shell) as the non-root user 65532.
 #
 #   docker build -t node-holder:0.1.0 .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/node-holder:0.1.0 --push .
 #
+# The build stage runs on the builder's own platform (BUILDPLATFORM) and
+# cross-compiles for the image's (TARGETARCH) with Debian's cross toolchain
+# (docker/rust-target.sh says which): no emulation, and a multi-platform build
+# runs the compiler natively for every platform. The release workflow
+# (.github/workflows/release.yml) builds linux/amd64 and linux/arm64.
 # The chart runs it as `node-holder serve` with a read-only root filesystem.
 
-FROM docker.io/library/rust:1.95-bookworm AS build
+FROM --platform=$BUILDPLATFORM docker.io/library/rust:1.95-bookworm AS build
+# cargo-auditable embeds the binary's dependency list (crates and versions) in
+# the binary itself, where the SBOM scanner (buildx --sbom) reads it. Before
+# TARGETARCH: one layer for every platform.
+RUN cargo install cargo-auditable --locked --version 0.7.7
+ARG TARGETARCH
 WORKDIR /src
+COPY docker/rust-target.sh /usr/local/bin/rust-target
+# The target's standard library, and the cross compiler and C library when
+# the target's architecture is not the builder's (ring compiles C and
+# assembly for the target).
+RUN set -eu; \
+    target_env="$(rust-target "$TARGETARCH")"; eval "$target_env"; \
+    if [ "$(dpkg --print-architecture)" != "$TARGETARCH" ]; then \
+      apt-get update; \
+      apt-get install -y --no-install-recommends $CROSS_PACKAGES; \
+      rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    rustup target add "$RUST_TARGET"
 # The whole workspace: Cargo resolves every member's manifest (and the
 # benches the root manifest declares) even to build one binary.
 COPY . .
-RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target \
-    cargo build --release --locked --package node-holder --bin node-holder \
-    && install -D -m 0755 target/release/node-holder /out/node-holder
+# One target directory for every platform: Cargo's own lock orders the
+# platforms' builds, and each writes under target/<triple>/.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    set -eu; \
+    target_env="$(rust-target "$TARGETARCH")"; eval "$target_env"; \
+    cargo auditable build --release --locked --package node-holder --bin node-holder --target "$RUST_TARGET"; \
+    install -D -m 0755 "target/$RUST_TARGET/release/node-holder" /out/node-holder
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/node-holder /usr/local/bin/node-holder

@@ -5,7 +5,8 @@
 //! and placement (shared by the hooks' pods), the checks of what the cluster
 //! serves (cert-manager, the Prometheus Operator, EKS Auto Mode), the
 //! ServiceMonitor's relabelings and the alerts' runbook URLs, the `helm test`
-//! hook, NOTES.txt and the chart's metadata:
+//! hook, NOTES.txt, the chart's metadata, and the image (`image.registry`,
+//! `image.repository`, `image.tag`, `image.digest`: the digest wins):
 //! - each value's default, and its effect when set, in the rendered objects;
 //! - the values schema refuses a wrong type for each;
 //! - the objects rendered with them are accepted by the API server, and the
@@ -532,6 +533,111 @@ fn assert_placed_alike(objects: &[Value]) -> &Value {
         }
     }
     deployment
+}
+
+/// A digest of the form `sha256:<64 hex digits>`.
+const DIGEST: &str = "sha256:4f0e6a5c2b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f";
+
+/// The image every pod of the chart runs, checked to be one.
+fn image_of(values: &[&str]) -> String {
+    let objects = render(values);
+    let images: Vec<&Value> = every_pod_spec(&objects)
+        .iter()
+        .map(|(_, spec)| &spec["containers"][0]["image"])
+        .collect();
+    assert!(
+        images.iter().all(|i| *i == images[0]),
+        "{values:?}: {images:?}"
+    );
+    images[0].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_image_is_the_registry_and_repository_at_the_digest_or_else_the_tag_in_every_pod() {
+    // The default: the repository at the chart's appVersion.
+    assert_eq!(image_of(&[]), "node-holder:0.1.0");
+    assert_eq!(image_of(&["--set=image.tag=v9"]), "node-holder:v9");
+    // The registry goes before the repository.
+    let release = [
+        "--set=image.registry=ghcr.io",
+        "--set=image.repository=owner/node-holder",
+    ];
+    assert_eq!(image_of(&release), "ghcr.io/owner/node-holder:0.1.0");
+    // A registry with a port, and a repository that names its registry
+    // itself, as before image.registry.
+    assert_eq!(
+        image_of(&[
+            "--set=image.registry=127.0.0.1:5000",
+            "--set=image.tag=1.2.3-rc.1"
+        ]),
+        "127.0.0.1:5000/node-holder:1.2.3-rc.1"
+    );
+    assert_eq!(
+        image_of(&["--set=image.repository=127.0.0.1:5000/charts/node-holder"]),
+        "127.0.0.1:5000/charts/node-holder:0.1.0"
+    );
+    // The digest wins over the tag, given or not: nothing but the digest
+    // decides what runs.
+    let digest = format!("--set=image.digest={DIGEST}");
+    assert_eq!(
+        image_of(&[&release[..], &[digest.as_str()]].concat()),
+        format!("ghcr.io/owner/node-holder@{DIGEST}")
+    );
+    assert_eq!(
+        image_of(&[&release[..], &["--set=image.tag=v9", digest.as_str()]].concat()),
+        format!("ghcr.io/owner/node-holder@{DIGEST}")
+    );
+    assert_eq!(
+        image_of(&[digest.as_str()]),
+        format!("node-holder@{DIGEST}")
+    );
+    // Without a repository there is no image, whatever else is given.
+    let err = try_render(&[
+        "--set=image.repository=",
+        "--set=image.registry=ghcr.io",
+        &digest,
+    ])
+    .expect_err("an image without a repository renders");
+    assert!(err.contains("image.repository is required"), "{err}");
+}
+
+#[test]
+fn the_schema_refuses_an_image_reference_in_the_wrong_value() {
+    for (value, says) in [
+        // A tag or a digest in the repository: they have values of their own.
+        (
+            "--set=image.repository=node-holder:0.1.0",
+            "at '/image/repository'",
+        ),
+        (
+            "--set=image.repository=node-holder@sha256:0123",
+            "at '/image/repository'",
+        ),
+        ("--set=image.repository=charts/", "at '/image/repository'"),
+        // A registry is a host and a port, not an address or a path.
+        (
+            "--set=image.registry=https://ghcr.io",
+            "at '/image/registry'",
+        ),
+        ("--set=image.registry=ghcr.io/owner", "at '/image/registry'"),
+        ("--set=image.registry=ghcr.io/", "at '/image/registry'"),
+        // A digest is sha256 and 64 lower-case hex digits.
+        ("--set=image.digest=sha256:0123", "at '/image/digest'"),
+        ("--set=image.digest=latest", "at '/image/digest'"),
+        (
+            "--set=image.digest=4f0e6a5c2b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f",
+            "at '/image/digest'",
+        ),
+        ("--set=image.tag=v1@sha256", "at '/image/tag'"),
+        ("--set=image.tag=-rc", "at '/image/tag'"),
+        (
+            "--set=image.pin=true",
+            "additional properties 'pin' not allowed",
+        ),
+    ] {
+        let err = try_render(&[value]).expect_err(&format!("{value} renders"));
+        assert!(err.contains(says), "{value}: {err}");
+    }
 }
 
 #[test]
@@ -1068,6 +1174,9 @@ fn everything_set() -> Vec<&'static str> {
         "--set-json=metrics.serviceMonitor.metricRelabelings=[{\"sourceLabels\":[\"__name__\"],\"regex\":\"go_.*\",\"action\":\"drop\"}]",
         "--set=metrics.prometheusRule.enabled=true",
         "--set=metrics.prometheusRule.runbookUrlBase=https://wiki.example/runbooks/node-holder",
+        "--set=image.registry=ghcr.io",
+        "--set=image.repository=owner/node-holder",
+        "--set=image.digest=sha256:4f0e6a5c2b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f3a8c6b4d2e0f1a3c5b7d9e1f",
     ]
 }
 

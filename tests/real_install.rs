@@ -1,8 +1,13 @@
-//! The chart installed as a user installs it, on the real node, for real
-//! (issue 39): `helm install` of `chart/` with node-holder's image from a
-//! local registry, placed on the real node by the chart's own `nodeSelector`
-//! and `tolerations` values, TLS by cert-manager (its controller and CA
-//! injector as processes, as in `tests/install_cert_manager.rs`).
+//! The chart installed as a user installs a release, on the real node, for
+//! real (issue 39): node-holder's image and the chart are published to one
+//! local OCI registry as the release workflow publishes them (the image
+//! pushed, the chart packaged and pushed by the workflow's own
+//! `.github/scripts/publish-chart.sh`), and `helm install` takes the chart
+//! from `oci://` by its digest, with the image pinned by its digest too
+//! (`image.registry`, `image.repository`, `image.digest`). The pods are placed
+//! on the real node by the chart's own `nodeSelector` and `tolerations`
+//! values, TLS by cert-manager (its controller and CA injector as processes,
+//! as in `tests/install_cert_manager.rs`).
 //!
 //! Nothing between helm and the kubelet is made by hand: the Deployment and
 //! ReplicaSet controllers make the pods, kube-scheduler places them, the
@@ -98,15 +103,50 @@ async fn install_test_uninstall() {
         .unwrap();
     assert!(pushed.ends_with(&layout.manifest_digest), "{pushed}");
     node.trust_registry(registry.host()).unwrap();
-    log("node Ready and image pushed");
+    // The image by digest: what the pods must run, whatever a tag says.
+    let image = format!("{repository}@{}", layout.manifest_digest);
+
+    // The chart, as the release workflow publishes it: packaged at the
+    // release's version and pushed to the same registry, named by digest.
+    let version = chart_version();
+    let charts = format!("oci://{}/charts", registry.host());
+    let published = tokio::task::spawn_blocking({
+        let (version, charts) = (version.clone(), charts.clone());
+        move || install::publish_chart(&version, &charts, &["--plain-http"])
+    })
+    .await
+    .unwrap();
+    let chart = String::from_utf8_lossy(&published.stdout)
+        .trim()
+        .to_string();
+    assert!(
+        published.status.success(),
+        "{}",
+        testsupport::output_text(&published)
+    );
+    let chart_digest = chart
+        .strip_prefix(&format!("{charts}/node-holder@"))
+        .unwrap_or_else(|| panic!("not the chart by digest: {chart}"))
+        .to_string();
+    assert_eq!(
+        registry
+            .crane(&[
+                "digest",
+                &format!("{}/charts/node-holder:{version}", registry.host())
+            ])
+            .unwrap(),
+        chart_digest
+    );
+    log("node Ready, image and chart pushed");
 
     // Every pod of the namespace as it changes, to see the hooks' pods,
     // which helm deletes once they succeed.
     let seen = watch_pods(admin.clone());
 
-    // `helm install`, as a user runs it: the image from the registry, the
-    // pods pinned to the real node with the chart's placement values, TLS by
-    // cert-manager (the chart's default).
+    // `helm install`, as a user runs it: the chart from the registry by its
+    // digest, the image from the registry by its own, the pods pinned to the
+    // real node with the chart's placement values, TLS by cert-manager (the
+    // chart's default).
     let placement = format!(
         "--set-json=nodeSelector={}",
         json!({REAL_NODE_LABEL: "true"})
@@ -120,12 +160,14 @@ async fn install_test_uninstall() {
         &[
             "install",
             RELEASE,
-            install::chart().to_str().unwrap(),
+            &chart,
+            "--plain-http",
             "--namespace",
             NAMESPACE,
             "--create-namespace",
-            &format!("--set=image.repository={repository}"),
-            &format!("--set=image.tag={tag}"),
+            &format!("--set=image.registry={}", registry.host()),
+            "--set=image.repository=node-holder",
+            &format!("--set=image.digest={}", layout.manifest_digest),
             &placement,
             &tolerations,
             HELM_TIMEOUT,
@@ -133,6 +175,26 @@ async fn install_test_uninstall() {
     )
     .await;
     log("helm install done");
+    // The release is the published chart: its version, and the values that
+    // pin the image.
+    let metadata: Value = serde_json::from_str(
+        &helm(
+            &cp,
+            &[
+                "get",
+                "metadata",
+                RELEASE,
+                "--namespace",
+                NAMESPACE,
+                "-o",
+                "json",
+            ],
+        )
+        .await,
+    )
+    .unwrap();
+    assert_eq!(metadata["chart"], "node-holder", "{metadata}");
+    assert_eq!(metadata["version"], version.as_str(), "{metadata}");
 
     // The Deployment's replicas, made by the ReplicaSet controller, placed
     // by the scheduler on the real node, Ready by their probes.
@@ -170,6 +232,13 @@ async fn install_test_uninstall() {
         assert_eq!(pod["spec"]["nodeName"], node.name(), "{name}");
         let owner = &pod["metadata"]["ownerReferences"][0];
         assert_eq!(owner["kind"], "ReplicaSet", "{name}: {owner}");
+        // The image by digest, as the values pinned it, and the image the
+        // kubelet ran is that digest.
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            image.as_str(),
+            "{name}"
+        );
         let status = &pod["status"]["containerStatuses"][0];
         assert_eq!(status["ready"], true, "{name}: {status}");
         assert!(
@@ -371,6 +440,14 @@ async fn install_test_uninstall() {
     let after = nodes.get("via-helm-install").await.unwrap();
     assert!(!held(&after), "{after:?}");
     log("nothing of node-holder's is left; done");
+}
+
+/// The chart's version (`chart/Chart.yaml`): what a release of this checkout
+/// publishes.
+fn chart_version() -> String {
+    let text = std::fs::read_to_string(install::chart().join("Chart.yaml")).unwrap();
+    let chart = &testenv::parse_manifests(&text).unwrap()[0];
+    chart["version"].as_str().unwrap().to_string()
 }
 
 /// Runs the pinned helm against `cp` as the admin; fails with its output

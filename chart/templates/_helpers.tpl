@@ -54,10 +54,21 @@ one of yours, which must then be named.
 {{- end }}
 {{- end }}
 
-{{/* node-holder's image: the Deployment's, and the hooks' too. */}}
+{{/*
+node-holder's image: the Deployment's, and the hooks' too.
+`[registry/]repository@digest` when a digest is given (it wins over the tag),
+else `[registry/]repository:tag` (the tag defaults to the appVersion).
+*/}}
 {{- define "node-holder.image" -}}
-{{- $repository := required "image.repository is required: the registry and repository you pushed node-holder's image to (it is not published anywhere by default)" .Values.image.repository }}
+{{- $repository := required "image.repository is required: the repository you pushed node-holder's image to, with its registry or with image.registry (it is not published anywhere by default)" .Values.image.repository }}
+{{- with .Values.image.registry }}
+{{- $repository = printf "%s/%s" . $repository }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -406,6 +406,8 @@ pub struct InstallTools {
     /// crane, from the pinned go-containerregistry module (the local OCI
     /// registry the chart and the image are pushed to).
     pub crane: PathBuf,
+    /// actionlint, from its pinned module (the release workflow's lint).
+    pub actionlint: PathBuf,
 }
 
 /// Builds helm and cert-manager and fetches cert-manager's source if needed:
@@ -418,6 +420,7 @@ pub fn ensure_install_tools() -> Result<InstallTools> {
         kubectl: ensure_kubectl_built()?,
         promtool: ensure_promtool_built()?,
         crane: ensure_crane_built()?,
+        actionlint: ensure_actionlint_built()?,
     })
 }
 
@@ -666,6 +669,33 @@ pub fn ensure_crane_built() -> Result<PathBuf> {
         }],
     )?;
     Ok(out.join("crane"))
+}
+
+// ---------------------------------------------------------------------------
+// actionlint: the GitHub Actions workflows (`.github/workflows/`) checked as
+// GitHub reads them, their `run:` scripts by shellcheck.
+
+const ACTIONLINT_MODULE: &str = "github.com/rhysd/actionlint";
+const ACTIONLINT_PKG: &str = "github.com/rhysd/actionlint/cmd/actionlint";
+
+/// Returns the path of actionlint from its pinned module
+/// (`testenv/tools/actionlint`), building it first if needed (about 20 s).
+pub fn ensure_actionlint_built() -> Result<PathBuf> {
+    let module = tool_module_dir("actionlint");
+    let version = required_version(&module, ACTIONLINT_MODULE)?;
+    // As actionlint's release build stamps it, so `actionlint -version`
+    // tells the pin.
+    let stamp = format!("-X {ACTIONLINT_MODULE}.version={version}");
+    let out = ensure_tools_built(
+        "actionlint",
+        &module,
+        &[GoTool {
+            package: ACTIONLINT_PKG,
+            binary: "actionlint",
+            ldflags: &stamp,
+        }],
+    )?;
+    Ok(out.join("actionlint"))
 }
 
 // ---------------------------------------------------------------------------

@@ -36,7 +36,6 @@ use rcgen::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-pub use binaries::ensure_crane_built;
 pub use binaries::{Binaries, ensure_built, kubernetes_version, module_dir};
 pub use binaries::{
     CertManagerBinaries, ClusterBinaries, GoTool, InstallTools, OHA_VERSION, cert_manager_crds,
@@ -50,6 +49,7 @@ pub use binaries::{
     KubeComponents, RealNodeBinaries, ensure_kube_components_built, ensure_kubelet_built,
     ensure_real_node_built, kubelet_module_dir,
 };
+pub use binaries::{ensure_actionlint_built, ensure_crane_built};
 pub use karpenter::{
     ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL, POD_CPU,
     filler_cronjob, filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool,

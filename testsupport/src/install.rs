@@ -60,6 +60,28 @@ pub fn helm() -> Command {
     cmd
 }
 
+/// Runs `.github/scripts/publish-chart.sh` (the release workflow's chart
+/// step: `helm package` at `version`, `helm push` to `repository`,
+/// `oci://HOST/PATH`) with the pinned helm and its homes, `push_flags` going
+/// to `helm push`: its output, whose standard output names the pushed chart
+/// by digest, `oci://HOST/PATH/node-holder@sha256:...`.
+pub fn publish_chart(version: &str, repository: &str, push_flags: &[&str]) -> std::process::Output {
+    let helm = helm();
+    let mut command = Command::new(repo().join(".github/scripts/publish-chart.sh"));
+    for (key, value) in helm.get_envs() {
+        if let Some(value) = value {
+            command.env(key, value);
+        }
+    }
+    command
+        .env("HELM", helm.get_program())
+        .arg(version)
+        .arg(repository)
+        .args(push_flags)
+        .output()
+        .expect("publish-chart.sh runs")
+}
+
 /// The image the tests' releases name (the chart requires one): `args`
 /// that set `image.repository` themselves win, as they come after it.
 pub const IMAGE: &str = "--set=image.repository=node-holder";

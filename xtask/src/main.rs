@@ -85,7 +85,7 @@ fn test() -> Result<()> {
         testenv::ensure_built().map(|_| ())
     })?;
     step(
-        "building helm and cert-manager, fetching cert-manager's CRDs",
+        "building helm, cert-manager, kubectl, promtool, crane and actionlint, fetching cert-manager's CRDs",
         || testenv::ensure_install_tools().map(|_| ()),
     )?;
     step(
