@@ -11,11 +11,9 @@ use crate::core::names::{is_label_value, is_qualified_name};
 use crate::telemetry::LogFormat;
 
 mod commands;
-mod reference;
 mod serve;
 
 pub use commands::*;
-pub use reference::reference_markdown;
 pub use serve::*;
 
 /// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
