@@ -92,14 +92,15 @@ pub fn due_warms<'a>(
             };
             let ready = ready.get(run.cronjob.as_str()).copied().unwrap_or(0);
             let nodes = run.nodes.saturating_sub(ready);
-            if nodes == 0 || run.shape.is_none() {
+            let pods = run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1));
+            if pods == 0 || run.shape.is_none() {
                 continue;
             }
             warms.push(Warm {
                 run,
                 group,
                 nodes,
-                pods: run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1)),
+                pods,
                 name: placeholder_name(uid, run.at),
             });
         }
@@ -401,12 +402,15 @@ mod tests {
     }
 
     #[test]
-    fn a_run_without_a_uid_or_a_pod_template_is_not_warmed() {
+    fn a_run_without_a_uid_a_pod_template_or_pods_is_not_warmed() {
         let mut no_uid = run(600, 1, 1);
         no_uid.uid = None;
         let mut no_shape = run(600, 1, 1);
         no_shape.shape = None;
-        let known = known(vec![no_uid, no_shape]);
+        // The two-schedules day's log showed a warm of "0 of 0 placeholder
+        // pod(s)": a run known by its nodes but not its pods asks for none.
+        let no_pods = run(600, 1, 0);
+        let known = known(vec![no_uid, no_shape, no_pods]);
         assert!(due_warms(&known, &BTreeMap::new(), LEAD, t(500)).is_empty());
     }
 
