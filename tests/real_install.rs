@@ -16,9 +16,12 @@
 //! reaches the API server in-cluster, at the `kubernetes` Service's ClusterIP.
 //! The pods turn Ready by their probes, one leads (the Lease), and a Node
 //! CREATE is held by the webhook through the chart's Service (kube-proxy's
-//! rules). `helm test` runs its `self-check` Pod on the real node, and `helm
-//! uninstall` its pre-delete Job (`node-holder uninstall`) there too, after
-//! which nothing of node-holder's is left in the cluster.
+//! rules). `helm test` runs its `self-check` Pod on the real node. A drain of
+//! the node (cordon, then the Eviction API) honours the chart's
+//! PodDisruptionBudget: one replica goes, the other is refused while its
+//! replacement has nowhere to run, and new nodes are still held. `helm
+//! uninstall` runs its pre-delete Job (`node-holder uninstall`) on the real
+//! node too, after which nothing of node-holder's is left in the cluster.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +33,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use testenv::{ControlPlane, LocalRegistry, REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode};
@@ -375,6 +378,9 @@ async fn install_test_uninstall() {
     ran_on_the_real_node(&seen, &node, |name| name == test_pod);
     log("helm test passed");
 
+    a_drain_honours_the_disruption_budget(&node, &mut cert_manager, &admin, &names).await;
+    log("a drain honoured the PodDisruptionBudget");
+
     // `helm uninstall`: the pre-delete hook Job runs `node-holder uninstall`
     // on the real node, then helm deletes the release.
     if let Err(err) = try_helm(
@@ -547,6 +553,74 @@ fn ran_on_the_real_node(
 
 /// Polls `check` every 500 ms until it returns something, up to [`LIMIT`];
 /// fails with `what` and the node's logs. cert-manager must keep running.
+/// A drain of the real node, as `kubectl drain` makes it: the node cordoned,
+/// then each of node-holder's replicas evicted through the Eviction API. The
+/// chart's PodDisruptionBudget (`minAvailable: 1`) lets one go and refuses
+/// the other (429) while its replacement has nowhere to run; the one left
+/// keeps holding new nodes. Uncordoned, the replacement runs and the budget
+/// lets the other go too.
+async fn a_drain_honours_the_disruption_budget(
+    node: &RealNode,
+    cert_manager: &mut CertManager,
+    admin: &kube::Client,
+    replicas: &[&str],
+) {
+    let [first, second] = replicas else {
+        panic!("the chart runs two replicas by default: {replicas:?}");
+    };
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let cordon = |unschedulable: bool| {
+        let patch = json!({"spec": {"unschedulable": unschedulable}});
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(node.name(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    cordon(true).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    // The budget's status comes from the disruption controller: the first
+    // eviction goes once it has counted both replicas Ready.
+    until(node, cert_manager, "the first replica evicted", || async {
+        pods.evict(first, &EvictParams::default()).await.ok()
+    })
+    .await;
+    match pods.evict(second, &EvictParams::default()).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 429, "{status:?}");
+            assert!(status.message.contains("disruption budget"), "{status:?}");
+        }
+        other => panic!("the second replica's eviction was not refused: {other:?}"),
+    }
+    // The Service's endpoints follow the eviction: a Node CREATE comes back
+    // held through the replica left.
+    until(
+        node,
+        cert_manager,
+        "a dry-run Node held during the drain",
+        || async {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            let probe = nodes
+                .create(&dry_run, &testsupport::node("during-the-drain"))
+                .await
+                .unwrap();
+            held(&probe).then_some(())
+        },
+    )
+    .await;
+
+    cordon(false).await;
+    until(node, cert_manager, "the second replica evicted", || async {
+        pods.evict(second, &EvictParams::default()).await.ok()
+    })
+    .await;
+}
+
 async fn until<T, F, Fut>(
     node: &RealNode,
     cert_manager: &mut CertManager,

@@ -15,7 +15,9 @@
 //!   the Ready node; the namespaces' `default` ServiceAccounts and their
 //!   `kube-root-ca.crt` ConfigMap (the control plane's CA), which pods'
 //!   projected ServiceAccount volumes mount (with a control plane started
-//!   with [`SERVICE_ACCOUNTS`](crate::SERVICE_ACCOUNTS)).
+//!   with [`SERVICE_ACCOUNTS`](crate::SERVICE_ACCOUNTS)); the disruption
+//!   controller counting what each PodDisruptionBudget allows, which the
+//!   Eviction API reads.
 //! - kube-scheduler (as the admin) places pods that have no `nodeName`; pods
 //!   that tolerate the real node's taint can land there.
 //! - The `kubernetes` Service's EndpointSlice names the relay on the node's
@@ -57,7 +59,7 @@ use crate::{ControlPlane, ManagedChild, apply_objects, free_ports};
 const CONTROLLERS: &str = "endpointslice-controller,deployment-controller,\
 replicaset-controller,job-controller,garbage-collector-controller,\
 node-lifecycle-controller,serviceaccount-controller,\
-root-ca-certificate-publisher-controller";
+root-ca-certificate-publisher-controller,disruption-controller";
 
 /// How long kube-proxy may take for its first sync of the host's rules.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
