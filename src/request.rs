@@ -32,8 +32,8 @@ pub struct Handled {
 
 /// Waits for the live leader to carry out `request` (until `done` says so
 /// of the record). An error, saying what to do, when no leader lives (at
-/// the start, per `leader_alive`, or because it died meanwhile) or when it
-/// has not done it within `timeout`.
+/// the start, per `leader_alive`, or because it died meanwhile, and no
+/// standby took over) or when it has not done it within `timeout`.
 pub async fn await_leader(
     client: &kube::Client,
     namespace: &str,
@@ -42,7 +42,7 @@ pub async fn await_leader(
     leader_alive: bool,
     timeout: Duration,
 ) -> Result<Handled> {
-    if !leader_alive {
+    if !leader_alive && !leader_after_failover(client, namespace).await? {
         bail!("{}", no_leader(request));
     }
     let started = Instant::now();
@@ -50,18 +50,26 @@ pub async fn await_leader(
     let finished = await_condition(records, record::NAME, move |cm: Option<&ConfigMap>| {
         cm.is_some_and(|cm| done(&cm.metadata))
     });
-    tokio::select! {
-        finished = finished => {
-            finished.context("watching the record")?;
+    tokio::pin!(finished);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            finished = &mut finished => {
+                finished.context("watching the record")?;
+                break;
+            }
+            lost = no_live_leader(client, namespace, "carry it out") => {
+                lost?;
+                if !leader_after_failover(client, namespace).await? {
+                    bail!("the leader stopped before it was done; {}", no_leader(request));
+                }
+            }
+            () = &mut deadline => bail!(
+                "the leader has not carried out the request after {}; see its log",
+                humantime::format_duration(timeout)
+            ),
         }
-        lost = no_live_leader(client, namespace, "carry it out") => {
-            lost?;
-            bail!("the leader stopped before it was done; {}", no_leader(request));
-        }
-        () = tokio::time::sleep(timeout) => bail!(
-            "the leader has not carried out the request after {}; see its log",
-            humantime::format_duration(timeout)
-        ),
     }
     let leader = lease::read_holder(client, namespace).await?;
     Ok(Handled {
@@ -69,6 +77,39 @@ pub async fn await_leader(
         took: started.elapsed(),
     })
 }
+
+/// Whether a live leader holds the Lease, now or within three times the
+/// Lease's duration plus [`FAILOVER_SLACK`]: a failover (the old hold runs
+/// out, a standby takes the Lease) is not "no leader".
+async fn leader_after_failover(client: &kube::Client, namespace: &str) -> Result<bool> {
+    let holder = lease::read_holder(client, namespace).await?;
+    let duration = match holder.as_ref().map(|h| (h.renewed_at, h.live_until)) {
+        Some((Some(renewed), Some(until))) => {
+            Duration::try_from(until.duration_since(renewed)).unwrap_or_default()
+        }
+        _ => Duration::ZERO,
+    };
+    let grace = duration.saturating_mul(3).saturating_add(FAILOVER_SLACK);
+    let deadline = Instant::now() + grace;
+    let mut live = holder.as_ref().is_some_and(|h| !h.expired);
+    if !live {
+        println!(
+            "no live leader: waiting up to {} for one to take the Lease…",
+            humantime::format_duration(grace)
+        );
+    }
+    while !live && Instant::now() < deadline {
+        tokio::time::sleep(crate::retry::LEADER_POLL).await;
+        live = lease::read_holder(client, namespace)
+            .await?
+            .is_some_and(|h| !h.expired);
+    }
+    Ok(live)
+}
+
+/// Beyond three Lease durations, how long a command waits for a standby to
+/// take over before it says no leader lives.
+const FAILOVER_SLACK: Duration = Duration::from_secs(10);
 
 /// What a command says when no leader lives to carry out `request`.
 fn no_leader(request: Request) -> String {

@@ -308,9 +308,9 @@ async fn switching_modes_with_helm_and_uninstalling_leave_nothing_stale() {
     let created = create(&nodes, "after-uninstall", &[], &[]).await;
     assert!(!carries_anything_of_node_holders(&created));
     // The node held in policy mode keeps its hold: the window task, gone
-    // with the release, would have released it (`node-holder release`
-    // does it by hand).
-    let out = operator(&cp, &["release", "--namespace", NAMESPACE]);
+    // with the release, would have released it (with no leader left,
+    // `node-holder uninstall` does it by hand).
+    let out = operator(&cp, &["uninstall", "--namespace", NAMESPACE]);
     succeeded(&out);
     assert!(!carries_anything_of_node_holders(
         &nodes.get("after-switch").await.unwrap()
