@@ -567,12 +567,9 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
 
 #[test]
 fn the_dockerfile_builds_node_holder_for_a_non_root_user() {
-    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
-    let lines: Vec<&str> = dockerfile
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect();
+    let instructions = install::dockerfile_instructions();
+    let lines: Vec<&str> = instructions.iter().map(String::as_str).collect();
+    let dockerfile = instructions.join("\n");
     let stages: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FROM ")).collect();
     assert_eq!(stages.len(), 2, "multi-stage: {stages:?}");
     assert!(stages[1].contains("distroless"), "{}", stages[1]);

@@ -288,17 +288,7 @@ async fn install_test_uninstall() {
         &node,
         &mut cert_manager,
         "a dry-run Node held by the webhook",
-        || async {
-            let dry_run = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            let probe = nodes
-                .create(&dry_run, &testsupport::node("probe"))
-                .await
-                .unwrap();
-            held(&probe).then_some(())
-        },
+        || dry_run_held(&nodes, "probe"),
     )
     .await;
     // The caBundle is cert-manager's CA, injected by its cainjector; the
@@ -600,17 +590,7 @@ async fn a_drain_honours_the_disruption_budget(
         node,
         cert_manager,
         "a dry-run Node held during the drain",
-        || async {
-            let dry_run = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            let probe = nodes
-                .create(&dry_run, &testsupport::node("during-the-drain"))
-                .await
-                .unwrap();
-            held(&probe).then_some(())
-        },
+        || dry_run_held(&nodes, "during-the-drain"),
     )
     .await;
 
@@ -619,6 +599,20 @@ async fn a_drain_honours_the_disruption_budget(
         pods.evict(second, &EvictParams::default()).await.ok()
     })
     .await;
+}
+
+/// `Some` when a Node `name` created as a server-side dry run comes back
+/// held by the webhook.
+async fn dry_run_held(nodes: &Api<Node>, name: &str) -> Option<()> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let probe = nodes
+        .create(&dry_run, &testsupport::node(name))
+        .await
+        .unwrap();
+    held(&probe).then_some(())
 }
 
 async fn until<T, F, Fut>(

@@ -37,6 +37,18 @@ pub fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// The Dockerfile's instructions: its lines trimmed, without blank lines and
+/// comments.
+pub fn dockerfile_instructions() -> Vec<String> {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
 pub fn chart() -> PathBuf {
     repo().join("chart")
 }
