@@ -8,7 +8,7 @@
 use testsupport as common;
 use testsupport::karpenter;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -21,7 +21,7 @@ use testenv::Disruption;
 use common::policy;
 use common::window::{HOLD, annotate, at, held, sleep_until, window};
 use common::{Served, operator, register_webhook, serve, succeeded};
-use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND, condition_true};
+use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND};
 
 /// What one run of [`two_waves`] saw.
 struct TwoWaves {
@@ -244,52 +244,47 @@ async fn a_hold_a_user_put_on_a_karpenter_node_outlives_node_holders_release() {
     drop(served);
 }
 
+/// Drift is a change the operator made, not churn: a drifted node is
+/// released inside its window and Karpenter replaces it at once; the
+/// replacement, a new node, is held.
 #[tokio::test]
-async fn the_hold_blocks_drift_too_until_it_ends() {
+async fn a_drifted_node_is_released_inside_its_window_and_its_replacement_held() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
-    let hold = Duration::from_secs(45);
-    let _served = install_node_holder(&a, &["--hold-duration=45s"]).await;
+    let hold = Duration::from_secs(600);
+    let _served = install_node_holder(&a, &["--hold-duration=10m"]).await;
     let nodes = a.deployment("busy", 1).await;
     let drifting = nodes.first().unwrap().clone();
     let held_until: Timestamp = a.nodes_launched()[&drifting] + hold;
+    a.until("the new node held", KARPENTER_ROUND, async |a| {
+        carries_hold(a, &drifting).await
+    })
+    .await;
 
     drift_the_pool(&a).await;
     a.until(
-        "Karpenter sees the node drifted",
+        "node-holder releases the drifted node",
         KARPENTER_ROUND,
-        async |a| {
-            a.claims
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .any(|c| {
-                    c.data["status"]["nodeName"] == drifting.as_str()
-                        && condition_true(c, "Drifted")
-                })
-        },
+        async |a| !carries_hold(a, &drifting).await,
     )
     .await;
-    let drifted_at = Timestamp::now();
-    assert!(
-        drifted_at < held_until,
-        "drift seen at {drifted_at}, after the hold ended"
-    );
-
-    // Held, the drifted node stays; after the hold Karpenter replaces it.
+    let said = a.node_events(&drifting, "HoldReleased").await;
+    assert!(said.iter().any(|m| m.contains("drifted")), "{said:?}");
     a.until(
         "the drifted node replaced",
         KARPENTER_ROUND * 2,
         async |a| a.nodes_deleted().contains_key(&drifting),
     )
     .await;
-    let deleted: BTreeMap<String, Timestamp> = a.nodes_deleted();
+    let deleted = a.nodes_deleted()[&drifting];
     assert!(
-        deleted[&drifting] >= held_until,
-        "{deleted:?}, held until {held_until}"
+        deleted < held_until,
+        "deleted {deleted}, window until {held_until}"
     );
-    replaced_for_drift(&mut a, &drifting).await;
+    let replacement = replaced_for_drift(&mut a, &drifting).await;
+    assert!(
+        carries_hold(&a, &replacement).await,
+        "the replacement {replacement} is a new node of the window: held"
+    );
 }
 
 /// Karpenter said it disrupted `drifted` for drift, and the `busy` pod runs
@@ -324,137 +319,62 @@ async fn drift_the_pool(a: &Autoscaled) {
         .unwrap();
 }
 
-/// The test's own finalizer: it keeps a Node object that Karpenter is
-/// deleting until the test has looked at it.
-const KEEP: &str = "test.node-holder.dev/keep";
-
-/// Adds (`keep`) or removes the test's [`KEEP`] finalizer on `node`, leaving
-/// Karpenter's finalizers as they are.
-async fn keep_node(a: &Autoscaled, node: &str, keep: bool) {
-    let patch = if keep {
-        json!({"metadata": {"finalizers": [KEEP]}})
-    } else {
-        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [KEEP]}})
-    };
-    a.nodes
-        .patch(node, &PatchParams::default(), &Patch::Strategic(patch))
-        .await
-        .unwrap();
-}
-
-/// Whether Karpenter has chosen `node` for a disruption it is carrying out:
-/// its `karpenter.sh/disrupted` taint, put on before any replacement.
-async fn being_disrupted(a: &Autoscaled, node: &str) -> bool {
-    let node = a.nodes.get(node).await.unwrap();
-    node.spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .iter()
-        .any(|t| t.key == "karpenter.sh/disrupted")
-}
-
 async fn carries_hold(a: &Autoscaled, node: &str) -> bool {
     a.nodes
-        .get(node)
+        .get_opt(node)
         .await
         .unwrap()
-        .metadata
-        .annotations
+        .and_then(|n| n.metadata.annotations)
         .is_some_and(|an| an.get(HOLD).is_some_and(|v| v == "true"))
 }
 
+/// A rolling drift is not held up by the windows its replacements open:
+/// each replacement is a new node and opens (or extends) the window, but
+/// the drifted nodes waiting their turn are not held by it, so Karpenter
+/// replaces them one after another (its 10% budget), all inside the first
+/// replacement's window.
 #[tokio::test]
-async fn a_drift_replacement_opens_the_window_the_node_being_replaced_goes_anyway_the_next_waits() {
+async fn a_rolling_drift_goes_on_through_the_window_its_replacements_open() {
     let mut a = Autoscaled::start(&Disruption::default()).await;
     let nodes = a.deployment("busy", 2).await;
     assert_eq!(nodes.len(), 2, "one node a pod: {nodes:?}");
-    // Older than the hold when node-holder starts, so no window holds them.
-    let hold = Duration::from_secs(45);
-    let launched = a.nodes_launched();
-    let newest = nodes.iter().map(|n| launched[n]).max().unwrap();
-    sleep_until(newest + hold + Duration::from_secs(1)).await;
-    let _served = install_node_holder(&a, &["--hold-duration=45s"]).await;
+    let _served = install_node_holder(&a, &["--hold-duration=10m"]).await;
     let records = records(&a);
-    for node in &nodes {
-        keep_node(&a, node, true).await;
-    }
 
-    // Both nodes drift; Karpenter replaces one at a time (its 10% budget).
     drift_the_pool(&a).await;
-    let mut replaced = String::new();
     a.until(
-        "Karpenter starts replacing a drifted node",
+        "the first replacement opens a window",
         KARPENTER_ROUND * 2,
-        async |a| {
-            for node in &nodes {
-                if being_disrupted(a, node).await {
-                    replaced = node.clone();
-                    return true;
-                }
-            }
-            false
-        },
-    )
-    .await;
-    let waiting = nodes.iter().find(|n| **n != replaced).unwrap().clone();
-
-    // The replacement is a new node: its CREATE opens the window, and
-    // node-holder holds every node, the one being replaced included.
-    a.until(
-        "the replacement opens a window",
-        KARPENTER_ROUND,
         async |_| at(&window(&records).await, "/open/deadline").is_some(),
     )
     .await;
     let deadline = at(&window(&records).await, "/open/deadline").unwrap();
     a.until(
-        "node-holder holds both drifted nodes",
-        KARPENTER_ROUND,
-        async |a| carries_hold(a, &replaced).await && carries_hold(a, &waiting).await,
+        "both drifted nodes replaced",
+        KARPENTER_ROUND * 3,
+        async |a| {
+            let deleted = a.nodes_deleted();
+            nodes.iter().all(|n| deleted.contains_key(n))
+        },
     )
     .await;
-    // On a busy machine Karpenter may have begun on the other node too before
-    // the replacement's CREATE opened the window (its budget counted the first
-    // replacement late): it taints a node when it begins, and a disruption
-    // begun goes on whatever the hold says. Then that is what is checked.
-    let begun_before_the_hold = being_disrupted(&a, &waiting).await;
-
-    // Karpenter does not look at a hold again once it has started: the
-    // node being replaced goes inside the window, the other one waits.
-    a.until(
-        "the node being replaced deleted",
-        KARPENTER_ROUND,
-        async |a| a.nodes_deleted().contains_key(&replaced),
-    )
-    .await;
-    assert!(
-        a.nodes_deleted()[&replaced] < deadline,
-        "window until {deadline}"
-    );
-    let said = a.node_events(&replaced, "DisruptionTerminating").await;
-    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
-    keep_node(&a, &replaced, false).await;
-    // (Whether Karpenter's DisruptionBlocked Event names the hold for the
-    // waiting node is not asserted: it says one reason per node per two
-    // minutes, and the first can be its budget, taken by the replacement.)
-
-    // After the window Karpenter replaces the other drifted node.
-    a.until(
-        "the waiting node replaced",
-        KARPENTER_ROUND * 2,
-        async |a| a.nodes_deleted().contains_key(&waiting),
-    )
-    .await;
-    let deleted = a.nodes_deleted()[&waiting];
-    if begun_before_the_hold {
-        eprintln!("Karpenter began on {waiting} before the hold: it went at {deleted}");
-    } else {
+    let deleted = a.nodes_deleted();
+    for node in &nodes {
         assert!(
-            deleted >= deadline,
-            "deleted {deleted}, window until {deadline}"
+            deleted[node] < deadline,
+            "{node} deleted {}, window until {deadline}",
+            deleted[node]
+        );
+        let said = a.node_events(node, "DisruptionTerminating").await;
+        assert!(
+            said.iter().any(|m| m.contains("Drifted")),
+            "{node}: {said:?}"
         );
     }
-    keep_node(&a, &waiting, false).await;
+    let now_running = a.running_nodes("busy").await;
+    for node in &now_running {
+        assert!(carries_hold(&a, node).await, "replacement {node} held");
+    }
 }
 
 #[tokio::test]

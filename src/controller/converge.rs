@@ -12,6 +12,11 @@ impl WindowTask {
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
+        let drifted = self
+            .drift
+            .as_ref()
+            .map(drift::DriftWatch::nodes)
+            .unwrap_or_default();
         let planner = &Planner {
             windows: &self.windows,
             cfg: &self.config.window,
@@ -20,6 +25,7 @@ impl WindowTask {
             kept: self.config.schedule.map(|_| &self.kept),
             explained: self.config.schedule.map(|_| &self.explained),
             pool_budgets,
+            drifted: &drifted,
         };
         let metas = || snapshot.iter().map(|node| &**node);
         // Which nodes change is decided first (their patches are dropped at

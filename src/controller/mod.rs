@@ -7,6 +7,7 @@
 mod budgets;
 mod coalesce;
 mod converge;
+mod drift;
 mod error;
 mod events;
 mod leader;
@@ -46,8 +47,8 @@ use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::due::Terms;
 use crate::core::grouping::{self, Grouping, UNLABELLED};
 use crate::core::groups::Windows;
-use crate::core::holds::Holding;
 use crate::core::holds::is_marked;
+use crate::core::holds::{Holding, Preset};
 use crate::core::node::NodeMeta;
 use crate::core::plan::{Action, NodePatch, Planner};
 use crate::core::selector::NodeScope;
@@ -152,6 +153,9 @@ struct WindowTask {
     added: AddedBudgets,
     /// `--launch-cost`: the CronJobs and their pods, while leading.
     scheduled: Option<ScheduledWatch>,
+    /// With Karpenter v1's hold: the NodeClaims Karpenter marked drifted,
+    /// while leading.
+    drift: Option<drift::DriftWatch>,
     /// `--launch-cost`: every node a known CronJob's pods ran on, while it
     /// exists (it never counts in a window, even once its pods are gone).
     explained: BTreeSet<String>,
@@ -229,6 +233,7 @@ impl WindowTask {
             pools,
             added: AddedBudgets::new(),
             scheduled: None,
+            drift: None,
             explained: BTreeSet::new(),
             kept: Default::default(),
             unpredictable: BTreeSet::new(),
@@ -263,6 +268,13 @@ impl WindowTask {
             .schedule
             .map(|_| watch_scheduled(self.client.clone(), &self.config.namespace, watch_backoff));
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
+        self.drift = self
+            .config
+            .holding
+            .holds
+            .includes(Preset::KarpenterV1)
+            .then(|| drift::watch_drift(self.client.clone()));
+        let mut drift_changes = self.drift.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
         let mut next = Coalesce::new(coalesce::IDLE, coalesce::MAX);
@@ -292,6 +304,7 @@ impl WindowTask {
                 },
                 change = pool_changes.try_next() => pool_changed(&mut next, change)?,
                 () = watch_changed(&mut schedule_changes) => next.change(Instant::now()),
+                () = watch_changed(&mut drift_changes) => next.change(Instant::now()),
                 () = sleep_until(due, synced) => {
                     next.ran();
                     wake = self.timed_pass(&nodes).await;

@@ -64,7 +64,7 @@ pub(super) fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
 }
 
 /// Until what the watch has seen changes; for ever without a watch.
-pub(super) async fn watch_changed(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+pub(super) async fn watch_changed<T>(changes: &mut Option<tokio::sync::watch::Receiver<T>>) {
     match changes {
         Some(receiver) => {
             if receiver.changed().await.is_err() {

@@ -179,6 +179,11 @@ impl Holds {
     pub fn iter(&self) -> impl Iterator<Item = &Hold> {
         self.0.iter()
     }
+
+    /// Whether the preset's hold is one of them.
+    pub fn includes(&self, preset: Preset) -> bool {
+        self.0.contains(&preset.hold())
+    }
 }
 
 #[cfg(test)]

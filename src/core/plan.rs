@@ -38,6 +38,9 @@ pub struct NodePatch {
     /// Release only: the NodePool whose budget holds the node instead
     /// (`--hold-mechanism budget`), if that is why.
     pub pool_budget: Option<String>,
+    /// Release only: Karpenter marked the node drifted, and only a manual
+    /// hold holds a drifted node.
+    pub drifted: bool,
 }
 
 /// Which way a node's patch goes.
@@ -101,6 +104,12 @@ pub struct Planner<'a> {
     /// NodePool; a pool whose budget could not be written is held by
     /// annotation as before. `None`: every node is held by annotation.
     pub pool_budgets: Option<&'a BTreeSet<String>>,
+    /// The nodes whose NodeClaim Karpenter marked `Drifted`. A drift is a
+    /// change the operator made (a new image, a changed NodePool), not
+    /// churn: neither the window nor the schedule holds a drifted node, so
+    /// a rollout goes at the pace of the pool's own budgets; only a manual
+    /// hold does.
+    pub drifted: &'a BTreeSet<String>,
 }
 
 impl Planner<'_> {
@@ -109,6 +118,10 @@ impl Planner<'_> {
     fn wanted(&self, node: &NodeMeta) -> (bool, Option<Timestamp>) {
         if !node.in_scope() || self.budget_holds(node).is_some() {
             return (false, None);
+        }
+        if self.drifted.contains(node.name()) {
+            let manual = self.windows.manual_held_until(self.now);
+            return (manual.is_some(), manual);
         }
         let group = self.cfg.groups.group_of(node);
         let until = self.windows.held_until(group, self.now);
@@ -145,6 +158,7 @@ impl Planner<'_> {
             left,
             until,
             pool_budget: None,
+            drifted: false,
         };
         let (wanted, until) = self.wanted(node);
         if wanted {
@@ -170,6 +184,7 @@ impl Planner<'_> {
                     .budget_holds(node)
                     .filter(|pool| !pool.is_empty())
                     .map(str::to_string);
+                patch.drifted = self.drifted.contains(node.name());
                 (Action::Release, patch)
             })
         }
@@ -356,6 +371,7 @@ mod tests {
             kept: None,
             explained: None,
             pool_budgets: None,
+            drifted: &BTreeSet::new(),
         };
         plan_all(&planner, &nodes)
     }
@@ -598,6 +614,7 @@ mod tests {
             kept: Some(&kept),
             explained: None,
             pool_budgets: None,
+            drifted: &BTreeSet::new(),
         };
         let plan = plan_all(&planner, &nodes);
         assert_eq!(names(&plan.release), ["idle"]);
@@ -630,6 +647,7 @@ mod tests {
                 kept: Some(&kept),
                 explained: Some(&explained),
                 pool_budgets: None,
+                drifted: &BTreeSet::new(),
             };
             plan_all(&planner, &nodes)
         };
@@ -646,6 +664,61 @@ mod tests {
             plan_at(&windows).release.is_empty(),
             "the manual hold holds all"
         );
+    }
+
+    /// A drifted node is released while its window is open, even the one
+    /// the schedule keeps, and says why; a new node (a drift replacement)
+    /// is held; a manual hold holds the drifted node too.
+    #[test]
+    fn the_window_and_the_schedule_do_not_hold_a_drifted_node_a_manual_hold_does() {
+        use crate::core::window::ManualHold;
+        let cfg = cfg();
+        let mut windows = Windows::from(open_window(&cfg, 0));
+        let nodes = stored(
+            &[
+                held("drifted", -30),
+                held("kept-drifted", -30),
+                node("replacement", 0, json!({}), json!({})),
+            ],
+            &NodeScope::default(),
+        );
+        let kept = BTreeMap::from([(
+            "kept-drifted".to_string(),
+            Kept {
+                reason: crate::core::due::Reason::Run,
+                until: Some(t(5)),
+                cronjob: None,
+                run_at: None,
+            },
+        )]);
+        let drifted = BTreeSet::from(["drifted".to_string(), "kept-drifted".to_string()]);
+        let plan_at = |windows: &Windows| {
+            let planner = Planner {
+                windows,
+                cfg: &cfg,
+                holds: &holds(),
+                now: t(1),
+                kept: Some(&kept),
+                explained: None,
+                pool_budgets: None,
+                drifted: &drifted,
+            };
+            plan_all(&planner, &nodes)
+        };
+        let plan = plan_at(&windows);
+        assert_eq!(names(&plan.release), ["drifted", "kept-drifted"]);
+        assert!(plan.release.iter().all(|p| p.drifted), "{plan:?}");
+        assert_eq!(names(&plan.hold), ["replacement"]);
+        let manual = ManualHold {
+            requested_at: t(1),
+            until: t(60),
+            by: "ops".into(),
+            reason: "freeze".into(),
+        };
+        windows.hold_manually(manual, t(1));
+        let plan = plan_at(&windows);
+        assert!(plan.release.is_empty(), "{plan:?}");
+        assert_eq!(names(&plan.stamp), ["drifted", "kept-drifted"]);
     }
 
     #[test]
@@ -761,6 +834,7 @@ mod tests {
             kept: None,
             explained: None,
             pool_budgets: Some(&covered),
+            drifted: &BTreeSet::new(),
         };
         let plan = plan_all(&planner, &nodes);
         // gpu's budget could not be written: its node is held by annotation.
