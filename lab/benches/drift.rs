@@ -135,7 +135,7 @@ async fn rollout(nodes: usize, with_node_holder: bool) -> Result<Rollout> {
     let mut held = 0;
     for node in &new {
         let annotations = a.nodes.get(node).await?.metadata.annotations;
-        held += usize::from(annotations.is_some_and(|an| an.get(HOLD_KEY).is_some()));
+        held += usize::from(annotations.is_some_and(|an| an.contains_key(HOLD_KEY)));
     }
     drop(served);
     Ok(Rollout {
