@@ -349,17 +349,20 @@ fn policy_mode_renders_the_policy_and_nothing_of_the_webhooks() {
     let service = install::one(&objects, "Service");
     assert_eq!(service["spec"]["ports"].as_array().unwrap().len(), 1);
     assert_eq!(install::env_of(&objects)["NODE_HOLDER_ADMISSION"], "policy");
-    // Webhook mode, the default (with cert-manager served), says so too.
+    // The default, `auto`: the policy where the cluster serves it ...
+    let served = "--api-versions=admissionregistration.k8s.io/v1/MutatingAdmissionPolicy";
+    let objects = install::template(&[served]);
+    assert_eq!(install::env_of(&objects)["NODE_HOLDER_ADMISSION"], "policy");
+    assert!(install::all_of(&objects, "MutatingWebhookConfiguration").is_empty());
+    assert_eq!(install::all_of(&objects, "MutatingAdmissionPolicy").len(), 1);
+    // ... and the webhook (with cert-manager served) where it does not.
     let objects = install::template(&["--api-versions=cert-manager.io/v1/Certificate"]);
     assert_eq!(
         install::env_of(&objects)["NODE_HOLDER_ADMISSION"],
         "webhook"
     );
-    assert!(
-        !objects
-            .iter()
-            .any(|o| install::kind(o) == "MutatingAdmissionPolicy")
-    );
+    assert!(install::all_of(&objects, "MutatingAdmissionPolicy").is_empty());
+    assert_eq!(install::all_of(&objects, "MutatingWebhookConfiguration").len(), 1);
 }
 
 #[test]
@@ -491,7 +494,8 @@ async fn the_packaged_chart_installs_from_an_oci_registry_and_its_tgz() {
             NAMESPACE,
             "--create-namespace",
         ];
-        args.extend(["--set", "admission.mode=policy"]);
+        // No admission.mode: the default, `auto`, takes the policy on this
+        // cluster, which serves admissionregistration.k8s.io/v1.
         if source.starts_with("oci://") {
             args.extend(["--version", "0.1.0", "--plain-http"]);
         }

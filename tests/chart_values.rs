@@ -922,14 +922,14 @@ const PROVIDED: [&str; 3] = [
 
 #[test]
 fn notes_say_what_is_configured() {
-    // The defaults (TLS provided): the webhook, every node, 20m, drift held.
+    // The defaults (TLS provided): the webhook, every node, 20m, drift let through.
     let said = notes(&PROVIDED);
     for line in [
         "Which nodes: every node.",
         "The hold: karpenter.sh/do-not-disrupt=true.",
         "every new node in scope is held by node-holder's webhook",
         "The window: one for every node in scope; each new node opens or extends it\nfor 20m, 2h at most.",
-        "Karpenter neither\nconsolidates nor drifts them",
+        "Karpenter does not\nconsolidate them. A node Karpenter marks drifted (a rollout) loses its hold at\nonce",
         "holds come off at once.",
         "helm test node-holder -n node-holder --logs",
         "kubectl node-holder status -n node-holder",

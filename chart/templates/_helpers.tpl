@@ -185,8 +185,8 @@ Deployment's container and `self-check`'s alike.
 {{- end }}
 
 {{- define "node-holder.validate" -}}
-{{- if not (has .Values.admission.mode (list "webhook" "policy")) }}
-{{- fail (printf "admission.mode must be webhook or policy, not %q" .Values.admission.mode) }}
+{{- if not (has .Values.admission.mode (list "auto" "webhook" "policy")) }}
+{{- fail (printf "admission.mode must be auto, webhook or policy, not %q" .Values.admission.mode) }}
 {{- end }}
 {{- if not (include "node-holder.policyMode" .) }}
 {{- if not (has .Values.tls.mode (list "certManager" "provided")) }}
@@ -303,9 +303,15 @@ src/server/connection.rs). */}}
 {{- end }}
 {{- end }}
 
-{{/* Whether new Nodes are held by the MutatingAdmissionPolicy (no webhook). */}}
+{{/*
+Whether new Nodes are held by the MutatingAdmissionPolicy (no webhook):
+admission.mode policy, or auto on a cluster that serves
+admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (the mode that cannot
+fail open wherever it exists).
+*/}}
 {{- define "node-holder.policyMode" -}}
-{{- if eq .Values.admission.mode "policy" }}true{{- end }}
+{{- $mode := .Values.admission.mode }}
+{{- if or (eq $mode "policy") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")) }}true{{- end }}
 {{- end }}
 
 {{/*
