@@ -354,7 +354,10 @@ fn policy_mode_renders_the_policy_and_nothing_of_the_webhooks() {
     let objects = install::template(&[served]);
     assert_eq!(install::env_of(&objects)["NODE_HOLDER_ADMISSION"], "policy");
     assert!(install::all_of(&objects, "MutatingWebhookConfiguration").is_empty());
-    assert_eq!(install::all_of(&objects, "MutatingAdmissionPolicy").len(), 1);
+    assert_eq!(
+        install::all_of(&objects, "MutatingAdmissionPolicy").len(),
+        1
+    );
     // ... and the webhook (with cert-manager served) where it does not.
     let objects = install::template(&["--api-versions=cert-manager.io/v1/Certificate"]);
     assert_eq!(
@@ -362,7 +365,10 @@ fn policy_mode_renders_the_policy_and_nothing_of_the_webhooks() {
         "webhook"
     );
     assert!(install::all_of(&objects, "MutatingAdmissionPolicy").is_empty());
-    assert_eq!(install::all_of(&objects, "MutatingWebhookConfiguration").len(), 1);
+    assert_eq!(
+        install::all_of(&objects, "MutatingWebhookConfiguration").len(),
+        1
+    );
 }
 
 #[test]

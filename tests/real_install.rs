@@ -375,6 +375,38 @@ async fn install_test_uninstall() {
     a_drain_honours_the_disruption_budget(&node, &mut cert_manager, &admin, &names).await;
     log("a drain honoured the PodDisruptionBudget");
 
+    // `helm upgrade` to a new tag of the image while nodes keep coming.
+    let next_tag = format!("{tag}-next");
+    registry
+        .crane(&[
+            "push",
+            layout_path.to_str().unwrap(),
+            &format!("{repository}:{next_tag}"),
+        ])
+        .unwrap();
+    let upgrade = [
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--plain-http",
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+        "--set=image.digest=",
+        &format!("--set=image.tag={next_tag}"),
+        HELM_TIMEOUT,
+    ];
+    let upgraded = format!("{repository}:{next_tag}");
+    an_upgrade_holds_every_node_created_during_it(
+        &cp,
+        &node,
+        &mut cert_manager,
+        &upgrade,
+        &upgraded,
+    )
+    .await;
+    log("every node created during helm upgrade was held at its CREATE");
+
     // `helm uninstall`: the pre-delete hook Job runs `node-holder uninstall`
     // on the real node, then helm deletes the release.
     if let Err(err) = try_helm(
@@ -573,6 +605,8 @@ async fn a_drain_honours_the_disruption_budget(
                 .unwrap();
         }
     };
+    let started = Instant::now();
+    let step = |what: &str| eprintln!("real_install: drain: {what} at {:.0?}", started.elapsed());
     cordon(true).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     // The budget's status comes from the disruption controller: the first
@@ -581,6 +615,7 @@ async fn a_drain_honours_the_disruption_budget(
         pods.evict(first, &EvictParams::default()).await.ok()
     })
     .await;
+    step("the first replica evicted");
     match pods.evict(second, &EvictParams::default()).await {
         Err(kube::Error::Api(status)) => {
             assert_eq!(status.code, 429, "{status:?}");
@@ -588,6 +623,7 @@ async fn a_drain_honours_the_disruption_budget(
         }
         other => panic!("the second replica's eviction was not refused: {other:?}"),
     }
+    step("the second replica's eviction refused");
     // The Service's endpoints follow the eviction: a Node CREATE comes back
     // held through the replica left.
     until(
@@ -597,12 +633,110 @@ async fn a_drain_honours_the_disruption_budget(
         || dry_run_held(&nodes, "during-the-drain"),
     )
     .await;
+    step("a dry-run Node held during the drain");
 
     cordon(false).await;
     until(node, cert_manager, "the second replica evicted", || async {
         pods.evict(second, &EvictParams::default()).await.ok()
     })
     .await;
+}
+
+/// `helm upgrade` (`args`) to the image `image` while a Node is created
+/// every 100 ms through the API, as an autoscaler creates them: the
+/// Deployment replaces its replicas one at a time on the real node
+/// (`maxUnavailable: 0`, a replica stopping stays ready-less but serving for
+/// its grace), and every Node created meanwhile comes back held from its
+/// CREATE, none failed open.
+async fn an_upgrade_holds_every_node_created_during_it(
+    cp: &ControlPlane,
+    node: &RealNode,
+    cert_manager: &mut CertManager,
+    args: &[&str],
+    image: &str,
+) {
+    let admin = cp.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let creating = tokio::spawn({
+        let (nodes, stop) = (nodes.clone(), stop.clone());
+        async move {
+            let (mut created, mut unheld) = (Vec::new(), Vec::new());
+            while !stop.is_cancelled() {
+                let name = format!("during-upgrade-{}", created.len());
+                let made = nodes
+                    .create(&PostParams::default(), &testsupport::node(&name))
+                    .await
+                    .unwrap();
+                if !held(&made) {
+                    unheld.push(name.clone());
+                }
+                created.push(name);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (created, unheld)
+        }
+    });
+    helm(cp, args).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let selector =
+        format!("app.kubernetes.io/name=node-holder,app.kubernetes.io/instance={RELEASE}");
+    until(
+        node,
+        cert_manager,
+        "every replica on the new image, Ready",
+        || async {
+            let d = deployments.get(RELEASE).await.unwrap();
+            let want = d.spec.replicas.unwrap_or(1);
+            let status = d.status.clone().unwrap_or_default();
+            let rolled = status.observed_generation == d.metadata.generation
+                && status.updated_replicas == Some(want)
+                && status.ready_replicas == Some(want)
+                && status.replicas == Some(want);
+            let listed = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .unwrap();
+            let all_new = listed.items.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .is_some_and(|s| s.containers[0].image.as_deref() == Some(image))
+            });
+            (rolled && all_new).then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    let (created, unheld) = creating.await.unwrap();
+    assert!(!created.is_empty(), "no node created during the upgrade");
+    assert!(
+        unheld.is_empty(),
+        "{} of {} nodes created during the upgrade came unheld: {unheld:?}",
+        unheld.len(),
+        created.len()
+    );
+    // The API server's word for it: each CREATE's audit event, none of
+    // them failed open.
+    let events = until(node, cert_manager, "every CREATE audited", || async {
+        let events: Vec<Value> = cp
+            .audit_events()
+            .unwrap()
+            .into_iter()
+            .filter(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["stage"] == "ResponseComplete"
+                    && e["objectRef"]["name"]
+                        .as_str()
+                        .is_some_and(|n| created.iter().any(|c| c == n))
+            })
+            .collect();
+        (events.len() >= created.len()).then_some(events)
+    })
+    .await;
+    let failed: Vec<&Value> = events.iter().filter(|e| failed_open(e)).collect();
+    assert!(failed.is_empty(), "failed open: {failed:#?}");
 }
 
 /// `Some` when a Node `name` created as a server-side dry run comes back

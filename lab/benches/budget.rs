@@ -42,27 +42,14 @@ const CREATE_IN_FLIGHT: usize = 32;
 const POLL: Duration = Duration::from_millis(20);
 const TARGET: Duration = Duration::from_secs(2);
 
-fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
-}
-
 fn main() -> Result<()> {
-    node_holder_lab::build_node_holder()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(run())
+    node_holder_lab::run_bench(run)
 }
 
 async fn run() -> Result<()> {
     let (node_count, pool_count) = (
-        env_count("NODE_HOLDER_BENCH_NODES", 50_000),
-        env_count("NODE_HOLDER_BENCH_POOLS", 10),
+        node_holder_lab::env_count("NODE_HOLDER_BENCH_NODES", 50_000),
+        node_holder_lab::env_count("NODE_HOLDER_BENCH_POOLS", 10),
     );
     println!(
         "node-holder budget mechanism benchmark: {node_count} nodes in {pool_count} NodePools"

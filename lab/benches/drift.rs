@@ -40,21 +40,8 @@ const BOOT: Duration = Duration::from_secs(45);
 const DEPLOYMENT: &str = "service";
 const HOLD_KEY: &str = "karpenter.sh/do-not-disrupt";
 
-fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
-}
-
 fn main() -> Result<()> {
-    node_holder_lab::build_node_holder()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(run())
+    node_holder_lab::run_bench(run)
 }
 
 /// What one arm of one round saw.
@@ -70,8 +57,8 @@ struct Rollout {
 
 async fn run() -> Result<()> {
     let (nodes, rounds) = (
-        env_count("NODE_HOLDER_BENCH_NODES", 10),
-        env_count("NODE_HOLDER_BENCH_ROUNDS", 3),
+        node_holder_lab::env_count("NODE_HOLDER_BENCH_NODES", 10),
+        node_holder_lab::env_count("NODE_HOLDER_BENCH_ROUNDS", 3),
     );
     println!("node-holder drift benchmark: {nodes} nodes, {rounds} rounds");
     let mut ratios = Vec::new();

@@ -88,12 +88,7 @@ const SAMPLE: Duration = Duration::from_millis(100);
 
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; there are no options to read.
-    node_holder_lab::build_node_holder()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(run())
+    node_holder_lab::run_bench(run)
 }
 
 async fn run() -> Result<()> {

@@ -24,6 +24,28 @@ pub mod measure;
 pub mod scale;
 pub mod soak;
 
+/// A positive count from the environment variable `name`, else `default`.
+pub fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// A bench's `main`: builds `node-holder` ([`build_node_holder`]), then runs
+/// `bench` on a runtime of two workers (the machine's cores).
+pub fn run_bench<F: std::future::Future<Output = Result<()>>>(
+    bench: impl FnOnce() -> F,
+) -> Result<()> {
+    build_node_holder()?;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(bench())
+}
+
 /// Builds the `node-holder` binary into the profile directory of the running
 /// bench or test (`target/release` for `cargo bench`, `target/debug` for the
 /// tests), where [`testsupport::node_holder_binary`] finds it: Cargo builds a
