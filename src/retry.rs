@@ -1,6 +1,7 @@
 //! node-holder's retry policy, in one place: how long each loop waits before
 //! it tries again, and how many times it tries. (What kind of failure a failed
-//! pass was is `controller::error`'s.)
+//! pass was is `controller::error`'s.) kube's client retries nothing of its
+//! own: `cluster::build` turns its retry layer off.
 
 use std::time::Duration;
 
