@@ -57,8 +57,8 @@ pub fn per_source(max_connections: usize) -> usize {
 
 /// How long the drain after `stop` may take when a request may take
 /// `request_timeout`: a request in flight has its answer by then, and its
-/// connection, told to close, ends by itself or is dropped [`CLOSE_GRACE`]
-/// later; one more [`CLOSE_GRACE`] of slack (4 s at the default 2 s).
+/// connection, told to close, ends by itself or is dropped `CLOSE_GRACE`
+/// later; one more `CLOSE_GRACE` of slack (4 s at the default 2 s).
 pub fn drain_time(request_timeout: Duration) -> Duration {
     request_timeout.saturating_add(2 * CLOSE_GRACE)
 }

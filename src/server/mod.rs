@@ -39,7 +39,7 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// answered as many a second with 32 connections as with 8 (13,614 and
 /// 14,051 reviews/s), so the bound never limits a real load: it only keeps
 /// a flood's requests from all running at once. Their bodies are bounded by
-/// [`BODY_ALLOWANCE_KIB`] besides.
+/// `BODY_ALLOWANCE_KIB` besides.
 pub const MAX_CONCURRENT_REQUESTS: usize = 256;
 
 /// Limits of the webhook endpoint.
