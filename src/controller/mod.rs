@@ -124,7 +124,7 @@ impl Config {
 struct Saved {
     windows: Windows,
     budgets: AddedBudgets,
-    kept: BTreeMap<String, crate::core::due::Kept>,
+    kept: crate::core::kept::KeptSummary,
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
 }
 
@@ -322,7 +322,6 @@ impl WindowTask {
         self.windows = record.window.clone();
         self.added = record.budgets.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
-        self.kept = record.schedule.clone();
         self.last_runs = record.last_runs.clone();
         self.saved = (record.exists && settings_current).then_some(Saved {
             windows: record.window,
@@ -408,7 +407,7 @@ impl WindowTask {
         let now = Saved {
             windows: self.windows.clone(),
             budgets: self.added.clone(),
-            kept: self.kept.clone(),
+            kept: crate::core::kept::KeptSummary::of(&self.kept),
             last_runs: self.last_runs.clone(),
         };
         if self.saved.as_ref() != Some(&now) {

@@ -33,6 +33,18 @@ use crate::core::node::NodeMeta;
 use crate::core::schedule::Schedule;
 use crate::core::warm::{WARM_LABEL, is_placeholder};
 
+/// Nodes a pass gives a log line and an Event of their own each way
+/// (held for a run, let go); the rest are counted in one line, so that a
+/// pass over thousands of CronJobs' nodes does not flood the log.
+const NODES_SAID: usize = 20;
+
+/// The one line for the nodes past [`NODES_SAID`], if any.
+fn said_the_rest(count: usize, what: &str) {
+    if let Some(rest) = count.checked_sub(NODES_SAID).filter(|&rest| rest > 0) {
+        tracing::info!(nodes = rest, "and {rest} {what}");
+    }
+}
+
 /// The label the Job controller puts on each of its pods.
 const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
@@ -384,8 +396,9 @@ impl super::WindowTask {
             .show(Reason::iter().map(count), unpredictable);
     }
 
-    /// The log lines of what the schedule keeps now and did not before,
-    /// and of the nodes it let go.
+    /// The log lines and Events of what the schedule keeps now and did not
+    /// before, and of the nodes it let go: a line and an Event each for the
+    /// first [`NODES_SAID`] nodes each way, one line for the rest.
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
@@ -393,28 +406,43 @@ impl super::WindowTask {
         groups: &BTreeMap<&str, &str>,
         terms: &Terms,
     ) {
-        for (name, keep) in kept {
-            let (Keep::ForRun(reserved), Some(node)) = (keep, nodes.get(name)) else {
-                continue;
-            };
-            if self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until) {
-                let why = why_kept(reserved, terms);
-                tracing::info!(
-                    node = %name,
-                    group = groups.get(name).copied().unwrap_or_default(),
-                    until = %reserved.until,
-                    "held for a scheduled run: {why}"
-                );
-                self.events
-                    .send(HoldEvent::kept_for_run(node, reserved.until, why));
+        let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
+            Keep::ForRun(reserved)
+                if self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until) =>
+            {
+                Some((*nodes.get(name)?, reserved))
             }
+            _ => None,
+        });
+        let mut count = 0usize;
+        for (node, reserved) in newly_kept {
+            count += 1;
+            if count > NODES_SAID {
+                continue;
+            }
+            let why = why_kept(reserved, terms);
+            tracing::info!(
+                node = %node.name(),
+                group = groups.get(node.name()).copied().unwrap_or_default(),
+                until = %reserved.until,
+                "held for a scheduled run: {why}"
+            );
+            self.events
+                .send(HoldEvent::kept_for_run(node, reserved.until, why));
         }
+        said_the_rest(count, "more nodes held for scheduled runs");
         let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
+        let mut count = 0usize;
         for node in ended.filter_map(|name| nodes.get(name.as_str())) {
+            count += 1;
+            if count > NODES_SAID {
+                continue;
+            }
             let why = why_released(terms);
             tracing::info!(node = %node.name(), "schedule hold ends: {why}");
             self.events.send(HoldEvent::nothing_due(node, why));
         }
+        said_the_rest(count, "more nodes whose schedule hold ends");
     }
 
     /// When the window counts `node` as created: its creation, or with

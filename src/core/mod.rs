@@ -8,6 +8,7 @@ pub mod due;
 pub mod grouping;
 pub mod groups;
 pub mod holds;
+pub mod kept;
 pub mod known;
 pub mod names;
 pub mod node;

@@ -13,11 +13,11 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use crate::core::budget::{AddedBudgets, Mechanism};
-use crate::core::due::Kept;
 use crate::core::grouping::Grouping;
 use crate::core::groups::Windows;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::kept::KeptSummary;
 use crate::core::known::LastRun;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, WindowConfig};
@@ -34,7 +34,7 @@ const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
 const BUDGETS_KEY: &str = "budgets.json";
-/// `--launch-cost`: the nodes the schedule keeps, for `status`.
+/// `--launch-cost`: what the schedule keeps, summed up, for `status`.
 const SCHEDULE_KEY: &str = "schedule.json";
 /// `--launch-cost`: each CronJob's last run, for a new leader to warm for
 /// runs whose nodes are gone.
@@ -174,8 +174,8 @@ pub struct Record {
     pub window: Windows,
     /// What node-holder added to which NodePool's budgets.
     pub budgets: AddedBudgets,
-    /// The nodes the schedule keeps, by name.
-    pub schedule: BTreeMap<String, Kept>,
+    /// What the schedule keeps, summed up.
+    pub schedule: KeptSummary,
     /// Each CronJob's last run (`namespace/name`).
     pub last_runs: BTreeMap<String, LastRun>,
     pub settings: Option<Settings>,
@@ -224,7 +224,7 @@ impl RecordStore {
         &self,
         window: &Windows,
         budgets: &AddedBudgets,
-        schedule: &BTreeMap<String, Kept>,
+        schedule: &KeptSummary,
         last_runs: &BTreeMap<String, LastRun>,
         settings: &Settings,
     ) -> Result<()> {
@@ -247,7 +247,7 @@ impl RecordStore {
         if !schedule.is_empty() {
             data.insert(
                 SCHEDULE_KEY.to_string(),
-                serde_json::to_string(schedule).context("serialising the schedule's nodes")?,
+                serde_json::to_string(schedule).context("serialising what the schedule keeps")?,
             );
         }
         if !last_runs.is_empty() {
@@ -393,9 +393,9 @@ impl Record {
         };
         let schedule = match data.get(SCHEDULE_KEY) {
             Some(text) => serde_json::from_str(text).with_context(|| {
-                format!("ConfigMap {NAME}: {SCHEDULE_KEY} is not the schedule's nodes")
+                format!("ConfigMap {NAME}: {SCHEDULE_KEY} is not what the schedule keeps")
             })?,
-            None => BTreeMap::new(),
+            None => KeptSummary::default(),
         };
         let last_runs = match data.get(LAST_RUNS_KEY) {
             Some(text) => serde_json::from_str(text).with_context(|| {

@@ -7,8 +7,6 @@ mod text;
 pub use text::relative;
 use text::render_text_limited;
 
-use std::collections::BTreeMap;
-
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
@@ -17,10 +15,10 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
-use crate::core::due::Kept;
 use crate::core::grouping::{Grouping, UNLABELLED};
 use crate::core::groups::Windows;
 use crate::core::holds::{MARKED, held_keys, held_until_stamp};
+use crate::core::kept::KeptSummary;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 use crate::state::lease::{self, Holder};
 use crate::state::record::{self, RecordStore, Settings};
@@ -62,8 +60,8 @@ pub struct Status {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<GroupStatus>,
     /// With `--launch-cost`: the nodes the schedule keeps, by name, and why.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub scheduled: BTreeMap<String, Kept>,
+    #[serde(skip_serializing_if = "KeptSummary::is_empty")]
+    pub scheduled: KeptSummary,
     /// With `--hold-mechanism budget`: the NodePools the record says carry
     /// node-holder's budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -403,7 +401,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            scheduled: BTreeMap::new(),
+            scheduled: KeptSummary::default(),
             orphaned: None,
             overdue: Vec::new(),
         }

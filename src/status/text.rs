@@ -2,15 +2,13 @@
 //! windows), the manual hold, the schedule, the release, the leader, then a
 //! table of the held nodes.
 
-use std::collections::BTreeMap;
-
 use jiff::{SignedDuration, Timestamp};
 
 use super::{GroupStatus, Orphaned, Release, Status};
 use crate::core::budget::Mechanism;
-use crate::core::due::Reason;
 use crate::core::grouping::{self, UNLABELLED};
 use crate::core::holds::HELD_UNTIL_ANNOTATION;
+use crate::core::kept::Nodes;
 
 /// `3,001` for 3001.
 fn thousands(n: u64) -> String {
@@ -239,45 +237,55 @@ fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
     }
 }
 
-/// `--launch-cost`: what the schedule keeps, a line per reason; the nodes
-/// kept for a run by run ("2 nodes until 14:06 (in 3m): cronjob
-/// team-a/report runs at 14:05").
+/// `--launch-cost`: what the schedule keeps: the nodes kept for a run, run
+/// by run ("2 nodes until 14:06 (in 3m): cronjob team-a/report runs at
+/// 14:05"), the runs past the soonest counted, then the busy and the new.
 fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
-    let mut runs: BTreeMap<(Timestamp, &str), Vec<&str>> = BTreeMap::new();
-    let mut others: BTreeMap<Reason, Vec<&str>> = BTreeMap::new();
-    for (node, kept) in &status.scheduled {
-        match (kept.run_at, kept.cronjob.as_deref()) {
-            (Some(at), Some(cronjob)) => runs.entry((at, cronjob)).or_default().push(node),
-            _ => others.entry(kept.reason).or_default().push(node),
-        }
-    }
-    for ((at, cronjob), nodes) in runs {
-        let until = status.scheduled[nodes[0]].until.unwrap_or(at);
+    let kept = &status.scheduled;
+    for run in &kept.runs {
         line(
             "Scheduled:",
             format!(
-                "{} until {until} ({}): cronjob {cronjob} runs at {at}",
-                nodes_text(&nodes),
-                relative(until, now)
+                "{} until {} ({}): cronjob {} runs at {}",
+                nodes_text(&run.nodes),
+                run.until,
+                relative(run.until, now),
+                run.cronjob,
+                run.run_at
             ),
         );
     }
-    for (reason, nodes) in others {
-        let why = match reason {
-            Reason::Busy => "running a CronJob's pods",
-            _ => "new, waiting for their pods",
-        };
-        line("Scheduled:", format!("{} {why}", nodes_text(&nodes)));
+    if kept.more_runs > 0 {
+        line(
+            "Scheduled:",
+            format!(
+                "and {} more runs keep {} nodes",
+                kept.more_runs, kept.more_nodes
+            ),
+        );
+    }
+    for (nodes, why) in [
+        (&kept.busy, "running a CronJob's pods"),
+        (&kept.settling, "new, waiting for their pods"),
+    ] {
+        if nodes.count > 0 {
+            line("Scheduled:", format!("{} {why}", nodes_text(nodes)));
+        }
     }
 }
 
-/// `1 node (a)`, `3 nodes (a, b, c)`.
-fn nodes_text(nodes: &[&str]) -> String {
-    let count = match nodes.len() {
+/// `1 node (a)`, `3 nodes (a, b, c)`, `5 nodes (a, b, c, …)`.
+fn nodes_text(nodes: &Nodes) -> String {
+    let count = match nodes.count {
         1 => "1 node".to_string(),
         n => format!("{n} nodes"),
     };
-    format!("{count} ({})", nodes.join(", "))
+    let more = if nodes.count > nodes.named.len() {
+        ", …"
+    } else {
+        ""
+    };
+    format!("{count} ({}{more})", nodes.named.join(", "))
 }
 
 /// A release that is not finished, in words.
@@ -387,7 +395,10 @@ fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::due::Kept;
+    use std::collections::BTreeMap;
+
+    use crate::core::due::{Kept, Reason};
+    use crate::core::kept::KeptSummary;
     use crate::core::window::ManualHold;
     use crate::state::lease::Holder;
     use crate::status::HeldNode;
@@ -411,11 +422,11 @@ mod tests {
         };
         let status = Status {
             settings: Some(settings()),
-            scheduled: BTreeMap::from([
+            scheduled: KeptSummary::of(&BTreeMap::from([
                 ("a".to_string(), run("2026-11-22T12:14:00Z")),
                 ("b".to_string(), run("2026-11-22T12:14:00Z")),
                 ("c".to_string(), busy),
-            ]),
+            ])),
             ..Status::default()
         };
         let text = render_text(&status, now);
@@ -448,7 +459,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            scheduled: BTreeMap::new(),
+            scheduled: KeptSummary::default(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -511,7 +522,7 @@ mod tests {
             release_group: None,
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
-            scheduled: BTreeMap::new(),
+            scheduled: KeptSummary::default(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
