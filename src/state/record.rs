@@ -191,6 +191,39 @@ pub struct Record {
     pub exists: bool,
 }
 
+/// At most this much of the record remembers CronJobs' last runs (about
+/// 6,000 of them): a ConfigMap holds 1 MiB in all.
+const LAST_RUNS_BUDGET: usize = 512 * 1024;
+
+/// The CronJobs' last runs as the record keeps them: the most recent that
+/// fit in [`LAST_RUNS_BUDGET`]. A CronJob left out is sized from its pods
+/// while its nodes are there, and launches what its run needs otherwise.
+fn remembered_runs(last_runs: &BTreeMap<String, LastRun>) -> Result<String> {
+    let text = serde_json::to_string(last_runs).context("serialising the CronJobs' last runs")?;
+    if text.len() <= LAST_RUNS_BUDGET {
+        return Ok(text);
+    }
+    let mut newest: Vec<(&String, &LastRun)> = last_runs.iter().collect();
+    newest.sort_by_key(|(_, run)| std::cmp::Reverse(run.minute));
+    let mut kept = BTreeMap::new();
+    let mut size = 2;
+    for (cronjob, run) in newest {
+        let entry = cronjob.len() + serde_json::to_string(run)?.len() + 4;
+        if size + entry > LAST_RUNS_BUDGET {
+            break;
+        }
+        size += entry;
+        kept.insert(cronjob, run);
+    }
+    tracing::warn!(
+        remembered = kept.len(),
+        of = last_runs.len(),
+        "the record remembers only the most recent CronJob runs that fit in {} KiB",
+        LAST_RUNS_BUDGET / 1024
+    );
+    serde_json::to_string(&kept).context("serialising the CronJobs' last runs")
+}
+
 /// Reads and writes the record in one namespace.
 #[derive(Clone)]
 pub struct RecordStore {
@@ -251,10 +284,7 @@ impl RecordStore {
             );
         }
         if !last_runs.is_empty() {
-            data.insert(
-                LAST_RUNS_KEY.to_string(),
-                serde_json::to_string(last_runs).context("serialising the CronJobs' last runs")?,
-            );
+            data.insert(LAST_RUNS_KEY.to_string(), remembered_runs(last_runs)?);
         }
         self.apply(
             FIELD_MANAGER,
@@ -519,5 +549,35 @@ mod tests {
             let settings: Settings = serde_json::from_str(&old).unwrap();
             assert_eq!(serde_json::to_string(&settings).unwrap(), kept, "{field}");
         }
+    }
+
+    /// Past its budget the record remembers the most recent runs, as many as
+    /// fit; within it, every run.
+    #[test]
+    fn the_record_remembers_the_newest_runs_that_fit() {
+        let run = |minute: i64| LastRun {
+            group: "pool-07".into(),
+            nodes: 10,
+            pods: 10,
+            minute,
+        };
+        let few = BTreeMap::from([("a/x".to_string(), run(1))]);
+        assert_eq!(
+            remembered_runs(&few).unwrap(),
+            serde_json::to_string(&few).unwrap()
+        );
+        let many: BTreeMap<String, LastRun> = (0..20_000)
+            .map(|i| (format!("team/report-{i:05}"), run(i)))
+            .collect();
+        let text = remembered_runs(&many).unwrap();
+        assert!(text.len() <= LAST_RUNS_BUDGET, "{}", text.len());
+        let kept: BTreeMap<String, LastRun> = serde_json::from_str(&text).unwrap();
+        assert!(
+            kept.len() > 1_000 && kept.len() < many.len(),
+            "{}",
+            kept.len()
+        );
+        let oldest = kept.values().map(|r| r.minute).min().unwrap();
+        assert_eq!(oldest, 20_000 - kept.len() as i64, "the newest are kept");
     }
 }
