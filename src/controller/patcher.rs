@@ -1,8 +1,8 @@
 //! Bulk node patching within bounds: `qps` per second at most (`--api-qps`),
-//! and [`MAX_IN_FLIGHT`] at once. kube's
-//! client already retries 429/503/504 with backoff, so a failure here is
-//! reported, not retried: the next pass re-plans from fresh state, and
-//! retries never stack.
+//! and [`MAX_IN_FLIGHT`] at once. A failure here (a 429 from API Priority
+//! and Fairness included: kube's own retry layer is off) is reported, not
+//! retried: the next pass, after [`crate::retry::pass_backoff`], re-plans
+//! from fresh state, and retries never stack.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,9 +64,8 @@ impl Patcher {
     /// for the progress log), within the bounds: at most [`MAX_IN_FLIGHT`]
     /// patches are built and in flight at once, whatever the total. Yields
     /// each patch (its operations dropped once sent) with its result as it
-    /// completes: one request that kube's client is retrying (a `429` from
-    /// API Priority and Fairness, waiting out its `Retry-After`) holds its
-    /// own slot, not the requests behind it. Long runs log their progress
+    /// completes: one slow request holds its own slot, not the requests
+    /// behind it. Long runs log their progress
     /// every [`PROGRESS_EVERY`] nodes.
     pub fn apply<'a>(
         &'a self,
