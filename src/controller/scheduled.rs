@@ -28,8 +28,10 @@ use super::events::HoldEvent;
 use crate::core::due::{
     Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
 };
+use crate::core::holds::held_until_stamp;
 use crate::core::known::{CronJobSpec, JobPod, KnownWork, LastRun, PodShape, known_work};
 use crate::core::node::NodeMeta;
+use crate::core::patch::floor_seconds;
 use crate::core::schedule::Schedule;
 use crate::core::warm::{WARM_LABEL, is_placeholder};
 
@@ -406,11 +408,15 @@ impl super::WindowTask {
         groups: &BTreeMap<&str, &str>,
         terms: &Terms,
     ) {
+        // New since the last pass, and not stamped with this end already
+        // (a new leader's first pass: the node says it was announced).
         let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
             Keep::ForRun(reserved)
                 if self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until) =>
             {
-                Some((*nodes.get(name)?, reserved))
+                let node = *nodes.get(name)?;
+                let stamped = held_until_stamp(node) == Some(floor_seconds(reserved.until));
+                (!stamped).then_some((node, reserved))
             }
             _ => None,
         });
