@@ -10,6 +10,7 @@ mod converge;
 mod drift;
 mod error;
 mod events;
+mod job_pods;
 mod leader;
 pub mod metrics;
 mod nodes;

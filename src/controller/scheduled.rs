@@ -25,15 +25,15 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::budgets::watch_refused;
 use super::events::HoldEvent;
+use super::job_pods::{JobPods, watch_job_pods};
 use crate::core::due::{
     Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
 };
 use crate::core::holds::held_until_stamp;
-use crate::core::known::{CronJobSpec, JobPod, KnownWork, LastRun, PodShape, known_work};
+use crate::core::known::{CronJobSpec, KnownWork, LastRun, PodShape, known_work};
 use crate::core::node::NodeMeta;
 use crate::core::patch::floor_seconds;
 use crate::core::schedule::Schedule;
-use crate::core::warm::{WARM_LABEL, is_placeholder};
 
 /// Nodes a pass gives a log line and an Event of their own each way
 /// (held for a run, let go); the rest are counted in one line, so that a
@@ -47,17 +47,12 @@ fn said_the_rest(count: usize, what: &str) {
     }
 }
 
-/// The label the Job controller puts on each of its pods.
-const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
-
 /// The watches and their stores; dropping it stops them. `changes` ticks
 /// when either changes, so the leader runs a (coalesced) pass.
 pub struct ScheduledWatch {
     cronjobs: Store<CronJob>,
-    pods: Store<Pod>,
+    pods: JobPods,
     listed: [Arc<AtomicBool>; 2],
-    /// node-holder's namespace, where its placeholders run.
-    namespace: String,
     /// Each CronJob as last read, by uid and resource version: a schedule
     /// is parsed once per version of its CronJob, not at every pass.
     read: std::sync::Mutex<BTreeMap<(String, String), CronJobSpec>>,
@@ -86,19 +81,17 @@ impl ScheduledWatch {
         remembered: &BTreeMap<String, LastRun>,
     ) -> KnownWork {
         let cronjobs = self.read_cronjobs();
-        let pods = self.pods.state();
-        let job_pods = pods.iter().filter_map(|pod| job_pod(pod, &self.namespace));
-        known_work(&cronjobs, job_pods, group_of, from, remembered)
+        self.pods
+            .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered))
     }
 
     /// The placeholder pods seen: each one's Job and node (if bound).
     pub fn placeholders(&self) -> Vec<(String, Option<String>)> {
-        let pods = self.pods.state();
-        pods.iter()
-            .filter_map(|pod| job_pod(pod, &self.namespace))
-            .filter(|pod| pod.placeholder)
-            .map(|pod| (pod.job.to_string(), pod.node.map(str::to_string)))
-            .collect()
+        self.pods.read(|pods| {
+            pods.filter(|pod| pod.placeholder)
+                .map(|pod| (pod.job.to_string(), pod.node.map(str::to_string)))
+                .collect()
+        })
     }
 
     /// Every CronJob as the hold reads it, parsing only those new or
@@ -135,19 +128,12 @@ pub fn watch_scheduled(
         backoff(),
         tick.clone(),
     );
-    let pods_config = watcher::Config::default().labels(JOB_NAME_LABEL);
-    let (pods, pod_task, pods_listed) = reflect(
-        Api::<Pod>::all(client),
-        pods_config,
-        trim_pod,
-        backoff(),
-        tick,
-    );
+    let (pods, pod_task, pods_listed) =
+        watch_job_pods(Api::<Pod>::all(client), namespace, backoff(), tick);
     ScheduledWatch {
         cronjobs,
         pods,
         listed: [cronjobs_listed, pods_listed],
-        namespace: namespace.to_string(),
         read: Default::default(),
         changes,
         _tasks: [cronjob_task, pod_task],
@@ -252,22 +238,6 @@ fn shape(cronjob: &CronJob) -> Option<PodShape> {
     })
 }
 
-/// Keeps of a pod what the hold reads: its name, Job, node and phase, and
-/// whether it is a placeholder.
-fn trim_pod(pod: &mut Pod) {
-    pod.metadata = keep_identity(&pod.metadata, &[JOB_NAME_LABEL, WARM_LABEL.0]);
-    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-        node_name,
-        ..Default::default()
-    });
-    let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-    pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
-        phase,
-        ..Default::default()
-    });
-}
-
 /// The name, namespace, uid and resource version (what a store keys and
 /// orders by), and the labels named.
 fn keep_identity(meta: &ObjectMeta, labels: &[&str]) -> ObjectMeta {
@@ -299,25 +269,6 @@ fn spec(cronjob: &CronJob) -> CronJobSpec {
         suspended: spec.suspend.unwrap_or(false),
         shape: shape(cronjob).map(Arc::new),
     }
-}
-
-/// A Job's pod as the hold reads it; a placeholder is one in node-holder's
-/// `namespace` with its label and name.
-fn job_pod<'a>(pod: &'a Pod, namespace: &str) -> Option<JobPod<'a>> {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    let labels = pod.metadata.labels.as_ref()?;
-    let job = labels.get(JOB_NAME_LABEL)?;
-    let pod_namespace = pod.metadata.namespace.as_deref()?;
-    let placeholder = pod_namespace == namespace
-        && labels.get(WARM_LABEL.0).map(String::as_str) == Some(WARM_LABEL.1)
-        && is_placeholder(job);
-    Some(JobPod {
-        namespace: pod_namespace,
-        job,
-        node: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        running: !matches!(phase, Some("Succeeded" | "Failed")),
-        placeholder,
-    })
 }
 
 impl super::WindowTask {
