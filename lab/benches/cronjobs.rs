@@ -35,14 +35,12 @@ use testenv::ControlPlane;
 
 use node_holder_lab::fleet::{self, pool_node};
 use node_holder_lab::measure::machine::Machine;
-use node_holder_lab::measure::node_holder::{NodeHolderMetrics, wait_first_pass};
+use node_holder_lab::measure::node_holder::{NodeHolderMetrics, PASS_SECONDS, wait_first_pass};
 use node_holder_lab::measure::process::{ProcMemory, mib};
 
 const POOLS: usize = 100;
 const CREATE_IN_FLIGHT: usize = 32;
 const PASSES: usize = 10;
-/// node-holder's histogram of pass times.
-const PASS_SECONDS: &str = "node_holder_reconcile_duration_seconds";
 
 fn main() -> Result<()> {
     node_holder_lab::run_bench(run)

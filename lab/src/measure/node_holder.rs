@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use testsupport::Served;
 
+/// node-holder's histogram of its passes' times (`_count`, `_sum`).
+pub const PASS_SECONDS: &str = "node_holder_pass_duration_seconds";
+
 /// node-holder's own `/metrics`.
 pub struct NodeHolderMetrics(Vec<(String, BTreeMap<String, String>, f64)>);
 
@@ -46,7 +49,7 @@ pub async fn wait_first_pass(served: &Served, limit: Duration, poll: Duration) -
     loop {
         let metrics = NodeHolderMetrics::scrape(served).await?;
         if metrics.get("node_holder_leader") == 1.0
-            && metrics.get("node_holder_reconcile_duration_seconds_count") >= 1.0
+            && metrics.get(&format!("{PASS_SECONDS}_count")) >= 1.0
         {
             return Ok(Instant::now());
         }

@@ -166,7 +166,7 @@ pub async fn probes(
     let extend_end_wall = Timestamp::now();
     let extended = cluster.checkpoint("extend probe settled").await?;
     let nh4 = NodeHolderMetrics::scrape(&serving.served).await?;
-    let passes = "node_holder_reconcile_duration_seconds_count";
+    let passes = &format!("{}_count", crate::measure::node_holder::PASS_SECONDS);
     let applied = "node_holder_holds_applied_total";
     Ok(Probes {
         churn_secs,

@@ -125,7 +125,7 @@ fn print_whole_run(run: &Run) {
         whole_api.writes("configmaps")
     );
     let (nh1, nh2, nh6) = (&start.nh, &hold.nh, &run.release.nh);
-    let passes = "node_holder_reconcile_duration_seconds_count";
+    let passes = &format!("{}_count", crate::measure::node_holder::PASS_SECONDS);
     let applied = "node_holder_holds_applied_total";
     println!(
         "node-holder /metrics: holds_applied {} (+{} in the hold phase), holds_released {}, \
