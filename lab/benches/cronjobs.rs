@@ -41,6 +41,9 @@ use node_holder_lab::measure::process::{ProcMemory, mib};
 const POOLS: usize = 100;
 const CREATE_IN_FLIGHT: usize = 32;
 const PASSES: usize = 10;
+/// How old the newest node is when `serve` starts: past the schedule's
+/// settle for new nodes (60 s).
+const SETTLED: Duration = Duration::from_secs(75);
 
 fn main() -> Result<()> {
     node_holder_lab::run_bench(run)
@@ -60,8 +63,11 @@ async fn run() -> Result<()> {
         .context("starting the control plane")?;
     let admin = cp.admin_client().await?;
     let t = Instant::now();
-    create_cluster(&admin, nodes, cronjobs, pods).await?;
+    let nodes_created = create_cluster(&admin, nodes, cronjobs, pods).await?;
     println!("created the cluster in {:.0} s", t.elapsed().as_secs_f64());
+    // Nodes younger than the schedule's settle (60 s) would all be kept as
+    // new ones waiting for their pods: wait until none is.
+    tokio::time::sleep_until((nodes_created + SETTLED).into()).await;
 
     common::install_node_holder_rbac(&cp).await;
     common::install_rbac_for(&cp, "schedules").await;
@@ -93,18 +99,20 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
-/// The nodes, the CronJobs and their last runs' pods.
+/// The nodes, the CronJobs and their last runs' pods; when the last node
+/// was created.
 async fn create_cluster(
     admin: &kube::Client,
     nodes: usize,
     cronjobs: usize,
     pods: usize,
-) -> Result<()> {
+) -> Result<Instant> {
     let node_api: Api<Node> = Api::all(admin.clone());
     fleet::create(&node_api, nodes, CREATE_IN_FLIGHT, |i| {
         pool_node(&node_name(i), &format!("pool-{:02}", i % POOLS))
     })
     .await?;
+    let nodes_created = Instant::now();
     let cronjob_api: Api<CronJob> = Api::namespaced(admin.clone(), "default");
     fleet::create(&cronjob_api, cronjobs, CREATE_IN_FLIGHT, cronjob).await?;
     let pod_api: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -130,7 +138,7 @@ async fn create_cluster(
     while let Some(result) = done.next().await {
         result.context("finishing a run's pod")?;
     }
-    Ok(())
+    Ok(nodes_created)
 }
 
 fn node_name(i: usize) -> String {
