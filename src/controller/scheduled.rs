@@ -55,7 +55,7 @@ pub struct ScheduledWatch {
     listed: [Arc<AtomicBool>; 2],
     /// Each CronJob as last read, by uid and resource version: a schedule
     /// is parsed once per version of its CronJob, not at every pass.
-    read: std::sync::Mutex<BTreeMap<(String, String), CronJobSpec>>,
+    read: std::sync::Mutex<BTreeMap<(String, String), Arc<CronJobSpec>>>,
     pub changes: tokio::sync::watch::Receiver<u64>,
     _tasks: [AbortOnDropHandle<()>; 2],
 }
@@ -96,7 +96,7 @@ impl ScheduledWatch {
 
     /// Every CronJob as the hold reads it, parsing only those new or
     /// changed since the last pass.
-    fn read_cronjobs(&self) -> Vec<CronJobSpec> {
+    fn read_cronjobs(&self) -> Vec<Arc<CronJobSpec>> {
         let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
         let mut now = BTreeMap::new();
         for cronjob in self.cronjobs.state() {
@@ -105,7 +105,9 @@ impl ScheduledWatch {
                 meta.uid.clone().unwrap_or_default(),
                 meta.resource_version.clone().unwrap_or_default(),
             );
-            let spec = read.remove(&version).unwrap_or_else(|| spec(&cronjob));
+            let spec = read
+                .remove(&version)
+                .unwrap_or_else(|| Arc::new(spec(&cronjob)));
             now.insert(version, spec);
         }
         *read = now;

@@ -11,6 +11,7 @@
 //! so it opens no hold window. A CronJob whose schedule cannot be predicted
 //! is not known: its pods are other work, which the window holds.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -146,16 +147,17 @@ struct Seen<'a> {
 /// `group_of` names the group of a node (`None` for a node that is gone or
 /// out of scope). A CronJob whose runs' nodes are all gone counts with its
 /// last run as `remembered`.
-pub fn known_work<'a>(
-    cronjobs: &[CronJobSpec],
+pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
+    cronjobs: &[C],
     pods: impl IntoIterator<Item = JobPod<'a>>,
     group_of: impl Fn(&str) -> Option<String>,
     from: Timestamp,
     remembered: &BTreeMap<String, LastRun>,
 ) -> KnownWork {
+    let cronjobs = cronjobs.iter().map(Borrow::borrow);
     let keys: BTreeSet<&str> = cronjobs
-        .iter()
-        .filter(|c| c.schedule.is_ok())
+        .clone()
+        .filter(|c: &&CronJobSpec| c.schedule.is_ok())
         .map(|c| c.key.as_str())
         .collect();
     let mut work = KnownWork::default();
