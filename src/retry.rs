@@ -12,9 +12,21 @@ use kube::runtime::watcher;
 /// would leave the window task blind for up to 30 s after an API server
 /// restart; the window waits for the watch, so the reconnect must be quick.
 pub fn watch_backoff() -> watcher::ExponentialBackoff {
+    backoff_up_to(Duration::from_secs(5))
+}
+
+/// Retry delays of a watch of an API the cluster may not serve at all
+/// (Karpenter's NodeClaims): up to a minute, so that a cluster without it
+/// is asked once a minute, not every few seconds.
+pub fn optional_api_backoff() -> watcher::ExponentialBackoff {
+    backoff_up_to(Duration::from_secs(60))
+}
+
+/// From half a second, doubling, to at most `max`, for ever.
+fn backoff_up_to(max: Duration) -> watcher::ExponentialBackoff {
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(5))
+        .with_max_delay(max)
         .with_factor(2.0)
         .without_max_times()
         .into()

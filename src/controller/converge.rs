@@ -12,11 +12,7 @@ impl WindowTask {
         now: Timestamp,
         pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
-        let drifted = self
-            .drift
-            .as_ref()
-            .map(drift::DriftWatch::nodes)
-            .unwrap_or_default();
+        let drifted = self.drifted();
         let planner = &Planner {
             windows: &self.windows,
             cfg: &self.config.window,

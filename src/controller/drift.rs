@@ -9,7 +9,6 @@
 //! others, as before.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use futures::TryStreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -20,6 +19,7 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::budgets::watch_refused;
+use crate::retry::optional_api_backoff;
 
 /// Drifted NodeClaims by name, each with its node's name.
 type Drifted = BTreeMap<String, String>;
@@ -35,6 +35,16 @@ impl DriftWatch {
     /// The nodes marked drifted now.
     pub fn nodes(&self) -> BTreeSet<String> {
         self.changes.borrow().values().cloned().collect()
+    }
+}
+
+impl super::WindowTask {
+    /// The nodes marked drifted now (none without the watch).
+    pub(super) fn drifted(&self) -> BTreeSet<String> {
+        self.drift
+            .as_ref()
+            .map(DriftWatch::nodes)
+            .unwrap_or_default()
     }
 }
 
@@ -55,7 +65,7 @@ pub fn watch_drift(client: kube::Client) -> DriftWatch {
 
 /// Follows the NodeClaims into `tx` until the watch ends.
 async fn follow(api: Api<DynamicObject>, tx: watch::Sender<Drifted>) {
-    let events = watcher::watcher(api, watcher::Config::default()).backoff(backoff());
+    let events = watcher::watcher(api, watcher::Config::default()).backoff(optional_api_backoff());
     futures::pin_mut!(events);
     let mut listing = Drifted::new();
     let mut said = false;
@@ -81,17 +91,6 @@ async fn follow(api: Api<DynamicObject>, tx: watch::Sender<Drifted>) {
             Err(err) => refused(&err, &mut said),
         }
     }
-}
-
-/// Backs off up to a minute: a cluster without Karpenter is asked once a
-/// minute, not every few seconds.
-fn backoff() -> watcher::ExponentialBackoff {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(60))
-        .with_factor(2.0)
-        .without_max_times()
-        .into()
 }
 
 /// Says once why the watch cannot list; other failures each time.

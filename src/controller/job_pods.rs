@@ -109,63 +109,89 @@ pub fn watch_job_pods(
     backoff: watcher::ExponentialBackoff,
     tick: Arc<tokio::sync::watch::Sender<u64>>,
 ) -> (JobPods, AbortOnDropHandle<()>, Arc<AtomicBool>) {
-    let store = JobPods::default();
     let listed = Arc::new(AtomicBool::new(false));
-    let (writer, done, namespace) = (store.clone(), listed.clone(), namespace.to_string());
+    let mut follower = Follower {
+        store: JobPods::default(),
+        listing: Pods::new(),
+        namespace: namespace.to_string(),
+        listed: listed.clone(),
+    };
+    let store = follower.store.clone();
     let task = tokio::spawn(async move {
         let config = watcher::Config::default().labels(JOB_NAME_LABEL);
         let events = watcher::watcher(api, config).backoff(backoff);
         futures::pin_mut!(events);
-        let mut listing = Pods::new();
         loop {
             match events.try_next().await {
-                Ok(Some(Event::Init)) => {
-                    listing.clear();
-                    continue;
-                }
-                Ok(Some(Event::InitApply(pod))) => {
-                    if let (Some(key), Some(stored)) =
-                        (key(&pod), StoredPod::read(&pod, &namespace))
-                    {
-                        listing.insert(key, stored);
+                Ok(Some(event)) => {
+                    if follower.take(event) {
+                        tick.send_modify(|n| *n = n.wrapping_add(1));
                     }
-                    continue;
-                }
-                Ok(Some(Event::InitDone)) => {
-                    *writer.write() = std::mem::take(&mut listing);
-                    done.store(true, Ordering::Release);
-                }
-                Ok(Some(Event::Apply(pod))) => {
-                    let Some(key) = key(&pod) else { continue };
-                    match StoredPod::read(&pod, &namespace) {
-                        Some(stored) => writer.write().insert(key, stored),
-                        None => writer.write().remove(&key),
-                    };
-                }
-                Ok(Some(Event::Delete(pod))) => {
-                    let Some(key) = key(&pod) else { continue };
-                    writer.write().remove(&key);
                 }
                 Ok(None) => return,
-                Err(err) if watch_refused(&err) == Some(403) => {
-                    if !done.swap(true, Ordering::AcqRel) {
-                        tracing::warn!(
-                            error = %err,
-                            "may not list Pods: nodes are held as if nothing were scheduled \
-                             (grant webhook-config/rbac.yaml's schedule rules); retrying"
-                        );
-                    }
-                    continue;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "Pod watch failed; retrying");
-                    continue;
-                }
+                Err(err) => watch_failed(&err, "Pod", &follower.listed),
             }
-            tick.send_modify(|n| *n = n.wrapping_add(1));
         }
     });
     (store, AbortOnDropHandle::new(task), listed)
+}
+
+/// The watch's side of the store: the list under way and where it goes.
+struct Follower {
+    store: JobPods,
+    /// The pods of a (re)list under way.
+    listing: Pods,
+    namespace: String,
+    listed: Arc<AtomicBool>,
+}
+
+impl Follower {
+    /// Takes in one watcher event; whether the store changed.
+    fn take(&mut self, event: Event<Pod>) -> bool {
+        match event {
+            Event::Init => self.listing.clear(),
+            Event::InitApply(pod) => {
+                if let (Some(key), Some(stored)) =
+                    (key(&pod), StoredPod::read(&pod, &self.namespace))
+                {
+                    self.listing.insert(key, stored);
+                }
+            }
+            Event::InitDone => {
+                *self.store.write() = std::mem::take(&mut self.listing);
+                self.listed.store(true, Ordering::Release);
+                return true;
+            }
+            Event::Apply(pod) => {
+                let Some(key) = key(&pod) else { return false };
+                match StoredPod::read(&pod, &self.namespace) {
+                    Some(stored) => self.store.write().insert(key, stored),
+                    None => self.store.write().remove(&key),
+                };
+                return true;
+            }
+            Event::Delete(pod) => {
+                let Some(key) = key(&pod) else { return false };
+                return self.store.write().remove(&key).is_some();
+            }
+        }
+        false
+    }
+}
+
+/// What a failed watch of the scheduled work says: once, that it may not
+/// list `kind`s (403; it then counts as listed, empty); each time, any
+/// other failure. The watcher retries either way.
+pub fn watch_failed(err: &watcher::Error, kind: &str, listed: &AtomicBool) {
+    if watch_refused(err) != Some(403) {
+        tracing::warn!(error = %err, "{kind} watch failed; retrying");
+    } else if !listed.swap(true, Ordering::AcqRel) {
+        tracing::warn!(
+            error = %err,
+            "may not list {kind}s: nodes are held as if nothing were scheduled \
+             (grant webhook-config/rbac.yaml's schedule rules); retrying"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -23,9 +23,8 @@ use kube::runtime::watcher::{self, Event};
 use strum::IntoEnumIterator;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::budgets::watch_refused;
 use super::events::HoldEvent;
-use super::job_pods::{JobPods, watch_job_pods};
+use super::job_pods::{JobPods, watch_failed, watch_job_pods};
 use crate::core::due::{
     Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
 };
@@ -170,18 +169,8 @@ where
                 Ok(Some(Event::Init | Event::InitApply(_))) => continue,
                 Ok(Some(_)) => {}
                 Ok(None) => return,
-                Err(err) if watch_refused(&err) == Some(403) => {
-                    if !done.swap(true, Ordering::AcqRel) {
-                        tracing::warn!(
-                            error = %err,
-                            "may not list {kind}s: nodes are held as if nothing were scheduled \
-                             (grant webhook-config/rbac.yaml's schedule rules); retrying"
-                        );
-                    }
-                    continue;
-                }
                 Err(err) => {
-                    tracing::warn!(error = %err, "{kind} watch failed; retrying");
+                    watch_failed(&err, &kind, &done);
                     continue;
                 }
             }

@@ -326,6 +326,17 @@ mod tests {
         meta
     }
 
+    /// A manual hold from t(1) to t(60).
+    fn hold_by_hand(windows: &mut Windows) {
+        let manual = crate::core::window::ManualHold {
+            requested_at: t(1),
+            until: t(60),
+            by: "ops".into(),
+            reason: "rollout".into(),
+        };
+        windows.hold_manually(manual, t(1));
+    }
+
     fn names(patches: &[NodePatch]) -> Vec<&str> {
         patches.iter().map(|p| p.name.as_str()).collect()
     }
@@ -629,7 +640,6 @@ mod tests {
     /// a manual hold holds both.
     #[test]
     fn the_schedule_alone_decides_for_the_nodes_it_explains() {
-        use crate::core::window::ManualHold;
         let cfg = cfg();
         let mut windows = Windows::from(open_window(&cfg, 0));
         let nodes = stored(
@@ -653,13 +663,7 @@ mod tests {
         };
         let plan = plan_at(&windows);
         assert_eq!(names(&plan.release), ["cron-idle"]);
-        let manual = ManualHold {
-            requested_at: t(1),
-            until: t(60),
-            by: "ops".into(),
-            reason: "rollout".into(),
-        };
-        windows.hold_manually(manual, t(1));
+        hold_by_hand(&mut windows);
         assert!(
             plan_at(&windows).release.is_empty(),
             "the manual hold holds all"
@@ -671,7 +675,6 @@ mod tests {
     /// is held; a manual hold holds the drifted node too.
     #[test]
     fn the_window_and_the_schedule_do_not_hold_a_drifted_node_a_manual_hold_does() {
-        use crate::core::window::ManualHold;
         let cfg = cfg();
         let mut windows = Windows::from(open_window(&cfg, 0));
         let nodes = stored(
@@ -709,13 +712,7 @@ mod tests {
         assert_eq!(names(&plan.release), ["drifted", "kept-drifted"]);
         assert!(plan.release.iter().all(|p| p.drifted), "{plan:?}");
         assert_eq!(names(&plan.hold), ["replacement"]);
-        let manual = ManualHold {
-            requested_at: t(1),
-            until: t(60),
-            by: "ops".into(),
-            reason: "freeze".into(),
-        };
-        windows.hold_manually(manual, t(1));
+        hold_by_hand(&mut windows);
         let plan = plan_at(&windows);
         assert!(plan.release.is_empty(), "{plan:?}");
         assert_eq!(names(&plan.stamp), ["drifted", "kept-drifted"]);
