@@ -8,33 +8,34 @@
 //! says so once and goes on empty: drifted nodes are then held like the
 //! others, as before.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::TryStreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::budgets::watch_refused;
+use super::compact::{Compact, watch_compact};
 use crate::retry::optional_api_backoff;
-
-/// Drifted NodeClaims by name, each with its node's name.
-type Drifted = BTreeMap<String, String>;
 
 /// The watch and what it has seen; dropping it stops the watch.
 pub struct DriftWatch {
-    /// Changes when a NodeClaim drifts or a drifted one goes.
-    pub changes: watch::Receiver<Drifted>,
+    /// Each drifted NodeClaim's node, by the claim's name.
+    claims: Compact<Box<str>>,
+    /// Ticks when a NodeClaim drifts or a drifted one goes.
+    pub changes: watch::Receiver<u64>,
     _task: AbortOnDropHandle<()>,
 }
 
 impl DriftWatch {
     /// The nodes marked drifted now.
     pub fn nodes(&self) -> BTreeSet<String> {
-        self.changes.borrow().values().cloned().collect()
+        self.claims
+            .read(|claims| claims.values().map(|node| node.to_string()).collect())
     }
 }
 
@@ -55,46 +56,24 @@ pub fn watch_drift(client: kube::Client) -> DriftWatch {
         client,
         &ApiResource::from_gvk_with_plural(&claim, "nodeclaims"),
     );
-    let (tx, changes) = watch::channel(Drifted::new());
-    let task = tokio::spawn(follow(api, tx));
+    let (tick, changes) = watch::channel(0u64);
+    let watched = watch_compact(
+        api,
+        watcher::Config::default(),
+        optional_api_backoff(),
+        Arc::new(tick),
+        drifted_node,
+        refused,
+    );
     DriftWatch {
+        claims: watched.store,
         changes,
-        _task: AbortOnDropHandle::new(task),
+        _task: watched.task,
     }
 }
 
-/// Follows the NodeClaims into `tx` until the watch ends.
-async fn follow(api: Api<DynamicObject>, tx: watch::Sender<Drifted>) {
-    let events = watcher::watcher(api, watcher::Config::default()).backoff(optional_api_backoff());
-    futures::pin_mut!(events);
-    let mut listing = Drifted::new();
-    let mut said = false;
-    loop {
-        match events.try_next().await {
-            Ok(Some(Event::Init)) => listing.clear(),
-            Ok(Some(Event::InitApply(claim))) => {
-                if let Some((name, node)) = drifted(&claim) {
-                    listing.insert(name, node);
-                }
-            }
-            Ok(Some(Event::InitDone)) => {
-                tx.send_if_modified(|now| replace(now, std::mem::take(&mut listing)));
-            }
-            Ok(Some(Event::Apply(claim))) => {
-                tx.send_if_modified(|now| applied(now, &claim));
-            }
-            Ok(Some(Event::Delete(claim))) => {
-                let name = claim.metadata.name.unwrap_or_default();
-                tx.send_if_modified(|now| now.remove(&name).is_some());
-            }
-            Ok(None) => return,
-            Err(err) => refused(&err, &mut said),
-        }
-    }
-}
-
-/// Says once why the watch cannot list; other failures each time.
-fn refused(err: &watcher::Error, said: &mut bool) {
+/// Says once (`said`) why the watch cannot list; other failures each time.
+fn refused(err: &watcher::Error, said: &AtomicBool) {
     let why = match watch_refused(err) {
         Some(404) => "Karpenter v1's NodeClaims are not served",
         Some(403) => "may not list NodeClaims (grant webhook-config/rbac.yaml's nodeclaims rule)",
@@ -103,40 +82,21 @@ fn refused(err: &watcher::Error, said: &mut bool) {
             return;
         }
     };
-    if !std::mem::replace(said, true) {
+    if !said.swap(true, Ordering::AcqRel) {
         tracing::info!(error = %err, "{why}: drifted nodes are held like the others; retrying");
     }
 }
 
-fn replace(now: &mut Drifted, listed: Drifted) -> bool {
-    let changed = *now != listed;
-    *now = listed;
-    changed
-}
-
-/// Takes in one changed NodeClaim; whether the drifted set changed.
-fn applied(now: &mut Drifted, claim: &DynamicObject) -> bool {
-    match drifted(claim) {
-        Some((name, node)) => now.insert(name, node.clone()).as_ref() != Some(&node),
-        None => claim
-            .metadata
-            .name
-            .as_ref()
-            .is_some_and(|name| now.remove(name).is_some()),
-    }
-}
-
-/// The NodeClaim's name and its node's when Karpenter marked it drifted
-/// (condition `Drifted` with status `True`) and it has a node.
-fn drifted(claim: &DynamicObject) -> Option<(String, String)> {
+/// The NodeClaim's node when Karpenter marked it drifted (condition
+/// `Drifted` with status `True`) and it has a node.
+fn drifted_node(claim: &DynamicObject) -> Option<Box<str>> {
     let status = claim.data.get("status")?;
     let node = status.get("nodeName")?.as_str()?;
-    let name = claim.metadata.name.as_ref()?;
     let conditions = status.get("conditions")?.as_array()?;
     conditions
         .iter()
         .any(|c| c["type"] == "Drifted" && c["status"] == "True")
-        .then(|| (name.clone(), node.to_string()))
+        .then(|| node.into())
 }
 
 #[cfg(test)]
@@ -163,20 +123,10 @@ mod tests {
     #[test]
     fn only_a_drifted_claim_with_a_node_counts() {
         assert_eq!(
-            drifted(&claim("a", Some("n1"), "True")),
-            Some(("a".into(), "n1".into()))
+            drifted_node(&claim("a", Some("n1"), "True")).as_deref(),
+            Some("n1")
         );
-        assert_eq!(drifted(&claim("a", Some("n1"), "False")), None);
-        assert_eq!(drifted(&claim("a", None, "True")), None);
-    }
-
-    #[test]
-    fn a_change_is_reported_only_when_the_set_moves() {
-        let mut now = Drifted::new();
-        assert!(applied(&mut now, &claim("a", Some("n1"), "True")));
-        assert!(!applied(&mut now, &claim("a", Some("n1"), "True")));
-        assert!(!applied(&mut now, &claim("b", Some("n2"), "False")));
-        assert!(applied(&mut now, &claim("a", Some("n1"), "False")));
-        assert!(now.is_empty());
+        assert_eq!(drifted_node(&claim("a", Some("n1"), "False")), None);
+        assert_eq!(drifted_node(&claim("a", None, "True")), None);
     }
 }

@@ -1,24 +1,16 @@
 //! `--launch-cost`: the Jobs' pods as the schedule hold reads them, in a
-//! store of node-holder's own: of each pod its namespace, Job, node and
-//! whether it is finished, not kube's whole `Pod` (2.4 KiB a pod before its
-//! strings), so that 50,000 of them take a few MiB.
-//!
-//! The store follows kube's watcher events as its reflector does: a
-//! (re)list fills a new map that replaces the old one once complete, and
-//! each change after it replaces or removes one pod.
+//! [`Compact`] store: of each pod its namespace, Job, node and whether it
+//! is finished, so that 50,000 of them take a few MiB.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
 
-use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use tokio_util::task::AbortOnDropHandle;
+use kube::runtime::watcher;
 
 use super::budgets::watch_refused;
+use super::compact::{Compact, Watched, watch_compact};
 use crate::core::known::JobPod;
 use crate::core::warm::{WARM_LABEL, is_placeholder};
 
@@ -70,112 +62,38 @@ impl StoredPod {
     }
 }
 
-/// Pods by namespace and name.
-type Pods = HashMap<(Box<str>, Box<str>), StoredPod>;
-
 /// The Jobs' pods as last read. Cloning shares it: the watch task writes,
 /// passes read.
 #[derive(Debug, Clone, Default)]
-pub struct JobPods(Arc<RwLock<Pods>>);
+pub struct JobPods(Compact<StoredPod>);
 
 impl JobPods {
     /// Calls `read` with every pod now.
     pub fn read<T>(&self, read: impl FnOnce(&mut dyn Iterator<Item = JobPod<'_>>) -> T) -> T {
-        // A panic while writing cannot leave the map half-changed: each
-        // write is one insert, remove or swap.
-        let pods = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        read(&mut pods.values().map(StoredPod::view))
+        self.0
+            .read(|pods| read(&mut pods.values().map(StoredPod::view)))
     }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Pods> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-fn key(pod: &Pod) -> Option<(Box<str>, Box<str>)> {
-    let meta = &pod.metadata;
-    Some((
-        meta.namespace.as_deref()?.into(),
-        meta.name.as_deref()?.into(),
-    ))
 }
 
 /// Starts the watch of the Jobs' pods (only pods labelled
-/// [`JOB_NAME_LABEL`]): the store, the task, and whether it has listed (or
-/// was refused). `tick` is bumped at each change.
+/// [`JOB_NAME_LABEL`]); `namespace` is node-holder's own, where its
+/// placeholders run. `tick` is bumped at each change.
 pub fn watch_job_pods(
     api: Api<Pod>,
     namespace: &str,
     backoff: watcher::ExponentialBackoff,
     tick: Arc<tokio::sync::watch::Sender<u64>>,
-) -> (JobPods, AbortOnDropHandle<()>, Arc<AtomicBool>) {
-    let listed = Arc::new(AtomicBool::new(false));
-    let mut follower = Follower {
-        store: JobPods::default(),
-        listing: Pods::new(),
-        namespace: namespace.to_string(),
-        listed: listed.clone(),
-    };
-    let store = follower.store.clone();
-    let task = tokio::spawn(async move {
-        let config = watcher::Config::default().labels(JOB_NAME_LABEL);
-        let events = watcher::watcher(api, config).backoff(backoff);
-        futures::pin_mut!(events);
-        loop {
-            match events.try_next().await {
-                Ok(Some(event)) => {
-                    if follower.take(event) {
-                        tick.send_modify(|n| *n = n.wrapping_add(1));
-                    }
-                }
-                Ok(None) => return,
-                Err(err) => watch_failed(&err, "Pod", &follower.listed),
-            }
-        }
+) -> Watched<JobPods> {
+    let namespace = namespace.to_string();
+    let config = watcher::Config::default().labels(JOB_NAME_LABEL);
+    let read = move |pod: &Pod| StoredPod::read(pod, &namespace);
+    let watched = watch_compact(api, config, backoff, tick, read, |err, listed| {
+        watch_failed(err, "Pod", listed)
     });
-    (store, AbortOnDropHandle::new(task), listed)
-}
-
-/// The watch's side of the store: the list under way and where it goes.
-struct Follower {
-    store: JobPods,
-    /// The pods of a (re)list under way.
-    listing: Pods,
-    namespace: String,
-    listed: Arc<AtomicBool>,
-}
-
-impl Follower {
-    /// Takes in one watcher event; whether the store changed.
-    fn take(&mut self, event: Event<Pod>) -> bool {
-        match event {
-            Event::Init => self.listing.clear(),
-            Event::InitApply(pod) => {
-                if let (Some(key), Some(stored)) =
-                    (key(&pod), StoredPod::read(&pod, &self.namespace))
-                {
-                    self.listing.insert(key, stored);
-                }
-            }
-            Event::InitDone => {
-                *self.store.write() = std::mem::take(&mut self.listing);
-                self.listed.store(true, Ordering::Release);
-                return true;
-            }
-            Event::Apply(pod) => {
-                let Some(key) = key(&pod) else { return false };
-                match StoredPod::read(&pod, &self.namespace) {
-                    Some(stored) => self.store.write().insert(key, stored),
-                    None => self.store.write().remove(&key),
-                };
-                return true;
-            }
-            Event::Delete(pod) => {
-                let Some(key) = key(&pod) else { return false };
-                return self.store.write().remove(&key).is_some();
-            }
-        }
-        false
+    Watched {
+        store: JobPods(watched.store),
+        listed: watched.listed,
+        task: watched.task,
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod budgets;
 mod coalesce;
+mod compact;
 mod converge;
 mod drift;
 mod error;

@@ -8,21 +8,18 @@
 //! goes on empty: every node is then held as if nothing were scheduled.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError};
 
-use futures::TryStreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::{CronJob, JobSpec};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec, ResourceRequirements};
-use kube::Resource;
-use kube::api::{Api, ObjectMeta};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::Api;
+use kube::runtime::watcher;
 use strum::IntoEnumIterator;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::compact::{Compact, watch_compact};
 use super::events::HoldEvent;
 use super::job_pods::{JobPods, watch_failed, watch_job_pods};
 use crate::core::due::{
@@ -32,7 +29,7 @@ use crate::core::holds::held_until_stamp;
 use crate::core::known::{CronJobSpec, KnownWork, LastRun, PodShape, known_work};
 use crate::core::node::NodeMeta;
 use crate::core::patch::floor_seconds;
-use crate::core::schedule::Schedule;
+use crate::core::schedule::Schedules;
 
 /// Nodes a pass gives a log line and an Event of their own each way
 /// (held for a run, let go); the rest are counted in one line, so that a
@@ -49,12 +46,11 @@ fn said_the_rest(count: usize, what: &str) {
 /// The watches and their stores; dropping it stops them. `changes` ticks
 /// when either changes, so the leader runs a (coalesced) pass.
 pub struct ScheduledWatch {
-    cronjobs: Store<CronJob>,
+    /// Each CronJob as the hold reads it, its schedule parsed as it
+    /// arrives (once per change, not at every pass).
+    cronjobs: Compact<Arc<CronJobSpec>>,
     pods: JobPods,
     listed: [Arc<AtomicBool>; 2],
-    /// Each CronJob as last read, by uid and resource version: a schedule
-    /// is parsed once per version of its CronJob, not at every pass.
-    read: std::sync::Mutex<BTreeMap<(String, String), Arc<CronJobSpec>>>,
     pub changes: tokio::sync::watch::Receiver<u64>,
     _tasks: [AbortOnDropHandle<()>; 2],
 }
@@ -66,20 +62,22 @@ impl ScheduledWatch {
         self.listed.iter().all(|l| l.load(Ordering::Acquire))
     }
 
-    /// The scheduled work after `from`; `group_of` names a node's group,
-    /// `remembered` each CronJob's last run whose nodes may be gone.
     /// Whether the cluster has a CronJob (predictable or not).
     fn has_cronjobs(&self) -> bool {
-        !self.cronjobs.state().is_empty()
+        self.cronjobs.read(|cronjobs| !cronjobs.is_empty())
     }
 
+    /// The scheduled work after `from`; `group_of` names a node's group,
+    /// `remembered` each CronJob's last run whose nodes may be gone.
     fn known(
         &self,
         from: Timestamp,
         group_of: impl Fn(&str) -> Option<String>,
         remembered: &BTreeMap<String, LastRun>,
     ) -> KnownWork {
-        let cronjobs = self.read_cronjobs();
+        let cronjobs: Vec<Arc<CronJobSpec>> = self
+            .cronjobs
+            .read(|cronjobs| cronjobs.values().cloned().collect());
         self.pods
             .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered))
     }
@@ -92,26 +90,6 @@ impl ScheduledWatch {
                 .collect()
         })
     }
-
-    /// Every CronJob as the hold reads it, parsing only those new or
-    /// changed since the last pass.
-    fn read_cronjobs(&self) -> Vec<Arc<CronJobSpec>> {
-        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut now = BTreeMap::new();
-        for cronjob in self.cronjobs.state() {
-            let meta = &cronjob.metadata;
-            let version = (
-                meta.uid.clone().unwrap_or_default(),
-                meta.resource_version.clone().unwrap_or_default(),
-            );
-            let spec = read
-                .remove(&version)
-                .unwrap_or_else(|| Arc::new(spec(&cronjob)));
-            now.insert(version, spec);
-        }
-        *read = now;
-        read.values().cloned().collect()
-    }
 }
 
 /// Starts both watches.
@@ -122,98 +100,41 @@ pub fn watch_scheduled(
 ) -> ScheduledWatch {
     let (tick, changes) = tokio::sync::watch::channel(0u64);
     let tick = Arc::new(tick);
-    let (cronjobs, cronjob_task, cronjobs_listed) = reflect(
+    let mut schedules = Schedules::default();
+    let cronjobs = watch_compact(
         Api::<CronJob>::all(client.clone()),
         watcher::Config::default(),
-        trim_cronjob,
         backoff(),
         tick.clone(),
+        move |cronjob: &CronJob| Some(Arc::new(spec(cronjob, &mut schedules))),
+        |err, listed| watch_failed(err, "CronJob", listed),
     );
-    let (pods, pod_task, pods_listed) =
-        watch_job_pods(Api::<Pod>::all(client), namespace, backoff(), tick);
+    let pods = watch_job_pods(Api::<Pod>::all(client), namespace, backoff(), tick);
     ScheduledWatch {
-        cronjobs,
-        pods,
-        listed: [cronjobs_listed, pods_listed],
-        read: Default::default(),
+        cronjobs: cronjobs.store,
+        pods: pods.store,
+        listed: [cronjobs.listed, pods.listed],
         changes,
-        _tasks: [cronjob_task, pod_task],
+        _tasks: [cronjobs.task, pods.task],
     }
 }
 
-/// One reflector: its store, its task and whether it has listed.
-fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    trim: fn(&mut K),
-    backoff: watcher::ExponentialBackoff,
-    tick: Arc<tokio::sync::watch::Sender<u64>>,
-) -> (Store<K>, AbortOnDropHandle<()>, Arc<AtomicBool>)
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
-    K: serde::de::DeserializeOwned,
-{
-    let (store, writer) = reflector::store();
-    let listed = Arc::new(AtomicBool::new(false));
-    let done = listed.clone();
-    let kind = K::kind(&()).to_string();
-    let task = tokio::spawn(async move {
-        let events = watcher::watcher(api, config)
-            .backoff(backoff)
-            .modify(trim)
-            .reflect(writer);
-        futures::pin_mut!(events);
-        loop {
-            match events.try_next().await {
-                Ok(Some(Event::InitDone)) => done.store(true, Ordering::Release),
-                Ok(Some(Event::Init | Event::InitApply(_))) => continue,
-                Ok(Some(_)) => {}
-                Ok(None) => return,
-                Err(err) => {
-                    watch_failed(&err, &kind, &done);
-                    continue;
-                }
-            }
-            tick.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    });
-    (store, AbortOnDropHandle::new(task), listed)
+/// The CronJob as the hold reads it: its name, schedule, zone and
+/// `suspend`, and of its pod template what a placeholder copies.
+fn spec(cronjob: &CronJob, schedules: &mut Schedules) -> CronJobSpec {
+    let namespace = cronjob.metadata.namespace.as_deref().unwrap_or_default();
+    let name = cronjob.metadata.name.as_deref().unwrap_or_default();
+    let spec = &cronjob.spec;
+    CronJobSpec {
+        key: format!("{namespace}/{name}"),
+        uid: cronjob.metadata.uid.clone(),
+        schedule: schedules.parse(&spec.schedule, spec.time_zone.as_deref()),
+        suspended: spec.suspend.unwrap_or(false),
+        shape: shape(cronjob).map(Arc::new),
+    }
 }
 
-/// Keeps of a CronJob what the hold reads: its name, schedule, zone and
-/// `suspend`, and of its pod template what a placeholder copies
-/// ([`PodShape`]).
-fn trim_cronjob(cronjob: &mut CronJob) {
-    cronjob.metadata = keep_identity(&cronjob.metadata, &[]);
-    cronjob.status = None;
-    let template = std::mem::take(&mut cronjob.spec.job_template);
-    let pod = template.spec.and_then(|job| job.template.spec);
-    let Some(pod) = pod else { return };
-    let containers = pod.containers.into_iter().map(|c| Container {
-        name: c.name,
-        resources: c.resources.map(|r| ResourceRequirements {
-            requests: r.requests,
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    let pod = PodSpec {
-        containers: containers.collect(),
-        node_selector: pod.node_selector,
-        tolerations: pod.tolerations,
-        affinity: pod.affinity,
-        ..Default::default()
-    };
-    cronjob.spec.job_template.spec = Some(JobSpec {
-        template: PodTemplateSpec {
-            spec: Some(pod),
-            ..Default::default()
-        },
-        ..Default::default()
-    });
-}
-
-/// What the trimmed template says the run's pods ask of a node.
+/// What the template says the run's pods ask of a node ([`PodShape`]).
 fn shape(cronjob: &CronJob) -> Option<PodShape> {
     let job = cronjob.spec.job_template.spec.as_ref()?;
     let pod = job.template.spec.as_ref()?;
@@ -227,39 +148,6 @@ fn shape(cronjob: &CronJob) -> Option<PodShape> {
         tolerations: pod.tolerations.clone(),
         affinity: pod.affinity.clone(),
     })
-}
-
-/// The name, namespace, uid and resource version (what a store keys and
-/// orders by), and the labels named.
-fn keep_identity(meta: &ObjectMeta, labels: &[&str]) -> ObjectMeta {
-    let kept: BTreeMap<String, String> = meta
-        .labels
-        .iter()
-        .flatten()
-        .filter(|(k, _)| labels.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    ObjectMeta {
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        labels: (!kept.is_empty()).then_some(kept),
-        ..Default::default()
-    }
-}
-
-fn spec(cronjob: &CronJob) -> CronJobSpec {
-    let namespace = cronjob.metadata.namespace.as_deref().unwrap_or_default();
-    let name = cronjob.metadata.name.as_deref().unwrap_or_default();
-    let spec = &cronjob.spec;
-    CronJobSpec {
-        key: format!("{namespace}/{name}"),
-        uid: cronjob.metadata.uid.clone(),
-        schedule: Schedule::parse(&spec.schedule, spec.time_zone.as_deref()),
-        suspended: spec.suspend.unwrap_or(false),
-        shape: shape(cronjob).map(Arc::new),
-    }
 }
 
 impl super::WindowTask {

@@ -52,7 +52,7 @@ pub struct Run {
 }
 
 /// A CronJob as the hold reads it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CronJobSpec {
     /// `namespace/name`.
     pub key: String,

@@ -14,15 +14,58 @@
 //!   a day must match both, otherwise either (the controller's rule; croner
 //!   alone would read `*/2` as a restriction);
 //! - `N/step` runs from `N` to the field's end, as the controller reads it.
+//!
+//! A parsed croner schedule takes about 5 KiB (a byte per possible year);
+//! [`Schedules`] shares one among the CronJobs that run on the same fields.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
 /// A parsed schedule: when a CronJob's runs are due.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
-    cron: croner::Cron,
+    cron: Arc<croner::Cron>,
     zone: TimeZone,
+}
+
+/// Parses schedules, sharing each parse among the schedules of the same
+/// five fields while any of them lives.
+#[derive(Debug, Default)]
+pub struct Schedules {
+    parsed: HashMap<String, Weak<croner::Cron>>,
+    /// The entries after the last sweep of dead ones.
+    swept_to: usize,
+}
+
+impl Schedules {
+    /// As [`Schedule::parse`], reusing a live parse of the same fields.
+    pub fn parse(
+        &mut self,
+        schedule: &str,
+        time_zone: Option<&str>,
+    ) -> Result<Schedule, ScheduleError> {
+        let zone = zone(time_zone)?;
+        let fields = five_fields(schedule)?.join(" ");
+        if let Some(cron) = self.parsed.get(&fields).and_then(Weak::upgrade) {
+            return Ok(Schedule { cron, zone });
+        }
+        let cron = Arc::new(parse_fields(schedule, &fields)?);
+        self.forget_the_dead();
+        self.parsed.insert(fields, Arc::downgrade(&cron));
+        Ok(Schedule { cron, zone })
+    }
+
+    /// Drops the entries no schedule uses once the map has doubled since
+    /// the last sweep, so that sweeping costs O(1) a parse.
+    fn forget_the_dead(&mut self) {
+        if self.parsed.len() >= self.swept_to.saturating_mul(2).max(64) {
+            self.parsed.retain(|_, cron| cron.strong_count() > 0);
+            self.swept_to = self.parsed.len();
+        }
+    }
 }
 
 /// Why a schedule cannot be predicted; each says what to change.
@@ -48,23 +91,7 @@ impl Schedule {
     /// `schedule` in `time_zone` (UTC when `None`), as the CronJob controller
     /// would run it, or why it cannot be predicted.
     pub fn parse(schedule: &str, time_zone: Option<&str>) -> Result<Schedule, ScheduleError> {
-        let zone = match time_zone {
-            None => TimeZone::UTC,
-            Some(name) => TimeZone::get(name).map_err(|_| ScheduleError::Zone(name.to_string()))?,
-        };
-        let fields = five_fields(schedule)?;
-        let cron = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Disallowed)
-            .year(croner::parser::Year::Disallowed)
-            .dom_and_dow(days_must_both_match(&fields))
-            .sloppy_ranges(true)
-            .build()
-            .parse(&fields.join(" "))
-            .map_err(|err| ScheduleError::Invalid {
-                schedule: schedule.to_string(),
-                reason: err.to_string(),
-            })?;
-        Ok(Schedule { cron, zone })
+        Schedules::default().parse(schedule, time_zone)
     }
 
     /// The first run strictly after `t`; `None` when there is none (a date
@@ -76,6 +103,30 @@ impl Schedule {
             .ok()
             .map(|next| next.timestamp())
     }
+}
+
+/// `time_zone` from the IANA database; UTC when `None`.
+fn zone(time_zone: Option<&str>) -> Result<TimeZone, ScheduleError> {
+    match time_zone {
+        None => Ok(TimeZone::UTC),
+        Some(name) => TimeZone::get(name).map_err(|_| ScheduleError::Zone(name.to_string())),
+    }
+}
+
+/// croner's parse of `fields` (the five of `schedule`, joined by spaces).
+fn parse_fields(schedule: &str, fields: &str) -> Result<croner::Cron, ScheduleError> {
+    let split: Vec<&str> = fields.split(' ').collect();
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Disallowed)
+        .year(croner::parser::Year::Disallowed)
+        .dom_and_dow(days_must_both_match(&split))
+        .sloppy_ranges(true)
+        .build()
+        .parse(fields)
+        .map_err(|err| ScheduleError::Invalid {
+            schedule: schedule.to_string(),
+            reason: err.to_string(),
+        })
 }
 
 /// The schedule's five fields, descriptors expanded.
@@ -217,6 +268,32 @@ mod tests {
         assert_eq!(
             next("50/5 * * * *", None, "2026-11-27T10:56:00Z"),
             at("2026-11-27T11:50:00Z")
+        );
+    }
+
+    #[test]
+    fn schedules_of_the_same_fields_share_one_parse_while_one_lives() {
+        let mut schedules = Schedules::default();
+        let hourly = schedules.parse("@hourly", None).unwrap();
+        let berlin = schedules
+            .parse("0  * * * *", Some("Europe/Berlin"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&hourly.cron, &berlin.cron));
+        assert_ne!(hourly.zone, berlin.zone);
+        let daily = schedules.parse("0 0 * * *", None).unwrap();
+        assert!(!Arc::ptr_eq(&hourly.cron, &daily.cron));
+        drop((hourly, berlin));
+        for minute in 0..200 {
+            let _ = schedules.parse(&format!("{} {} * * *", minute % 60, minute / 60), None);
+        }
+        assert!(
+            schedules.parsed.len() < 100,
+            "dead parses are swept: {}",
+            schedules.parsed.len()
+        );
+        assert!(
+            schedules.parsed.contains_key("0 0 * * *"),
+            "a live one stays"
         );
     }
 
