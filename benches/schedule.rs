@@ -10,10 +10,11 @@
 //! per CronJob version in the leader (not per pass), so they are parsed here
 //! before timing. divan's allocation profiler reports what a pass allocates.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::{HashMap, HashSet};
 use jiff::Timestamp;
 use node_holder::core::due::{Kept, NodeView, Terms, keep};
 use node_holder::core::known::{CronJobSpec, JobPod, LastRun, PodShape, known_work};
@@ -115,7 +116,6 @@ fn pass(bencher: divan::Bencher) {
             placeholder: false,
         });
         let from = c.now.saturating_sub(terms.grace).expect("a time");
-        let known = known_work(&c.cronjobs, pods, group_of, from, &remembered);
         let views: Vec<NodeView<'_>> = c
             .nodes
             .iter()
@@ -127,7 +127,15 @@ fn pass(bencher: divan::Bencher) {
                 marked: true,
             })
             .collect();
-        let explained: BTreeSet<String> = known.explained.clone();
+        let group_of: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
+        let known = known_work(
+            &c.cronjobs,
+            pods,
+            |node| group_of.get(node).copied(),
+            from,
+            &remembered,
+        );
+        let explained: HashSet<String> = known.explained.clone();
         let kept = keep(&views, &known, &explained, c.now, &terms);
         let kept: BTreeMap<String, Kept> = kept
             .iter()

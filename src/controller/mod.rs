@@ -29,11 +29,12 @@ use error::PassError;
 pub use leader::{default_identity, release_once, run};
 use watches::{nodes_seen, pool_changed, sleep_until, watch_changed, watch_pools, watch_record};
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use foldhash::HashSet;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -160,7 +161,7 @@ struct WindowTask {
     drift: Option<drift::DriftWatch>,
     /// `--launch-cost`: every node a known CronJob's pods ran on, while it
     /// exists (it never counts in a window, even once its pods are gone).
-    explained: BTreeSet<String>,
+    explained: HashSet<String>,
     /// `--launch-cost`: the nodes the schedule keeps this pass, each until
     /// when, if known.
     kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
@@ -236,7 +237,7 @@ impl WindowTask {
             added: AddedBudgets::new(),
             scheduled: None,
             drift: None,
-            explained: BTreeSet::new(),
+            explained: HashSet::default(),
             kept: Default::default(),
             unpredictable: BTreeSet::new(),
             settle: Duration::ZERO,
@@ -247,7 +248,7 @@ impl WindowTask {
             releasing: false,
             hold_request: None,
             hold_unconfirmed: None,
-            announced: HashSet::new(),
+            announced: HashSet::default(),
             failures: 0,
             report: None,
         }

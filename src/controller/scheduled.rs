@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use foldhash::HashMap;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -69,10 +70,10 @@ impl ScheduledWatch {
 
     /// The scheduled work after `from`; `group_of` names a node's group,
     /// `remembered` each CronJob's last run whose nodes may be gone.
-    fn known(
+    fn known<'g>(
         &self,
         from: Timestamp,
-        group_of: impl Fn(&str) -> Option<String>,
+        group_of: impl Fn(&str) -> Option<&'g str>,
         remembered: &BTreeMap<String, LastRun>,
     ) -> KnownWork {
         let cronjobs: Vec<Arc<CronJobSpec>> = self
@@ -183,16 +184,19 @@ impl super::WindowTask {
                 marked: crate::core::holds::is_marked(&**node),
             })
             .collect();
-        let groups: BTreeMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
+        let groups: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let group_of = |node: &str| groups.get(node).map(|g| g.to_string());
-        let known = watch.known(from, group_of, &self.last_runs);
+        let known = watch.known(from, |node| groups.get(node).copied(), &self.last_runs);
         self.last_runs.clone_from(&known.last);
-        self.explained.extend(known.explained.iter().cloned());
+        for node in &known.explained {
+            if !self.explained.contains(node) {
+                self.explained.insert(node.clone());
+            }
+        }
         self.explained
             .retain(|node| groups.contains_key(node.as_str()) && !known.other_work.contains(node));
         let kept = keep(&views, &known, &self.explained, now, &terms);
-        let in_scope: BTreeMap<&str, &NodeMeta> = snapshot
+        let in_scope: HashMap<&str, &NodeMeta> = snapshot
             .iter()
             .filter(|node| node.in_scope())
             .map(|node| (node.name(), &**node))
@@ -234,8 +238,8 @@ impl super::WindowTask {
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
-        nodes: &BTreeMap<&str, &NodeMeta>,
-        groups: &BTreeMap<&str, &str>,
+        nodes: &HashMap<&str, &NodeMeta>,
+        groups: &HashMap<&str, &str>,
         terms: &Terms,
     ) {
         // New since the last pass, and not stamped with this end already

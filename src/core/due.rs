@@ -11,9 +11,10 @@
 //! as many nodes as its last run occupied. Pure: the caller reads the
 //! schedules ([`super::schedule`]) and the nodes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use foldhash::HashSet;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -140,7 +141,7 @@ pub struct NodeView<'a> {
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,
-    explained: &BTreeSet<String>,
+    explained: &HashSet<String>,
     now: Timestamp,
     terms: &Terms,
 ) -> BTreeMap<&'a str, Keep<'a>> {
@@ -182,7 +183,7 @@ pub fn counted_at(created: Timestamp, terms: &Terms) -> Timestamp {
 pub fn counts_in_window(
     name: &str,
     created: Timestamp,
-    explained: &BTreeSet<String>,
+    explained: &HashSet<String>,
     now: Timestamp,
     terms: &Terms,
 ) -> bool {
@@ -293,12 +294,13 @@ mod tests {
                 ("batch".to_string(), vec![run("team/report", 4, 3)]),
                 ("web".to_string(), vec![run("team/nightly", 600, 1)]),
             ]),
-            busy: BTreeSet::from(["b-busy".to_string()]),
+            busy: HashSet::from_iter(["b-busy".to_string()]),
             ..KnownWork::default()
         };
-        let explained: BTreeSet<String> = ["b-old", "b-held", "b-busy", "w-old"]
+        let explained: HashSet<String> = ["b-old", "b-held", "b-busy", "w-old"]
             .map(String::from)
-            .into();
+            .into_iter()
+            .collect();
         let nodes = [
             view("b-busy", "batch", -30, true),
             view("b-old", "batch", -30, false),

@@ -15,6 +15,7 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use foldhash::{HashMap, HashSet};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Affinity, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -113,12 +114,12 @@ pub struct KnownWork {
     /// Each group's CronJobs' next runs, by group.
     pub runs: BTreeMap<String, Vec<Run>>,
     /// Nodes running a known CronJob's pod now.
-    pub busy: BTreeSet<String>,
+    pub busy: HashSet<String>,
     /// Nodes whose Job pods are all known CronJobs' (see the module doc).
-    pub explained: BTreeSet<String>,
+    pub explained: HashSet<String>,
     /// Nodes running (or that ran) the pods of other Jobs: explained by no
     /// schedule, whatever ran on them before.
-    pub other_work: BTreeSet<String>,
+    pub other_work: HashSet<String>,
     /// CronJobs whose schedule cannot be predicted, and why.
     pub unpredictable: Vec<Unpredictable>,
     /// Each predictable CronJob's last run, from its nodes or as remembered:
@@ -147,15 +148,18 @@ struct Seen<'a> {
 /// `group_of` names the group of a node (`None` for a node that is gone or
 /// out of scope). A CronJob whose runs' nodes are all gone counts with its
 /// last run as `remembered`.
-pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
+///
+/// At 50,000 nodes a pass reads this every time: what it builds per pod
+/// borrows (no allocation per pod), and its lookups hash.
+pub fn known_work<'a, 'g, C: std::borrow::Borrow<CronJobSpec>>(
     cronjobs: &[C],
     pods: impl IntoIterator<Item = JobPod<'a>>,
-    group_of: impl Fn(&str) -> Option<String>,
+    group_of: impl Fn(&str) -> Option<&'g str>,
     from: Timestamp,
     remembered: &BTreeMap<String, LastRun>,
 ) -> KnownWork {
     let cronjobs = cronjobs.iter().map(Borrow::borrow);
-    let keys: BTreeSet<&str> = cronjobs
+    let keys: HashSet<&str> = cronjobs
         .clone()
         .filter(|c: &&CronJobSpec| c.schedule.is_ok())
         .map(|c| c.key.as_str())
@@ -174,7 +178,7 @@ pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
                 continue;
             }
         };
-        let seen = seen.get(&cronjob.key);
+        let seen = seen.get(cronjob.key.as_str());
         let seen_last = seen.and_then(|s| last_run(s, &group_of));
         let (last, on) = match seen_last {
             Some((last, on)) => (last.at_least(remembered.get(&cronjob.key)), on),
@@ -201,36 +205,45 @@ pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
 }
 
 /// Reads the Job pods into `work` (busy, explained and other work's nodes)
-/// and returns each known CronJob's runs as its pods show them.
-fn read_pods<'a>(
+/// and returns each known CronJob's runs as its pods show them, by the
+/// CronJob's key (one of `keys`).
+fn read_pods<'a, 'k>(
     pods: impl IntoIterator<Item = JobPod<'a>>,
-    keys: &BTreeSet<&str>,
+    keys: &HashSet<&'k str>,
     work: &mut KnownWork,
-) -> BTreeMap<String, Seen<'a>> {
-    let mut seen: BTreeMap<String, Seen<'a>> = BTreeMap::new();
-    let mut others: BTreeSet<&str> = BTreeSet::new();
+) -> HashMap<&'k str, Seen<'a>> {
+    let mut seen: HashMap<&'k str, Seen<'a>> = HashMap::default();
+    let (mut explained, mut busy, mut others) =
+        (HashSet::default(), HashSet::default(), HashSet::default());
+    let mut key = String::new();
     for pod in pods {
         let Some(node) = pod.node else { continue };
         if pod.placeholder {
-            work.explained.insert(node.to_string());
-            work.busy.insert(node.to_string());
+            explained.insert(node);
+            busy.insert(node);
             continue;
         }
-        let Some((key, minute)) = cronjob_of(pod.namespace, pod.job, keys) else {
+        let Some((cronjob, minute)) = cronjob_of(pod.namespace, pod.job, keys, &mut key) else {
             others.insert(node);
             continue;
         };
-        let run = seen.entry(key).or_default().runs.entry(minute).or_default();
+        let run = seen
+            .entry(cronjob)
+            .or_default()
+            .runs
+            .entry(minute)
+            .or_default();
         run.0.insert(node);
         run.1 += 1;
-        work.explained.insert(node.to_string());
+        explained.insert(node);
         if pod.running {
-            work.busy.insert(node.to_string());
+            busy.insert(node);
         }
     }
-    work.explained
-        .retain(|node| !others.contains(node.as_str()));
-    work.other_work = others.into_iter().map(str::to_string).collect();
+    let owned = |nodes: HashSet<&str>| nodes.into_iter().map(str::to_string).collect();
+    work.explained = owned(explained.difference(&others).copied().collect());
+    work.busy = owned(busy);
+    work.other_work = owned(others);
     seen
 }
 
@@ -250,22 +263,31 @@ fn next_run(schedule: &Schedule, seen: Option<&Seen<'_>>, from: Timestamp) -> Op
 }
 
 /// The CronJob (`namespace/name`, one of `keys`) a Job of that name belongs
-/// to, and the Job's scheduled minute.
-fn cronjob_of(namespace: &str, job: &str, keys: &BTreeSet<&str>) -> Option<(String, i64)> {
+/// to, and the Job's scheduled minute. `key` is a buffer to spell the key
+/// in.
+fn cronjob_of<'k>(
+    namespace: &str,
+    job: &str,
+    keys: &HashSet<&'k str>,
+    key: &mut String,
+) -> Option<(&'k str, i64)> {
     let (cronjob, minute) = job.rsplit_once('-')?;
     let minute: i64 = minute.parse().ok()?;
-    let key = format!("{namespace}/{cronjob}");
-    keys.contains(key.as_str()).then_some((key, minute))
+    key.clear();
+    key.push_str(namespace);
+    key.push('/');
+    key.push_str(cronjob);
+    keys.get(key.as_str()).map(|&cronjob| (cronjob, minute))
 }
 
 /// The CronJob's latest run whose nodes are still known (its group the one
-/// most of its nodes are in), and those nodes.
-fn last_run<'a>(
+/// most of its nodes are in; of equals, the last by name), and those nodes.
+fn last_run<'a, 'g>(
     seen: &Seen<'a>,
-    group_of: &impl Fn(&str) -> Option<String>,
+    group_of: &impl Fn(&str) -> Option<&'g str>,
 ) -> Option<(LastRun, Vec<&'a str>)> {
     seen.runs.iter().rev().find_map(|(&minute, (nodes, pods))| {
-        let mut groups: BTreeMap<String, usize> = BTreeMap::new();
+        let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
         for node in nodes {
             if let Some(group) = group_of(node) {
                 *groups.entry(group).or_default() += 1;
@@ -273,7 +295,7 @@ fn last_run<'a>(
         }
         let (group, _) = groups.into_iter().max_by_key(|&(_, n)| n)?;
         let last = LastRun {
-            group,
+            group: group.to_string(),
             nodes: nodes.len(),
             pods: *pods,
             minute,
@@ -311,10 +333,10 @@ mod tests {
     }
 
     /// Nodes `a*` are in pool `batch`, `w*` in `web`; others are gone.
-    fn group_of(node: &str) -> Option<String> {
+    fn group_of(node: &str) -> Option<&'static str> {
         match node.chars().next() {
-            Some('a') => Some("batch".into()),
-            Some('w') => Some("web".into()),
+            Some('a') => Some("batch"),
+            Some('w') => Some("web"),
             _ => None,
         }
     }
@@ -356,7 +378,7 @@ mod tests {
                 }]
             )])
         );
-        assert_eq!(work.busy, BTreeSet::from(["a3".to_string()]));
+        assert_eq!(work.busy, HashSet::from_iter(["a3".to_string()]));
         assert_eq!(work.explained.len(), 3);
     }
 
@@ -377,14 +399,14 @@ mod tests {
             at("2026-04-25T03:05:00Z"),
             &BTreeMap::new(),
         );
-        assert_eq!(work.explained, BTreeSet::from(["a1".to_string()]));
+        assert_eq!(work.explained, HashSet::from_iter(["a1".to_string()]));
         assert_eq!(
             work.other_work,
-            BTreeSet::from(["a2".to_string(), "a3".to_string()])
+            HashSet::from_iter(["a2".to_string(), "a3".to_string()])
         );
         assert_eq!(
             work.busy,
-            BTreeSet::from(["a1".to_string(), "a2".to_string()])
+            HashSet::from_iter(["a1".to_string(), "a2".to_string()])
         );
     }
 
@@ -410,7 +432,7 @@ mod tests {
         // The suspended one's node is still explained (its schedule is
         // known); the unpredictable one's pods are other work, which the
         // window holds.
-        assert_eq!(work.explained, BTreeSet::from(["a1".to_string()]));
+        assert_eq!(work.explained, HashSet::from_iter(["a1".to_string()]));
     }
 
     #[test]

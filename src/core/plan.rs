@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use foldhash::HashSet;
 use jiff::Timestamp;
 use json_patch::Patch;
 
@@ -98,7 +99,7 @@ pub struct Planner<'a> {
     /// it does not keep is not held by its group's window (only by a manual
     /// hold), so another workload's scale-up does not hold a CronJob's idle
     /// nodes for a whole window.
-    pub explained: Option<&'a BTreeSet<String>>,
+    pub explained: Option<&'a HashSet<String>>,
     /// `--hold-mechanism budget`: the NodePools whose budget holds their
     /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
     /// NodePool; a pool whose budget could not be written is held by
@@ -647,7 +648,7 @@ mod tests {
             &NodeScope::default(),
         );
         let kept = BTreeMap::new();
-        let explained = BTreeSet::from(["cron-idle".to_string()]);
+        let explained = HashSet::from_iter(["cron-idle".to_string()]);
         let plan_at = |windows: &Windows| {
             let planner = Planner {
                 windows,

@@ -304,7 +304,6 @@ pub fn why_warmed(warm: &Warm<'_>, terms: &Terms) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
     use std::sync::Arc;
 
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -342,7 +341,6 @@ mod tests {
     fn known(runs: Vec<Run>) -> KnownWork {
         KnownWork {
             runs: BTreeMap::from([("batch".to_string(), runs)]),
-            busy: BTreeSet::new(),
             ..KnownWork::default()
         }
     }
