@@ -274,12 +274,19 @@ async fn under_priority_and_fairness_rejections_every_node_is_held_and_released_
             .all(|&code| code == 200 || code == 429),
         "{codes:?}"
     );
-    // kube's client retries a 429 after the server's Retry-After; node-holder
-    // adds nothing on top, and a refused PATCH is not applied: the retries
-    // stay a small multiple of the work.
+    // A refused PATCH is not retried in place (kube's retry layer is off):
+    // the next pass plans again. So no node is patched more often than
+    // node-holder ran passes; how many passes the throttled stretch takes
+    // depends on how fast the one seat serves, so that is the bound, not a
+    // multiple of the work that load can change.
+    let passes = metric(&served, "node_holder_pass_duration_seconds_count")
+        .await
+        .unwrap_or(0.0);
+    let most = codes.values().map(Vec::len).max().unwrap_or(0);
     assert!(
-        attempts <= 5 * applied,
-        "{attempts} PATCHes for {applied} holds and releases: a retry storm"
+        most as f64 <= passes,
+        "a node patched {most} times in {passes} passes: retries stacked ({attempts} PATCHes \
+         for {applied} holds and releases)"
     );
 }
 

@@ -710,14 +710,9 @@ async fn an_upgrade_holds_every_node_created_during_it(
     stop.cancel();
     let (created, unheld) = creating.await.unwrap();
     assert!(!created.is_empty(), "no node created during the upgrade");
-    assert!(
-        unheld.is_empty(),
-        "{} of {} nodes created during the upgrade came unheld: {unheld:?}",
-        unheld.len(),
-        created.len()
-    );
     // The API server's word for it: each CREATE's audit event, none of
-    // them failed open.
+    // them failed open (read first, so that an unheld node's failure says
+    // why the API server let it through).
     let events = until(node, cert_manager, "every CREATE audited", || async {
         let events: Vec<Value> = cp
             .audit_events()
@@ -736,7 +731,13 @@ async fn an_upgrade_holds_every_node_created_during_it(
     })
     .await;
     let failed: Vec<&Value> = events.iter().filter(|e| failed_open(e)).collect();
-    assert!(failed.is_empty(), "failed open: {failed:#?}");
+    assert!(
+        unheld.is_empty() && failed.is_empty(),
+        "{} of {} nodes created during the upgrade came unheld: {unheld:?}; failed open: \
+         {failed:#?}",
+        unheld.len(),
+        created.len()
+    );
 }
 
 /// `Some` when a Node `name` created as a server-side dry run comes back
