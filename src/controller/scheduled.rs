@@ -188,13 +188,7 @@ impl super::WindowTask {
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
         let known = watch.known(from, |node| groups.get(node).copied(), &self.last_runs);
         self.last_runs.clone_from(&known.last);
-        for node in &known.explained {
-            if !self.explained.contains(node) {
-                self.explained.insert(node.clone());
-            }
-        }
-        self.explained
-            .retain(|node| groups.contains_key(node.as_str()) && !known.other_work.contains(node));
+        self.remember_explained(&known, &groups);
         let kept = keep(&views, &known, &self.explained, now, &terms);
         let in_scope: HashMap<&str, &NodeMeta> = snapshot
             .iter()
@@ -202,6 +196,30 @@ impl super::WindowTask {
             .map(|node| (node.name(), &**node))
             .collect();
         self.say_what_changed(&kept, &in_scope, &groups, &terms);
+        self.say_unpredictable(&known);
+        self.show_kept(&kept, known.unpredictable.len());
+        self.kept = kept
+            .iter()
+            .map(|(node, keep)| (node.to_string(), Kept::from(keep)))
+            .collect();
+        Some(known)
+    }
+
+    /// Adds the nodes the known CronJobs' pods explain now; forgets those
+    /// gone from scope (`groups`) and those other work ran on.
+    fn remember_explained(&mut self, known: &KnownWork, groups: &HashMap<&str, &str>) {
+        for node in &known.explained {
+            if !self.explained.contains(node) {
+                self.explained.insert(node.clone());
+            }
+        }
+        self.explained
+            .retain(|node| groups.contains_key(node.as_str()) && !known.other_work.contains(node));
+    }
+
+    /// A warning and an Event, once per CronJob, for each schedule that
+    /// cannot be predicted.
+    fn say_unpredictable(&mut self, known: &KnownWork) {
         for bad in &known.unpredictable {
             if self.unpredictable.insert(bad.cronjob.clone()) {
                 let (cronjob, why) = (&bad.cronjob, &bad.why);
@@ -210,12 +228,6 @@ impl super::WindowTask {
                 self.events.send(event);
             }
         }
-        self.show_kept(&kept, known.unpredictable.len());
-        self.kept = kept
-            .iter()
-            .map(|(node, keep)| (node.to_string(), Kept::from(keep)))
-            .collect();
-        Some(known)
     }
 
     /// The schedule's gauges after a pass.

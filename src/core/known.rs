@@ -240,10 +240,10 @@ fn read_pods<'a, 'k>(
             busy.insert(node);
         }
     }
-    let owned = |nodes: HashSet<&str>| nodes.into_iter().map(str::to_string).collect();
-    work.explained = owned(explained.difference(&others).copied().collect());
-    work.busy = owned(busy);
-    work.other_work = owned(others);
+    let owned = |nodes: &HashSet<&str>| nodes.iter().map(|n| n.to_string()).collect();
+    work.explained = explained.difference(&others).map(|n| n.to_string()).collect();
+    work.busy = owned(&busy);
+    work.other_work = owned(&others);
     seen
 }
 
