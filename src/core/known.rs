@@ -241,7 +241,10 @@ fn read_pods<'a, 'k>(
         }
     }
     let owned = |nodes: &HashSet<&str>| nodes.iter().map(|n| n.to_string()).collect();
-    work.explained = explained.difference(&others).map(|n| n.to_string()).collect();
+    work.explained = explained
+        .difference(&others)
+        .map(|n| n.to_string())
+        .collect();
     work.busy = owned(&busy);
     work.other_work = owned(&others);
     seen
