@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::cli::UninstallArgs;
 use crate::controller::{self, PassReport};
 use crate::core::holds::MARKED;
-use crate::core::warm::{PRIORITY_CLASS, WARM_LABEL};
+use crate::core::warm::{PRIORITY_CLASS, WARM_SELECTOR};
 use crate::request;
 use crate::state::lease;
 use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
@@ -212,8 +212,7 @@ const COMMAND_LEASE: Duration = Duration::from_secs(15);
 /// the PriorityClass they run at.
 async fn delete_placeholders(client: &kube::Client, namespace: &str) -> Result<()> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-    let label = format!("{}={}", WARM_LABEL.0, WARM_LABEL.1);
-    let params = ListParams::default().labels(&label);
+    let params = ListParams::default().labels(WARM_SELECTOR);
     match jobs
         .delete_collection(&DeleteParams::background(), &params)
         .await

@@ -30,7 +30,7 @@ const BOOT: Duration = Duration::from_secs(30);
 /// room to spare on a busy machine.
 const LEAD: Duration = Duration::from_secs(90);
 /// The placeholders' label.
-const WARM: &str = "node-holder.dev/warm=true";
+const WARM: &str = node_holder::core::warm::WARM_SELECTOR;
 
 /// A cluster whose nodes boot for [`BOOT`].
 async fn cluster() -> Autoscaled {
@@ -107,6 +107,13 @@ async fn placeholder_jobs(a: &Autoscaled) -> Vec<Job> {
         .items
 }
 
+/// The warms under way as `node-holder status -o json` shows them.
+fn status_warms(a: &Autoscaled) -> Vec<serde_json::Value> {
+    let out = common::operator(a.cp(), &["status", "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&common::succeeded(&out)).unwrap();
+    status["warms"].as_array().cloned().unwrap_or_default()
+}
+
 /// Whether `pod` is bound to a node.
 fn bound(pod: &Pod) -> bool {
     pod.spec.as_ref().is_some_and(|s| s.node_name.is_some())
@@ -179,6 +186,17 @@ async fn a_run_after_a_long_gap_finds_its_node_launched_before_it() {
         a.nodes_launched()[&warm_node] > warm_starts,
         "launched for the warm"
     );
+    // `status` shows the warm: for which run, where, and what it costs.
+    let warms = status_warms(&a);
+    assert_eq!(warms.len(), 1, "{warms:?}");
+    assert_eq!(warms[0]["cronjob"], "default/hourly");
+    assert_eq!(
+        warms[0]["runAt"].as_str(),
+        Some(second.to_string().as_str())
+    );
+    assert_eq!(warms[0]["nodes"], serde_json::json!([warm_node]));
+    assert_eq!(warms[0]["soFar"]["ready"], 1);
+    assert!(warms[0]["soFar"]["nodeSeconds"].as_f64() > Some(0.0));
 
     let (pod, wait) = run_bound(&mut a, "hourly", second).await;
     assert!(
@@ -192,6 +210,7 @@ async fn a_run_after_a_long_gap_finds_its_node_launched_before_it() {
         async |a| placeholders(a).await.is_empty() && placeholder_jobs(a).await.is_empty(),
     )
     .await;
+    assert!(status_warms(&a).is_empty(), "no warm under way");
     a.until("the warm's Event", Duration::from_secs(20), async |a| {
         let warming = a.events_about("CronJob", "hourly", "WarmingForRun").await;
         let warmed = a.events_about("CronJob", "hourly", "WarmedForRun").await;

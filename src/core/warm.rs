@@ -29,8 +29,10 @@ use super::plus;
 pub const PRIORITY_CLASS: &str = "node-holder-warm";
 const PRIORITY: i32 = -100;
 /// What every placeholder Job and pod carries, so that node-holder (and
-/// `uninstall`) finds its own and nothing else.
+/// `uninstall`, and `status`) finds its own and nothing else.
 pub const WARM_LABEL: (&str, &str) = ("node-holder.dev/warm", "true");
+/// [`WARM_LABEL`] as a label selector.
+pub const WARM_SELECTOR: &str = "node-holder.dev/warm=true";
 /// The placeholder Job's annotations: the CronJob and the run it warms for.
 const FOR_ANNOTATION: &str = "node-holder.dev/warm-for";
 const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
@@ -208,8 +210,19 @@ fn pod_spec(run: &Run) -> Value {
     spec
 }
 
-/// What a warm did by its run's start.
-#[derive(Debug, Clone, PartialEq)]
+/// The CronJob and the run a placeholder Job warms for, from its
+/// annotations (`None` where one is missing or unreadable).
+pub fn warmed_for(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (Option<String>, Option<Timestamp>) {
+    let get = |key: &str| annotations.and_then(|a| a.get(key));
+    let run_at = get(RUN_ANNOTATION).and_then(|at| at.parse().ok());
+    (get(FOR_ANNOTATION).cloned(), run_at)
+}
+
+/// What a warm did by its run's start (or, for `status`, so far).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HandOver {
     /// Placeholder pods on a node, and still waiting for one.
     pub ready: usize,
@@ -434,6 +447,15 @@ mod tests {
             job["metadata"]["annotations"][FOR_ANNOTATION],
             "team/report"
         );
+        let annotations: BTreeMap<String, String> =
+            serde_json::from_value(job["metadata"]["annotations"].clone()).unwrap();
+        assert_eq!(
+            warmed_for(Some(&annotations)),
+            (Some("team/report".into()), Some(t(600))),
+            "status reads back the run the Job warms for"
+        );
+        assert_eq!(warmed_for(None), (None, None));
+        assert_eq!(format!("{}={}", WARM_LABEL.0, WARM_LABEL.1), WARM_SELECTOR);
         assert_eq!(priority_class()["value"], PRIORITY);
         assert_eq!(priority_class()["preemptionPolicy"], "Never");
     }

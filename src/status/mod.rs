@@ -3,9 +3,11 @@
 //! a readable summary (rendered by `text`) or as JSON or YAML.
 
 mod text;
+mod warms;
 
 pub use text::relative;
 use text::render_text_limited;
+pub use warms::WarmShown;
 
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
@@ -62,6 +64,9 @@ pub struct Status {
     /// With `--launch-cost`: the nodes the schedule keeps, by name, and why.
     #[serde(skip_serializing_if = "KeptSummary::is_empty")]
     pub scheduled: KeptSummary,
+    /// With `--launch-cost`: the warms under way (`--warm-before-runs`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warms: Vec<WarmShown>,
     /// With `--hold-mechanism budget`: the NodePools the record says carry
     /// node-holder's budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -199,6 +204,10 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .map(|group| group.counting(&held_nodes))
         .collect();
     let release_request = record.release_request.clone();
+    let warms = match record.settings.as_ref().and_then(|s| s.launch_cost) {
+        Some(_) => warms::read(client, namespace, now).await?,
+        None => Vec::new(),
+    };
     let mut status = Status {
         open: unlabelled.open,
         opened_at: unlabelled.opened_at,
@@ -210,6 +219,7 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         groups,
         nodepool_budgets: record.budgets.keys().cloned().collect(),
         scheduled: record.schedule,
+        warms,
         release_done_at: record.release_done_at,
         releasing_from: record.releasing,
         settings: record.settings,
@@ -402,6 +412,7 @@ mod tests {
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
+            warms: Vec::new(),
             orphaned: None,
             overdue: Vec::new(),
         }

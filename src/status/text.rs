@@ -53,6 +53,7 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
     }
     manual_lines(&mut line, status, now);
     scheduled_lines(&mut line, status, now);
+    warm_lines(&mut line, status, now);
     if status
         .settings
         .as_ref()
@@ -274,6 +275,36 @@ fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Ti
     }
 }
 
+/// `--warm-before-runs`: each warm under way ("cronjob team-a/report runs
+/// at 14:05 (in 1m): 2 of 2 placeholder pod(s) on 2 node(s) (a, b), 190
+/// node-seconds so far (Job node-holder-warm-…)").
+fn warm_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
+    for warm in &status.warms {
+        let run = match (&warm.cronjob, warm.run_at) {
+            (Some(cronjob), Some(at)) => {
+                format!("cronjob {cronjob} runs at {at} ({})", relative(at, now))
+            }
+            _ => "a run it does not name".to_string(),
+        };
+        let so_far = &warm.so_far;
+        let on = match warm.nodes.as_slice() {
+            [] => String::new(),
+            nodes => format!(" ({})", nodes.join(", ")),
+        };
+        line(
+            "Warming:",
+            format!(
+                "{run}: {} of {} placeholder pod(s) on {} node(s){on}, {:.0} node-seconds so far (Job {})",
+                so_far.ready,
+                so_far.ready.saturating_add(so_far.late),
+                so_far.nodes,
+                so_far.node_seconds,
+                warm.job,
+            ),
+        );
+    }
+}
+
 /// `1 node (a)`, `3 nodes (a, b, c)`, `5 nodes (a, b, c, …)`.
 fn nodes_text(nodes: &Nodes) -> String {
     let count = match nodes.count {
@@ -404,6 +435,41 @@ mod tests {
     use crate::status::HeldNode;
     use crate::status::tests::{at, closed, held, render_text, settings};
 
+    /// `--warm-before-runs`: a line per warm under way, with its run, its
+    /// pods' nodes and their node-seconds so far.
+    #[test]
+    fn each_warm_under_way_reads_as_a_line_with_its_run_and_cost() {
+        let now = at("2026-11-22T12:04:00Z");
+        let warm = |job: &str, ready, late, nodes: &[&str]| crate::status::WarmShown {
+            job: job.into(),
+            cronjob: Some("team-a/report".into()),
+            run_at: Some(at("2026-11-22T12:05:00Z")),
+            since: Some(at("2026-11-22T12:03:00Z")),
+            so_far: crate::core::warm::HandOver {
+                ready,
+                late,
+                nodes: nodes.len(),
+                node_seconds: 95.4,
+            },
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
+        let mut unnamed = warm("node-holder-warm-2-x", 0, 1, &[]);
+        unnamed.cronjob = None;
+        let status = Status {
+            warms: vec![warm("node-holder-warm-1-x", 2, 0, &["a", "b"]), unnamed],
+            ..Status::default()
+        };
+        let text = render_text(&status, now);
+        assert!(
+            text.contains("Warming:     cronjob team-a/report runs at 2026-11-22T12:05:00Z (in 1m): 2 of 2 placeholder pod(s) on 2 node(s) (a, b), 95 node-seconds so far (Job node-holder-warm-1-x)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Warming:     a run it does not name: 0 of 1 placeholder pod(s) on 0 node(s), 95 node-seconds so far (Job node-holder-warm-2-x)\n"),
+            "{text}"
+        );
+    }
+
     /// `--launch-cost`: the nodes kept for a run, by run, and the busy ones.
     #[test]
     fn the_schedules_nodes_read_as_a_line_per_run_and_reason() {
@@ -460,6 +526,7 @@ mod tests {
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
+            warms: Vec::new(),
             settings: Some(settings()),
             leader: Some(Holder {
                 identity: "node-holder-abc".into(),
@@ -523,6 +590,7 @@ mod tests {
             groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
+            warms: Vec::new(),
             settings: None,
             leader: Some(Holder {
                 identity: "gone".into(),
