@@ -93,6 +93,19 @@ pub struct Day {
 }
 
 impl Day {
+    /// The Deployment pods the day's scaling creates: the steady pods, the
+    /// service's first replicas and each growth of the service.
+    pub fn deployment_pods(&self) -> usize {
+        let (first, changes) = &self.service;
+        let mut replicas = *first;
+        let mut created = i64::from(self.steady) + i64::from(*first);
+        for &(_, to) in changes {
+            created += i64::from((to - replicas).max(0));
+            replicas = to;
+        }
+        usize::try_from(created).unwrap_or(0)
+    }
+
     /// Its CronJobs whose gaps are longer than `launch` seconds: holding
     /// their nodes through a gap costs more than a launch.
     pub fn long_gaps(&self, launch: f64) -> Vec<&'static str> {
@@ -419,6 +432,10 @@ mod tests {
             day.demand(),
             vec![(0.0, 4), (10.0, 2), (30.0, -2), (50.0, -2), (100.0, -2)]
         );
+        // 2 steady and 6 service pods; the shrink creates none.
+        assert_eq!(day.deployment_pods(), 8);
+        // Every generated day: 2 steady, 6 service, 4 more when it grows back.
+        assert_eq!(Day::generate("mixed", 1).unwrap().deployment_pods(), 12);
     }
 
     #[test]

@@ -146,10 +146,17 @@ fn saw_pod(trace: &mut Trace, pod: &Pod, at: f64) {
     // A CronJob's pods carry `cronjob: <arm>-<name>`.
     let cronjob = pod.metadata.labels.as_ref().and_then(|l| l.get("cronjob"));
     let cronjob = cronjob.and_then(|c| c.strip_prefix(&format!("{arm}-")).map(str::to_string));
+    // A Deployment's pods carry their ReplicaSet's template hash.
+    let deployment = pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key("pod-template-hash"));
     let seen = trace.pods.entry(uid).or_insert_with(|| PodSeen {
         arm: arm.clone(),
         seen: at,
         cronjob,
+        deployment,
         ..PodSeen::default()
     });
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());

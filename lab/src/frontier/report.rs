@@ -95,7 +95,8 @@ fn by_day<'a>(arms: &[Arm], results: &'a [(Day, Result<Trace>)]) -> Vec<DayRuns<
             .iter()
             .map(|arm| {
                 let long_gaps = day.long_gaps(DEFAULT_LAUNCH);
-                (arm.name.clone(), Outcome::of(trace, &arm.name, &long_gaps))
+                let outcome = Outcome::of(trace, &arm.name, &long_gaps, day.deployment_pods());
+                (arm.name.clone(), outcome)
             })
             .filter(|(_, outcome)| outcome.pods > 0)
             .collect();
@@ -148,17 +149,21 @@ fn section(text: &mut String, arms: &[Arm], day: &DayRuns<'_>) -> Result<()> {
     )?;
     writeln!(
         text,
-        "| arm | launches | node-seconds | pods waited for a launch | pod wait p95 (s) | \
-         wait p95 after a long gap (s) | Job pods interrupted | total / optimum at 1, 5, 15 node-min |"
+        "| arm | launches | node-seconds | pods waited for a launch | pod wait p50 / p95 (s) | \
+         wait p95 after a long gap (s) | Job pods interrupted | Deployment pods moved | \
+         total / optimum at 1, 5, 15 node-min |"
     )?;
-    writeln!(text, "| --- | --- | --- | --- | --- | --- | --- | --- |")?;
+    writeln!(
+        text,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )?;
     for arm in arms {
         arm_row(text, &arm.name, day)?;
     }
     let optimum = day.optimum();
     writeln!(
         text,
-        "| clairvoyant (at 5 node-min) | {} | {} | 0 | 0 | 0 | 0 | 1 |",
+        "| clairvoyant (at 5 node-min) | {} | {} | 0 | 0 / 0 | 0 | 0 | 0 | 1 |",
         ci(
             &optimum
                 .iter()
@@ -185,17 +190,31 @@ fn arm_row(text: &mut String, arm: &str, day: &DayRuns<'_>) -> Result<()> {
         .collect();
     writeln!(
         text,
-        "| {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |",
         arm,
         ci(&day.per_seed(arm, |_, o| o.launches as f64), 1),
         ci(&day.per_seed(arm, |_, o| o.node_seconds), 0),
         ci(&day.per_seed(arm, |_, o| o.waited_for_launch as f64), 1),
+        ci(&day.per_seed(arm, |_, o| o.wait_p50), 1),
         ci(&day.per_seed(arm, |_, o| o.wait_p95), 1),
         ci(&day.per_seed(arm, |_, o| o.long_gap_wait_p95), 1),
         ci(&day.per_seed(arm, |_, o| f64::from(o.interrupted)), 1),
+        moved(day, arm),
         ratios.join(" / ")
     )?;
     Ok(())
+}
+
+/// The Deployment pods Karpenter moved, over the seeds; `n/a` when a
+/// seed's trace did not keep them.
+fn moved(day: &DayRuns<'_>, arm: &str) -> String {
+    let moved: Option<Vec<f64>> = day
+        .runs
+        .iter()
+        .filter_map(|(_, o)| o.get(arm))
+        .map(|o| o.moved.map(|m| m as f64))
+        .collect();
+    moved.map_or_else(|| "n/a".to_string(), |m| ci(&m, 1))
 }
 
 /// Each arm's total cost at the default launch cost against Karpenter's
@@ -389,7 +408,7 @@ mod tests {
         for arm in played {
             assert!(days[0].played(arm), "{arm}");
         }
-        let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s", &[]);
+        let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s", &[], 12);
         let kept = &days[0].runs[0].1["ka-0s"];
         assert_eq!(kept.launches, first.launches, "the first run's ka-0s");
     }

@@ -27,6 +27,10 @@ pub struct PodSeen {
     /// The day's CronJob whose run it is (`every-15m`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cronjob: Option<String>,
+    /// A Deployment's pod (the steady pods, the service). Traces recorded
+    /// before this was kept have none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deployment: bool,
 }
 
 /// Everything one run of one day recorded: its raw trace.
@@ -108,10 +112,15 @@ pub struct Outcome {
     /// left out: no gap comes before it, and nothing is known of it.
     pub long_gap_wait_p95: f64,
     pub interrupted: i32,
+    /// Deployment pods created beyond what the day's scaling created: the
+    /// pods Karpenter moved (service restarts). `None`: the trace did not
+    /// keep which pods were a Deployment's.
+    pub moved: Option<usize>,
 }
 
 impl Outcome {
-    pub fn of(trace: &Trace, arm: &str, long_gaps: &[&str]) -> Outcome {
+    /// `created`: the Deployment pods the day's scaling creates.
+    pub fn of(trace: &Trace, arm: &str, long_gaps: &[&str], created: usize) -> Outcome {
         let claims: Vec<&Claim> = trace.claims.values().filter(|c| c.pool == arm).collect();
         let node_seconds = claims
             .iter()
@@ -129,12 +138,20 @@ impl Outcome {
             wait_p95: percentile(&waits, 95.0),
             long_gap_wait_p95: percentile(&long_gap, 95.0),
             interrupted: trace.interrupted.get(arm).copied().unwrap_or(0),
+            moved: moved(&pods, created),
         }
     }
 
     pub fn total(&self, launch: f64) -> f64 {
         super::total(self.node_seconds, self.launches, launch)
     }
+}
+
+/// The Deployment pods beyond the `created` the scaling made; `None` when
+/// no pod is known as a Deployment's (an older trace).
+fn moved(pods: &[&PodSeen], created: usize) -> Option<usize> {
+    let seen = pods.iter().filter(|p| p.deployment).count();
+    (seen > 0).then(|| seen.saturating_sub(created))
 }
 
 /// How long after a CronJob's first pod appeared its first run's pods still
@@ -195,7 +212,19 @@ mod tests {
             bound: Some(seen + 1.0),
             node: None,
             cronjob: cronjob.map(str::to_string),
+            deployment: false,
         }
+    }
+
+    #[test]
+    fn deployment_pods_beyond_the_scalings_are_the_moved_ones() {
+        let mut service = pod(None, 10.0);
+        service.deployment = true;
+        let pods = [service.clone(), service.clone(), service, pod(None, 5.0)];
+        let pods: Vec<&PodSeen> = pods.iter().collect();
+        assert_eq!(moved(&pods, 2), Some(1));
+        assert_eq!(moved(&pods, 5), Some(0), "never below zero");
+        assert_eq!(moved(&pods[3..], 2), None, "an older trace: unknown");
     }
 
     #[test]
