@@ -53,7 +53,43 @@ pub struct ScheduledWatch {
     pods: JobPods,
     listed: [Arc<AtomicBool>; 2],
     pub changes: tokio::sync::watch::Receiver<u64>,
+    /// The known work the last pass read, and from what.
+    memo: std::sync::Mutex<Option<Memo>>,
     _tasks: [AbortOnDropHandle<()>; 2],
+}
+
+/// Known work and what it was read from: a pass whose stores, groups and
+/// remembered runs are the same, before the work's earliest run, reads the
+/// same (at 50,000 nodes reading it is most of a pass, and most passes are
+/// set off by node changes that touch none of it).
+struct Memo {
+    /// The watches' tick when it was read (read before the stores, so a
+    /// change under way makes the next pass read again).
+    tick: u64,
+    inputs: u64,
+    from: Timestamp,
+    work: Arc<KnownWork>,
+}
+
+impl Memo {
+    /// Whether the work read then is what reading at `from`, with the
+    /// stores at `tick` and these `inputs`, would give.
+    fn serves(&self, tick: u64, inputs: u64, from: Timestamp) -> bool {
+        let current = self.work.same_until().is_none_or(|until| from < until);
+        self.tick == tick && self.inputs == inputs && self.from <= from && current
+    }
+}
+
+/// A fingerprint of the node-to-group map and the remembered runs.
+fn fingerprint(groups: &HashMap<&str, &str>, remembered: &BTreeMap<String, LastRun>) -> u64 {
+    use std::hash::BuildHasher;
+    let state = foldhash::fast::FixedState::with_seed(0x6e6f_6465);
+    // The map's order is arbitrary: add its entries' hashes.
+    let groups = groups
+        .iter()
+        .map(|entry| state.hash_one(entry))
+        .fold(0u64, u64::wrapping_add);
+    groups ^ state.hash_one(remembered)
 }
 
 impl ScheduledWatch {
@@ -68,19 +104,41 @@ impl ScheduledWatch {
         self.cronjobs.read(|cronjobs| !cronjobs.is_empty())
     }
 
-    /// The scheduled work after `from`; `group_of` names a node's group,
-    /// `remembered` each CronJob's last run whose nodes may be gone.
-    fn known<'g>(
+    /// The scheduled work after `from`; `groups` names each node's group,
+    /// `remembered` each CronJob's last run whose nodes may be gone. Read
+    /// again only when one of them, the stores or the next run changed.
+    fn known(
         &self,
         from: Timestamp,
-        group_of: impl Fn(&str) -> Option<&'g str>,
+        groups: &HashMap<&str, &str>,
         remembered: &BTreeMap<String, LastRun>,
-    ) -> KnownWork {
+    ) -> Arc<KnownWork> {
+        let tick = *self.changes.borrow();
+        let inputs = fingerprint(groups, remembered);
+        let mut memo = self
+            .memo
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(memo) = memo.as_ref().filter(|m| m.serves(tick, inputs, from)) {
+            return memo.work.clone();
+        }
+        // The old work goes before the new is read: one at a time in memory.
+        *memo = None;
         let cronjobs: Vec<Arc<CronJobSpec>> = self
             .cronjobs
             .read(|cronjobs| cronjobs.values().cloned().collect());
-        self.pods
-            .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered))
+        let group_of = |node: &str| groups.get(node).copied();
+        let work = Arc::new(
+            self.pods
+                .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered)),
+        );
+        *memo = Some(Memo {
+            tick,
+            inputs,
+            from,
+            work: work.clone(),
+        });
+        work
     }
 
     /// The placeholder pods seen: each one's Job and node (if bound).
@@ -116,6 +174,7 @@ pub fn watch_scheduled(
         pods: pods.store,
         listed: [cronjobs.listed, pods.listed],
         changes,
+        memo: std::sync::Mutex::new(None),
         _tasks: [cronjobs.task, pods.task],
     }
 }
@@ -160,7 +219,7 @@ impl super::WindowTask {
         &mut self,
         snapshot: &[std::sync::Arc<NodeMeta>],
         now: Timestamp,
-    ) -> Option<KnownWork> {
+    ) -> Option<Arc<KnownWork>> {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
             return None;
         };
@@ -186,7 +245,7 @@ impl super::WindowTask {
             .collect();
         let groups: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let known = watch.known(from, |node| groups.get(node).copied(), &self.last_runs);
+        let known = watch.known(from, &groups, &self.last_runs);
         self.last_runs.clone_from(&known.last);
         self.remember_explained(&known, &groups);
         let kept = keep(&views, &known, &self.explained, now, &terms);
@@ -321,5 +380,73 @@ impl super::WindowTask {
         self.terms().is_none_or(|terms| {
             counts_in_window(node.name(), node.created(), &self.explained, now, &terms)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::known::Run;
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_order_and_sees_any_change() {
+        let forward: HashMap<&str, &str> = [("a", "batch"), ("b", "web")].into_iter().collect();
+        let backward: HashMap<&str, &str> = [("b", "web"), ("a", "batch")].into_iter().collect();
+        let none = BTreeMap::new();
+        assert_eq!(fingerprint(&forward, &none), fingerprint(&backward, &none));
+        let moved: HashMap<&str, &str> = [("a", "web"), ("b", "web")].into_iter().collect();
+        assert_ne!(fingerprint(&forward, &none), fingerprint(&moved, &none));
+        let last = LastRun {
+            group: "batch".into(),
+            nodes: 2,
+            pods: 2,
+            minute: 1,
+        };
+        let remembered = BTreeMap::from([("team/report".to_string(), last)]);
+        assert_ne!(
+            fingerprint(&forward, &none),
+            fingerprint(&forward, &remembered)
+        );
+    }
+
+    #[test]
+    fn the_memo_serves_the_same_inputs_until_the_earliest_run() {
+        let run = Run {
+            cronjob: "team/report".into(),
+            uid: None,
+            at: at("2026-04-25T03:10:00Z"),
+            nodes: 1,
+            pods: 1,
+            on: Vec::new(),
+            shape: None,
+        };
+        let work = KnownWork {
+            runs: BTreeMap::from([("batch".to_string(), vec![run])]),
+            ..KnownWork::default()
+        };
+        let memo = Memo {
+            tick: 7,
+            inputs: 42,
+            from: at("2026-04-25T03:01:00Z"),
+            work: Arc::new(work),
+        };
+        assert!(memo.serves(7, 42, at("2026-04-25T03:09:59Z")));
+        assert!(
+            !memo.serves(7, 42, at("2026-04-25T03:10:00Z")),
+            "the run began"
+        );
+        assert!(
+            !memo.serves(8, 42, at("2026-04-25T03:02:00Z")),
+            "a store changed"
+        );
+        assert!(
+            !memo.serves(7, 43, at("2026-04-25T03:02:00Z")),
+            "groups changed"
+        );
+        assert!(!memo.serves(7, 42, at("2026-04-25T03:00:00Z")), "earlier");
     }
 }

@@ -81,7 +81,7 @@ pub struct JobPod<'a> {
 
 /// Where and how large a CronJob's last run was: remembered by the caller
 /// once its nodes are gone (a run after a long gap finds none of them).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct LastRun {
     pub group: String,
     pub nodes: usize,
@@ -125,6 +125,15 @@ pub struct KnownWork {
     /// Each predictable CronJob's last run, from its nodes or as remembered:
     /// what the caller remembers next.
     pub last: BTreeMap<String, LastRun>,
+}
+
+impl KnownWork {
+    /// Until when a later `from` reads the same work from the same
+    /// CronJobs, pods and groups: its earliest run (no run: for ever). The
+    /// only thing `from` decides is each CronJob's next run.
+    pub fn same_until(&self) -> Option<Timestamp> {
+        self.runs.values().flatten().map(|run| run.at).min()
+    }
 }
 
 /// A CronJob whose schedule cannot be predicted.
@@ -383,6 +392,37 @@ mod tests {
         );
         assert_eq!(work.busy, HashSet::from_iter(["a3".to_string()]));
         assert_eq!(work.explained.len(), 3);
+    }
+
+    /// A pass reuses the known work until its earliest run: any `from`
+    /// before it reads the same, the first after it reads the run after.
+    #[test]
+    fn the_known_work_is_the_same_until_its_earliest_run() {
+        let cronjobs = [
+            cronjob("team/report", "*/10 * * * *"),
+            cronjob("team/hourly", "0 * * * *"),
+        ];
+        let pods = [
+            pod("team", "report-29618880", "a1", false),
+            pod("team", "hourly-29618820", "w1", false),
+        ];
+        let read = |from: &str| {
+            known_work(
+                &cronjobs,
+                pods.clone(),
+                group_of,
+                at(from),
+                &BTreeMap::new(),
+            )
+        };
+        let first = read("2026-04-25T03:01:00Z");
+        let until = first.same_until();
+        assert_eq!(until, Some(at("2026-04-25T03:10:00Z")));
+        for later in ["2026-04-25T03:05:00Z", "2026-04-25T03:09:59.9Z"] {
+            assert_eq!(read(later), first, "{later}");
+        }
+        assert_ne!(read("2026-04-25T03:10:00Z"), first);
+        assert_eq!(KnownWork::default().same_until(), None);
     }
 
     #[test]
