@@ -19,7 +19,7 @@ use serde_json::json;
 use testenv::Disruption;
 
 use common::policy;
-use common::window::{HOLD, annotate, at, held, sleep_until, window};
+use common::window::{HOLD, annotate, at, created_held, held, sleep_until, window};
 use common::{Served, operator, register_webhook, serve, succeeded};
 use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND};
 
@@ -73,39 +73,6 @@ async fn install_node_holder(a: &Autoscaled, flags: &[&str]) -> Served {
     served
 }
 
-/// Every node Karpenter created went through node-holder's webhook and came
-/// out held (the API server's audit log of each CREATE).
-fn created_held(a: &Autoscaled, nodes: &BTreeSet<String>) {
-    let events = a.cp().audit_events().unwrap();
-    for node in nodes {
-        let create = events
-            .iter()
-            .find(|e| {
-                e["verb"] == "create"
-                    && e["objectRef"]["resource"] == "nodes"
-                    && e["objectRef"]["name"] == node.as_str()
-                    && e["stage"] == "ResponseComplete"
-            })
-            .unwrap_or_else(|| panic!("no audit event of {node}'s create"));
-        assert_eq!(
-            create["user"]["username"],
-            testenv::AUTOSCALER_USER,
-            "{create}"
-        );
-        assert_eq!(
-            create["annotations"]["hold.node-holder.dev/decision"], "held",
-            "{create}"
-        );
-        let mutation: serde_json::Value = serde_json::from_str(
-            create["annotations"]["mutation.webhook.admission.k8s.io/round_0_index_0"]
-                .as_str()
-                .unwrap_or("{}"),
-        )
-        .unwrap();
-        assert_eq!(mutation["mutated"], true, "{create}");
-    }
-}
-
 #[tokio::test]
 async fn without_node_holder_karpenter_removes_empty_nodes_and_launches_new_ones_for_the_next_wave()
 {
@@ -149,7 +116,7 @@ async fn with_node_holder_karpenter_keeps_the_held_nodes_reuses_them_and_consoli
     let waves = two_waves(&mut a).await;
 
     // Held from their CREATE on, by node-holder's webhook.
-    created_held(&a, &waves.first);
+    created_held(a.cp(), &waves.first);
     let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
 
     // Karpenter's consolidateAfter ran out and it looked twice, yet it found
@@ -215,7 +182,7 @@ async fn a_hold_a_user_put_on_a_karpenter_node_outlives_node_holders_release() {
     let served = install_node_holder(&a, &["--hold-duration=30s"]).await;
     let records = records(&a);
     let wave = a.wave("wave", 2).await;
-    created_held(&a, &wave);
+    created_held(a.cp(), &wave);
     let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
     a.end_wave("kept").await;
     a.end_wave("wave").await;
@@ -462,7 +429,7 @@ async fn one_window_per_nodepool_a_gpu_scale_up_leaves_the_general_pools_empty_n
     // The general pool scales up and its batch ends: its window holds the
     // empty nodes (Karpenter's consolidateAfter runs out meanwhile).
     let general = a.wave("general", 2).await;
-    created_held(&a, &general);
+    created_held(a.cp(), &general);
     a.end_wave("general").await;
     a.until("the general pool's window", KARPENTER_ROUND, async |_| {
         at(&window(&records).await, &general_pool).is_some()
@@ -480,7 +447,7 @@ async fn one_window_per_nodepool_a_gpu_scale_up_leaves_the_general_pools_empty_n
     // and its batch ends at once too.
     sleep_until(general_deadline - HOLD / 3).await;
     let gpu = a.wave_in("gpu", "gpu-batch", 1).await;
-    created_held(&a, &gpu);
+    created_held(a.cp(), &gpu);
     a.end_wave("gpu-batch").await;
     let gpu_deadline = at(&window(&records).await, "/groups/gpu/open/deadline").unwrap();
     assert!(gpu_deadline > general_deadline + HOLD / 2, "{gpu_deadline}");
@@ -584,8 +551,8 @@ async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_
     // pool instead of one per node.
     let busy = a.deployment("busy", 1).await;
     let idle = a.wave("idle", 2).await;
-    created_held(&a, &busy);
-    created_held(&a, &idle);
+    created_held(a.cp(), &busy);
+    created_held(a.cp(), &idle);
     a.until(
         "the pool's budget instead of the nodes' annotations",
         KARPENTER_ROUND,

@@ -20,7 +20,10 @@
 //! the node (cordon, then the Eviction API) honours the chart's
 //! PodDisruptionBudget: one replica goes, the other is refused while its
 //! replacement has nowhere to run, and new nodes are still held. `helm
-//! uninstall` runs its pre-delete Job (`node-holder uninstall`) on the real
+//! upgrade` to a new image tag rolls the replicas while nodes are created
+//! through the API and the real Karpenter (its KWOK provider, with kwok
+//! beside it) launches nodes for pending pods: every one is held at its
+//! CREATE. `helm uninstall` runs its pre-delete Job (`node-holder uninstall`) on the real
 //! node too, after which nothing of node-holder's is left in the cluster.
 
 use std::collections::BTreeMap;
@@ -36,7 +39,9 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use testenv::{ControlPlane, LocalRegistry, REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode};
+use testenv::{
+    Autoscaler, ControlPlane, Disruption, LocalRegistry, REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode,
+};
 
 use testsupport::install::{self, CertManager, NAMESPACE, RELEASE};
 use testsupport::window::{HOLD, MARKER, failed_open, held};
@@ -397,6 +402,12 @@ async fn install_test_uninstall() {
         HELM_TIMEOUT,
     ];
     let upgraded = format!("{repository}:{next_tag}");
+    // The real Karpenter (its KWOK provider) launches nodes for pending pods
+    // during the upgrade, beside nodes created through the API.
+    let autoscaler = Autoscaler::attach(&cp, &Disruption::default())
+        .await
+        .unwrap();
+    log("Karpenter ready");
     an_upgrade_holds_every_node_created_during_it(
         &cp,
         &node,
@@ -406,6 +417,7 @@ async fn install_test_uninstall() {
     )
     .await;
     log("every node created during helm upgrade was held at its CREATE");
+    drop(autoscaler);
 
     // `helm uninstall`: the pre-delete hook Job runs `node-holder uninstall`
     // on the real node, then helm deletes the release.
@@ -643,11 +655,11 @@ async fn a_drain_honours_the_disruption_budget(
 }
 
 /// `helm upgrade` (`args`) to the image `image` while a Node is created
-/// every 100 ms through the API, as an autoscaler creates them: the
-/// Deployment replaces its replicas one at a time on the real node
-/// (`maxUnavailable: 0`, a replica stopping stays ready-less but serving for
-/// its grace), and every Node created meanwhile comes back held from its
-/// CREATE, none failed open.
+/// every 100 ms through the API and Karpenter launches a node for each
+/// pending pod created every 2 s: the Deployment replaces its replicas one
+/// at a time on the real node (`maxUnavailable: 0`, a replica stopping stays
+/// ready-less but serving for its grace), and every Node created meanwhile
+/// comes back held from its CREATE, none failed open.
 async fn an_upgrade_holds_every_node_created_during_it(
     cp: &ControlPlane,
     node: &RealNode,
@@ -677,6 +689,8 @@ async fn an_upgrade_holds_every_node_created_during_it(
             (created, unheld)
         }
     });
+    let launching = tokio::spawn(pods_pending_for_karpenter(admin.clone(), stop.clone()));
+    let upgrade_started = jiff::Timestamp::now();
     helm(cp, args).await;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
@@ -707,9 +721,20 @@ async fn an_upgrade_holds_every_node_created_during_it(
         },
     )
     .await;
+    let rolled_out = jiff::Timestamp::now();
     stop.cancel();
     let (created, unheld) = creating.await.unwrap();
     assert!(!created.is_empty(), "no node created during the upgrade");
+    let waves = launching.await.unwrap();
+    karpenters_nodes_held(
+        cp,
+        node,
+        cert_manager,
+        &nodes,
+        &waves,
+        (upgrade_started, rolled_out),
+    )
+    .await;
     // The API server's word for it: each CREATE's audit event, none of
     // them failed open (read first, so that an unheld node's failure says
     // why the API server let it through).
@@ -737,6 +762,65 @@ async fn an_upgrade_holds_every_node_created_during_it(
          {failed:#?}",
         unheld.len(),
         created.len()
+    );
+}
+
+/// Creates a pod that fills a node of Karpenter's every 2 s (ten at most)
+/// until `stop`; their names.
+async fn pods_pending_for_karpenter(
+    admin: kube::Client,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let mut names = Vec::new();
+    while !stop.is_cancelled() && names.len() < 10 {
+        let name = format!("upgrade-wave-{}", names.len());
+        pods.create(&PostParams::default(), &testenv::filler_pod(&name))
+            .await
+            .unwrap();
+        names.push(name);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    names
+}
+
+/// Once every pod of `waves` runs: the nodes Karpenter launched for them
+/// were held at their CREATE (the audit log), and at least one of them was
+/// created while the upgrade rolled out (`during`).
+async fn karpenters_nodes_held(
+    cp: &ControlPlane,
+    node: &RealNode,
+    cert_manager: &mut CertManager,
+    nodes: &Api<Node>,
+    waves: &[String],
+    during: (jiff::Timestamp, jiff::Timestamp),
+) {
+    let pods: Api<Pod> = Api::namespaced(nodes.clone().into_client(), "default");
+    let launched = until(
+        node,
+        cert_manager,
+        "Karpenter's nodes for the wave",
+        || async {
+            let mut on = std::collections::BTreeSet::new();
+            for name in waves {
+                let pod = pods.get(name).await.unwrap();
+                on.insert(pod.spec.and_then(|s| s.node_name)?);
+            }
+            Some(on)
+        },
+    )
+    .await;
+    testsupport::window::created_held(cp, &launched);
+    let mut created = Vec::new();
+    for name in &launched {
+        created.push(testsupport::window::created(
+            &nodes.get(name).await.unwrap(),
+        ));
+    }
+    assert!(
+        created.iter().any(|&at| during.0 <= at && at <= during.1),
+        "none of Karpenter's nodes {launched:?} was created during the upgrade \
+         ({during:?}): {created:?}"
     );
 }
 

@@ -116,31 +116,17 @@ impl KarpenterCluster {
         let scheduler = start_scheduler(&cp, &binaries)?;
         let controller_manager = start_controller_manager(&cp, &binaries)?;
         let kwok = start_kwok(&cp, &binaries)?;
-        let [metrics_port, health_port] = free_ports()?;
-        let karpenter_log = cp.dir().join("karpenter.log");
-        let karpenter = start_karpenter(&cp, &binaries, options, [metrics_port, health_port])?;
-        let mut cluster = KarpenterCluster {
+        let (karpenter, karpenter_metrics_port) =
+            start_ready_karpenter(&cp, &binaries, options).await?;
+        Ok(KarpenterCluster {
             karpenter,
             kwok,
             controller_manager,
             scheduler,
-            karpenter_metrics_port: metrics_port,
-            karpenter_log,
+            karpenter_metrics_port,
+            karpenter_log: cp.dir().join("karpenter.log"),
             cp,
-        };
-        match cluster.wait_ready(health_port).await {
-            // A free port can be taken by someone else between the probe
-            // and Karpenter's bind; one more start on new ports covers it.
-            Err(first) if format!("{first:#}").contains("address already in use") => {
-                let [metrics_port, health_port] = free_ports()?;
-                cluster.karpenter =
-                    start_karpenter(&cluster.cp, &binaries, options, [metrics_port, health_port])?;
-                cluster.karpenter_metrics_port = metrics_port;
-                cluster.wait_ready(health_port).await?;
-            }
-            result => result?,
-        }
-        Ok(cluster)
+        })
     }
 
     /// Adds a second NodePool `name`, like the first but with `disruption`
@@ -225,21 +211,78 @@ impl KarpenterCluster {
         self.kwok.check_running()?;
         self.karpenter.check_running()
     }
+}
 
-    async fn wait_ready(&mut self, health_port: u16) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.check_running()?;
-            match http_get_loopback(health_port, "/readyz").await {
-                Ok(_) => return Ok(()),
-                Err(err) if Instant::now() > deadline => {
-                    bail!(
-                        "Karpenter not ready after {READY_TIMEOUT:?}: {err:#}\n{}",
-                        self.karpenter.log_tail()
-                    );
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+/// Karpenter (its KWOK provider) and kwok beside a control plane whose
+/// scheduler and controller manager run already: a real node's
+/// ([`crate::RealNode::join_with_services`]). Dropping it stops both.
+pub struct Autoscaler {
+    karpenter: ManagedChild,
+    _kwok: ManagedChild,
+}
+
+impl Autoscaler {
+    /// Builds what is missing, creates Karpenter's CRDs, the KWOKNodeClass
+    /// and the NodePool with `disruption`, starts kwok and Karpenter and
+    /// waits until Karpenter is ready. kwok manages only the nodes Karpenter
+    /// launches, never a real kubelet's.
+    pub async fn attach(cp: &ControlPlane, disruption: &Disruption) -> Result<Self> {
+        let binaries = tokio::task::spawn_blocking(ensure_cluster_built)
+            .await
+            .context("cluster build task")??;
+        let admin = cp.admin_client().await?;
+        apply_objects(&admin, &karpenter_crds(&binaries.karpenter_source)?).await?;
+        let pool = node_pool(NODE_POOL, disruption, json!([]));
+        apply_objects(&admin, &[node_class(None), pool]).await?;
+        let kwok = start_kwok(cp, &binaries)?;
+        let options = ClusterOptions::default();
+        let (karpenter, _) = start_ready_karpenter(cp, &binaries, &options).await?;
+        Ok(Autoscaler {
+            karpenter,
+            _kwok: kwok,
+        })
+    }
+
+    /// The end of Karpenter's log, for a failure's message.
+    pub fn log_tail(&self) -> String {
+        self.karpenter.log_tail()
+    }
+}
+
+/// Starts Karpenter and waits until it is ready; it and its metrics port.
+/// A free port can be taken by someone else between the probe and
+/// Karpenter's bind: one more start on new ports covers it.
+async fn start_ready_karpenter(
+    cp: &ControlPlane,
+    binaries: &ClusterBinaries,
+    options: &ClusterOptions,
+) -> Result<(ManagedChild, u16)> {
+    let mut tries = 0;
+    loop {
+        let [metrics_port, health_port] = free_ports()?;
+        let mut karpenter = start_karpenter(cp, binaries, options, [metrics_port, health_port])?;
+        match wait_ready(&mut karpenter, health_port).await {
+            Err(err) if tries == 0 && format!("{err:#}").contains("address already in use") => {
+                tries += 1;
             }
+            result => return result.map(|()| (karpenter, metrics_port)),
+        }
+    }
+}
+
+async fn wait_ready(karpenter: &mut ManagedChild, health_port: u16) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        karpenter.check_running()?;
+        match http_get_loopback(health_port, "/readyz").await {
+            Ok(_) => return Ok(()),
+            Err(err) if Instant::now() > deadline => {
+                bail!(
+                    "Karpenter not ready after {READY_TIMEOUT:?}: {err:#}\n{}",
+                    karpenter.log_tail()
+                );
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
 }

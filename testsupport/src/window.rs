@@ -363,6 +363,41 @@ pub async fn register_unreachable_webhook(cp: &ControlPlane, served: &Served) {
     panic!("the API server never called the unreachable webhook");
 }
 
+/// Every node of `nodes` was created by the autoscaler's identity
+/// (Karpenter) and went through node-holder's webhook and came out held:
+/// the API server's audit log of each CREATE.
+pub fn created_held<'a>(cp: &ControlPlane, nodes: impl IntoIterator<Item = &'a String>) {
+    let events = cp.audit_events().unwrap();
+    for node in nodes {
+        let create = events
+            .iter()
+            .find(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["objectRef"]["name"] == node.as_str()
+                    && e["stage"] == "ResponseComplete"
+            })
+            .unwrap_or_else(|| panic!("no audit event of {node}'s create"));
+        assert_eq!(
+            create["user"]["username"],
+            testenv::AUTOSCALER_USER,
+            "{create}"
+        );
+        assert_eq!(
+            create["annotations"][format!("{}/decision", super::WEBHOOK_NAME)],
+            "held",
+            "{create}"
+        );
+        let mutation: Value = serde_json::from_str(
+            create["annotations"]["mutation.webhook.admission.k8s.io/round_0_index_0"]
+                .as_str()
+                .unwrap_or("{}"),
+        )
+        .unwrap();
+        assert_eq!(mutation["mutated"], true, "{create}");
+    }
+}
+
 /// Whether the API server's audit event records our webhook failing open.
 pub fn failed_open(audit_event: &Value) -> bool {
     audit_event["annotations"].as_object().is_some_and(|a| {
