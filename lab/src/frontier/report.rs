@@ -12,7 +12,7 @@ use plotters::prelude::*;
 
 use super::arms::Arm;
 use super::days::Day;
-use super::trace::{Outcome, Trace};
+use super::trace::{Deployments, Outcome, Trace};
 use super::{LAUNCH_COSTS, mean_ci95, optimum_at};
 
 /// Karpenter's defaults, the first arm each is paired against.
@@ -95,7 +95,11 @@ fn by_day<'a>(arms: &[Arm], results: &'a [(Day, Result<Trace>)]) -> Vec<DayRuns<
             .iter()
             .map(|arm| {
                 let long_gaps = day.long_gaps(DEFAULT_LAUNCH);
-                let outcome = Outcome::of(trace, &arm.name, &long_gaps, day.deployment_pods());
+                let deployments = Deployments {
+                    created: day.deployment_pods(),
+                    alone: day.waves.is_empty(),
+                };
+                let outcome = Outcome::of(trace, &arm.name, &long_gaps, deployments);
                 (arm.name.clone(), outcome)
             })
             .filter(|(_, outcome)| outcome.pods > 0)
@@ -408,7 +412,11 @@ mod tests {
         for arm in played {
             assert!(days[0].played(arm), "{arm}");
         }
-        let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s", &[], 12);
+        let deployments = Deployments {
+            created: 12,
+            alone: false,
+        };
+        let first = Outcome::of(results[0].1.as_ref().unwrap(), "ka-0s", &[], deployments);
         let kept = &days[0].runs[0].1["ka-0s"];
         assert_eq!(kept.launches, first.launches, "the first run's ka-0s");
     }

@@ -114,13 +114,22 @@ pub struct Outcome {
     pub interrupted: i32,
     /// Deployment pods created beyond what the day's scaling created: the
     /// pods Karpenter moved (service restarts). `None`: the trace did not
-    /// keep which pods were a Deployment's.
+    /// keep which pods were a Deployment's, and other Jobs ran beside them.
     pub moved: Option<usize>,
 }
 
+/// What the day says of its Deployments' pods.
+#[derive(Debug, Clone, Copy)]
+pub struct Deployments {
+    /// Pods the day's scaling creates.
+    pub created: usize,
+    /// Whether every pod of no CronJob is a Deployment's (no other Jobs):
+    /// then a trace that did not mark them still tells.
+    pub alone: bool,
+}
+
 impl Outcome {
-    /// `created`: the Deployment pods the day's scaling creates.
-    pub fn of(trace: &Trace, arm: &str, long_gaps: &[&str], created: usize) -> Outcome {
+    pub fn of(trace: &Trace, arm: &str, long_gaps: &[&str], deployments: Deployments) -> Outcome {
         let claims: Vec<&Claim> = trace.claims.values().filter(|c| c.pool == arm).collect();
         let node_seconds = claims
             .iter()
@@ -138,7 +147,7 @@ impl Outcome {
             wait_p95: percentile(&waits, 95.0),
             long_gap_wait_p95: percentile(&long_gap, 95.0),
             interrupted: trace.interrupted.get(arm).copied().unwrap_or(0),
-            moved: moved(&pods, created),
+            moved: moved(&pods, deployments),
         }
     }
 
@@ -147,11 +156,19 @@ impl Outcome {
     }
 }
 
-/// The Deployment pods beyond the `created` the scaling made; `None` when
-/// no pod is known as a Deployment's (an older trace).
-fn moved(pods: &[&PodSeen], created: usize) -> Option<usize> {
-    let seen = pods.iter().filter(|p| p.deployment).count();
-    (seen > 0).then(|| seen.saturating_sub(created))
+/// The Deployment pods beyond those the scaling created; `None` when no
+/// pod is marked as a Deployment's (an older trace) and other Jobs' pods
+/// cannot be told from them.
+fn moved(pods: &[&PodSeen], deployments: Deployments) -> Option<usize> {
+    let marked = pods.iter().filter(|p| p.deployment).count();
+    let seen = if marked > 0 {
+        marked
+    } else if deployments.alone {
+        pods.iter().filter(|p| p.cronjob.is_none()).count()
+    } else {
+        return None;
+    };
+    Some(seen.saturating_sub(deployments.created))
 }
 
 /// How long after a CronJob's first pod appeared its first run's pods still
@@ -222,9 +239,16 @@ mod tests {
         service.deployment = true;
         let pods = [service.clone(), service.clone(), service, pod(None, 5.0)];
         let pods: Vec<&PodSeen> = pods.iter().collect();
-        assert_eq!(moved(&pods, 2), Some(1));
-        assert_eq!(moved(&pods, 5), Some(0), "never below zero");
-        assert_eq!(moved(&pods[3..], 2), None, "an older trace: unknown");
+        let created = |created, alone| Deployments { created, alone };
+        assert_eq!(moved(&pods, created(2, false)), Some(1));
+        assert_eq!(moved(&pods, created(5, false)), Some(0), "never below zero");
+        // An older trace: other Jobs' pods look the same.
+        assert_eq!(moved(&pods[3..], created(0, false)), None);
+        // An older trace of a day of CronJobs alone: every pod of no
+        // CronJob is a Deployment's.
+        let older = [pod(None, 1.0), pod(None, 2.0), pod(Some("every-5m"), 3.0)];
+        let older: Vec<&PodSeen> = older.iter().collect();
+        assert_eq!(moved(&older, created(1, true)), Some(1));
     }
 
     #[test]
