@@ -249,12 +249,7 @@ impl super::WindowTask {
         self.last_runs.clone_from(&known.last);
         self.remember_explained(&known, &groups);
         let kept = keep(&views, &known, &self.explained, now, &terms);
-        let in_scope: HashMap<&str, &NodeMeta> = snapshot
-            .iter()
-            .filter(|node| node.in_scope())
-            .map(|node| (node.name(), &**node))
-            .collect();
-        self.say_what_changed(&kept, &in_scope, &groups, &terms);
+        self.say_what_changed(&kept, snapshot, &groups, &terms);
         self.say_unpredictable(&known);
         self.show_kept(&kept, known.unpredictable.len());
         self.kept = kept
@@ -309,10 +304,11 @@ impl super::WindowTask {
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
-        nodes: &HashMap<&str, &NodeMeta>,
+        snapshot: &[std::sync::Arc<NodeMeta>],
         groups: &HashMap<&str, &str>,
         terms: &Terms,
     ) {
+        let nodes = self.changed_nodes(kept, snapshot);
         // New since the last pass, and not stamped with this end already
         // (a new leader's first pass: the node says it was announced).
         let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
@@ -354,6 +350,35 @@ impl super::WindowTask {
             self.events.send(HoldEvent::nothing_due(node, why));
         }
         said_the_rest(count, "more nodes whose schedule hold ends");
+    }
+
+    /// The nodes in scope whose schedule hold may have changed since the
+    /// last pass (kept for a run now, or kept before and not now), by name:
+    /// most passes have none, and then no map of every node is built.
+    fn changed_nodes<'n>(
+        &self,
+        kept: &BTreeMap<&str, Keep<'_>>,
+        snapshot: &'n [std::sync::Arc<NodeMeta>],
+    ) -> HashMap<&'n str, &'n NodeMeta> {
+        let for_run = kept.iter().filter(|(name, keep)| match keep {
+            Keep::ForRun(reserved) => {
+                self.kept.get(**name).and_then(|k| k.until) != Some(reserved.until)
+            }
+            _ => false,
+        });
+        let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
+        let wanted: foldhash::HashSet<&str> = for_run
+            .map(|(name, _)| *name)
+            .chain(ended.map(String::as_str))
+            .collect();
+        if wanted.is_empty() {
+            return HashMap::default();
+        }
+        snapshot
+            .iter()
+            .filter(|node| node.in_scope() && wanted.contains(node.name()))
+            .map(|node| (node.name(), &**node))
+            .collect()
     }
 
     /// When the window counts `node` as created: its creation, or with

@@ -158,9 +158,13 @@ pub fn keep<'a>(
         }
     }
     for (group, mut nodes) in idle {
+        // Most groups have no run due: their idle nodes go unsorted.
         let Some(runs) = known.runs.get(group) else {
             continue;
         };
+        if !runs.iter().any(|run| terms.pays(now, run.at)) {
+            continue;
+        }
         nodes.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
         let names: Vec<&'a str> = nodes.iter().map(|n| n.name).collect();
         for reserved in reserve(&names, runs, now, terms) {
