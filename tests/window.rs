@@ -182,7 +182,7 @@ async fn a_new_node_holds_every_node_each_new_one_extends_and_then_only_node_hol
     let events: Api<Event> = Api::namespaced(cp.admin_client().await.unwrap(), "default");
     eventually_logging(
         "hold and release events",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         &served,
         || async {
             has_node_events(

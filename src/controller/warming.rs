@@ -18,7 +18,8 @@ use super::events::HoldEvent;
 use crate::core::known::KnownWork;
 use crate::core::node::NodeMeta;
 use crate::core::warm::{
-    HANDOVER, HandOver, Warm, due_warms, next_change, placeholder_job, priority_class, why_warmed,
+    HANDOVER, HandOver, Warm, due_warms, in_window, next_change, placeholder_job, priority_class,
+    why_warmed,
 };
 
 /// How soon a warm that failed to be created or deleted is tried again.
@@ -62,8 +63,11 @@ impl super::WindowTask {
                 failed |= !self.start_warm(warm, &terms, now).await;
             }
         }
-        let due: BTreeSet<&str> = due.iter().map(|w| w.name.as_str()).collect();
-        failed |= !self.end_warms(&due, snapshot, now).await;
+        // A warm goes on while its run is in its window (every due warm's
+        // is), even once the schedule keeps its placeholders' nodes for it.
+        let in_window = in_window(known, lead, now);
+        let going_on: BTreeSet<&str> = in_window.iter().map(String::as_str).collect();
+        failed |= !self.end_warms(&going_on, snapshot, now).await;
         let next = next_change(known, lead, now);
         let retry = failed.then(|| crate::core::plus(now, RETRY));
         self.warming.wake = next.into_iter().chain(retry).min();

@@ -14,7 +14,7 @@
 //! node-holder. Pure: what to ask for and when; the caller creates and
 //! deletes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -108,6 +108,21 @@ pub fn due_warms<'a>(
         }
     }
     warms
+}
+
+/// The placeholder Job of every run in its warming window, whatever its
+/// nodes: a warm once made goes on until the hand-over, even when the
+/// schedule hold keeps its placeholders' nodes for the run as the run comes
+/// within the launch cost (those nodes are then both; neither must end the
+/// other). Only a run that no longer comes ends its warm early.
+pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<String> {
+    known
+        .runs
+        .values()
+        .flatten()
+        .filter(|run| warming(run.at, lead, now))
+        .filter_map(|run| Some(placeholder_name(run.uid.as_deref()?, run.at)))
+        .collect()
 }
 
 /// Whether a run at `at` is warmed at `now`: from `lead` before it until
@@ -410,6 +425,16 @@ mod tests {
         kept.insert("a2".into(), for_run("team/report"));
         kept.insert("a3".into(), for_run("team/report"));
         assert!(due_warms(&known, &kept, LEAD, t(500)).is_empty());
+        // ...but a warm already made goes on: its run is in its window
+        // (the suite once saw a warm "cancelled" when the schedule came to
+        // keep its own placeholder's node for the run).
+        let name = format!("node-holder-warm-{}-01234567", (1_800_000_000 + 600) / 60);
+        assert_eq!(in_window(&known, LEAD, t(500)), BTreeSet::from([name]));
+        assert!(
+            in_window(&known, LEAD, t(479)).is_empty(),
+            "before the lead"
+        );
+        assert!(in_window(&known, LEAD, t(595)).is_empty(), "handed over");
     }
 
     #[test]
