@@ -312,9 +312,7 @@ impl super::WindowTask {
         // New since the last pass, and not stamped with this end already
         // (a new leader's first pass: the node says it was announced).
         let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
-            Keep::ForRun(reserved)
-                if self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until) =>
-            {
+            Keep::ForRun(reserved) if self.newly_kept(name, reserved.until) => {
                 let node = *nodes.get(name)?;
                 let stamped = held_until_stamp(node) == Some(floor_seconds(reserved.until));
                 (!stamped).then_some((node, reserved))
@@ -352,6 +350,12 @@ impl super::WindowTask {
         said_the_rest(count, "more nodes whose schedule hold ends");
     }
 
+    /// Whether `node` is kept for a run until `until` and was not, with
+    /// that end, at the last pass.
+    fn newly_kept(&self, node: &str, until: Timestamp) -> bool {
+        self.kept.get(node).and_then(|k| k.until) != Some(until)
+    }
+
     /// The nodes in scope whose schedule hold may have changed since the
     /// last pass (kept for a run now, or kept before and not now), by name:
     /// most passes have none, and then no map of every node is built.
@@ -361,9 +365,7 @@ impl super::WindowTask {
         snapshot: &'n [std::sync::Arc<NodeMeta>],
     ) -> HashMap<&'n str, &'n NodeMeta> {
         let for_run = kept.iter().filter(|(name, keep)| match keep {
-            Keep::ForRun(reserved) => {
-                self.kept.get(**name).and_then(|k| k.until) != Some(reserved.until)
-            }
+            Keep::ForRun(reserved) => self.newly_kept(name, reserved.until),
             _ => false,
         });
         let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
