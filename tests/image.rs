@@ -1,15 +1,16 @@
-//! The runtime image, without a container engine (none runs on this
-//! machine): `cargo xtask image`'s OCI layout writer run on the test build of
-//! node-holder (the release runs it on the static build: docs/releasing.md's
-//! "The runtime image"), then read back with other tools than the writer's
-//! (`sha256sum`, `tar`), as a registry and a runtime would: the index names
-//! the manifest, every blob's digest and size match, the config runs
-//! `node-holder serve` as the non-root user 65532 with OCI labels, the layer
-//! holds the binary and that user. The binary taken out of the layer runs:
+//! The runtime image as the suite and `cargo xtask image` build it: buildah
+//! builds the repository's `Dockerfile` (its runtime stage, with the test
+//! build of node-holder as the prebuilt binary) into an OCI image layout,
+//! read back here with other tools than the builder's (`sha256sum`, `tar`),
+//! as a registry and a runtime would: the index names the manifest, every
+//! blob's digest and size match, the config runs `node-holder serve` as the
+//! non-root user 65532 with OCI labels, the layer holds the binary and that
+//! user and nothing else. The binary taken out of the layer runs:
 //! `--version`, and `serve --admission policy` against the test cluster
 //! until it is ready. The layout pushed to a local OCI registry (crane's)
 //! keeps its digest, and the image pulled back from there holds the same
-//! binary. The same binary gives the same digests.
+//! binary. The same binary gives the same digests. (A container runs from
+//! it on the real node: tests/real_node.rs and tests/real_install.rs.)
 
 use testsupport as common;
 
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testenv::ControlPlane;
-use xtask::image::{BINARY, USER, write_layout};
+use xtask::image::{BINARY, USER, build_image};
 
 const NODE_HOLDER: &str = env!("CARGO_BIN_EXE_node-holder");
 
@@ -48,10 +49,10 @@ fn json(bytes: &[u8]) -> Value {
 async fn the_image_layout_reads_back_and_its_binary_serves_against_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let layout = dir.path().join("layout");
-    let written = write_layout(Path::new(NODE_HOLDER), &layout, "0.1.0").unwrap();
+    let written = build_image(Path::new(NODE_HOLDER), &layout, "0.1.0").unwrap();
     assert_eq!(
-        std::fs::read_to_string(layout.join("oci-layout")).unwrap(),
-        r#"{"imageLayoutVersion":"1.0.0"}"#
+        json(&std::fs::read(layout.join("oci-layout")).unwrap())["imageLayoutVersion"],
+        "1.0.0"
     );
     let index = json(&std::fs::read(layout.join("index.json")).unwrap());
     let entry = &index["manifests"][0];
@@ -98,6 +99,21 @@ async fn the_image_layout_reads_back_and_its_binary_serves_against_the_cluster()
         .status()
         .unwrap();
     assert!(untar.success());
+    let listed = Command::new("tar")
+        .args(["-tzf", gz.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let mut files: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|l| !l.ends_with('/'))
+        .map(str::to_owned)
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["etc/group", "etc/passwd", BINARY],
+        "the layer's files"
+    );
     let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
     assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
     let binary = rootfs.join(BINARY);
@@ -118,7 +134,7 @@ async fn the_image_layout_reads_back_and_its_binary_serves_against_the_cluster()
     through_a_registry(&layout, &written.manifest_digest, &binary);
 
     // Reproducible: the same binary, the same digests.
-    let again = write_layout(Path::new(NODE_HOLDER), &dir.path().join("again"), "0.1.0").unwrap();
+    let again = build_image(Path::new(NODE_HOLDER), &dir.path().join("again"), "0.1.0").unwrap();
     assert_eq!(again.manifest_digest, written.manifest_digest);
 }
 

@@ -95,7 +95,7 @@ async fn install_test_uninstall() {
         let (layout_path, tag) = (layout_path.clone(), tag.clone());
         tokio::task::spawn_blocking(move || {
             let binary = xtask::image::build_static().unwrap();
-            xtask::image::write_layout(&binary, &layout_path, &tag).unwrap()
+            xtask::image::build_image(&binary, &layout_path, &tag).unwrap()
         })
     };
     let (node, layout) = tokio::join!(RealNode::join_with_services(&cp), build);
@@ -759,9 +759,10 @@ async fn an_upgrade_holds_every_node_created_during_it(
     assert!(
         unheld.is_empty() && failed.is_empty(),
         "{} of {} nodes created during the upgrade came unheld: {unheld:?}; failed open: \
-         {failed:#?}",
+         {failed:#?}; the API server's reasons: {:#?}",
         unheld.len(),
-        created.len()
+        created.len(),
+        cp.apiserver_log_lines("failing open")
     );
 }
 

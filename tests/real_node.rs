@@ -64,7 +64,7 @@ async fn node_with_image(cp: &ControlPlane, services: bool, started: Instant) ->
         let (layout_path, tag) = (layout_path.clone(), tag.clone());
         tokio::task::spawn_blocking(move || {
             let binary = xtask::image::build_static().unwrap();
-            xtask::image::write_layout(&binary, &layout_path, &tag).unwrap()
+            xtask::image::build_image(&binary, &layout_path, &tag).unwrap()
         })
     };
     let join = async {

@@ -362,6 +362,26 @@ impl ControlPlane {
             .collect()
     }
 
+    /// The lines of the API server's logs (every start's) that hold
+    /// `needle`: its own word for what happened, such as why it failed a
+    /// webhook call open (`Failed calling webhook, failing open ...`).
+    pub fn apiserver_log_lines(&self, needle: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        for restart in 0..=self.restarts {
+            let name = match restart {
+                0 => "kube-apiserver.log".to_string(),
+                n => format!("kube-apiserver-{n}.log"),
+            };
+            let text = fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+            lines.extend(
+                text.lines()
+                    .filter(|l| l.contains(needle))
+                    .map(str::to_owned),
+            );
+        }
+        lines
+    }
+
     /// Waits (up to 10 s) for the audit events that match `predicate`. The API
     /// server writes the `ResponseComplete` event after it answers, so an event
     /// can trail the response it describes.

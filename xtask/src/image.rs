@@ -1,21 +1,21 @@
-//! node-holder's runtime image as an OCI image layout, written without a
-//! container engine or a base image: one layer holding the binary at
-//! `/usr/local/bin/node-holder` and an `/etc/passwd` and `/etc/group` that
-//! name the non-root user 65532; a config that runs `node-holder serve` as
-//! that user; OCI annotations. Reproducible: every time in it is the epoch
-//! (or `SOURCE_DATE_EPOCH`), so the same binary gives the same digests.
+//! node-holder's runtime image, built by a standard builder (buildah) from
+//! the repository's `Dockerfile` with a node-holder binary built beforehand:
+//! the Dockerfile's `prebuilt` stage (`--build-arg BINARY_FROM=prebuilt`)
+//! takes the binary from the build context instead of compiling it, and its
+//! runtime stage, the one the release ships, is built as it is. The image is
+//! written as an OCI image layout. Reproducible: every time in it is the
+//! epoch (or `SOURCE_DATE_EPOCH`), so the same binary gives the same digests.
 //!
 //! `cargo xtask image` builds the binary static (glibc's `crt-static`: the
 //! image has no libraries to link against) and writes the layout;
 //! `skopeo copy oci:target/image:0.1.0 docker://REGISTRY/node-holder:0.1.0`
 //! (or `crane push`) pushes it.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use anyhow::{Context, Result};
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
 
 /// Where the binary is in the image.
 pub const BINARY: &str = "usr/local/bin/node-holder";
@@ -86,38 +86,102 @@ pub struct Layout {
     pub layer_digest: String,
 }
 
-/// Writes the OCI image layout of `binary` into `dir` (created), tagged
-/// `version`.
-pub fn write_layout(binary: &Path, dir: &Path, version: &str) -> Result<Layout> {
-    let epoch: u64 = std::env::var("SOURCE_DATE_EPOCH")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    std::fs::create_dir_all(dir.join("blobs/sha256"))
-        .with_context(|| format!("creating {}", dir.display()))?;
-    let tar = layer_tar(binary, epoch)?;
-    let diff_id = sha256(&tar);
-    let layer = gzip(&tar)?;
-    let layer_digest = write_blob(dir, &layer)?;
-    let config = serde_json::to_vec(&config(&diff_id, version, epoch))?;
-    let config_digest = write_blob(dir, &config)?;
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": descriptor("application/vnd.oci.image.config.v1+json", &config_digest, config.len()),
-        "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", &layer_digest, layer.len())],
-        "annotations": annotations(version, epoch),
-    }))?;
-    let manifest_digest = write_blob(dir, &manifest)?;
-    let mut index_entry = descriptor(
-        "application/vnd.oci.image.manifest.v1+json",
-        &manifest_digest,
-        manifest.len(),
-    );
-    index_entry["annotations"] = json!({"org.opencontainers.image.ref.name": version});
-    let index = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [index_entry]});
-    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)?;
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+/// Builds the runtime image of `binary` with buildah from the repository's
+/// `Dockerfile` and writes it as an OCI image layout into `dir` (replaced),
+/// tagged `version`. buildah keeps its images in a directory of its own for
+/// this one build, so that builds side by side share nothing.
+pub fn build_image(binary: &Path, dir: &Path, version: &str) -> Result<Layout> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scratch = tempfile::tempdir().context("a directory for buildah")?;
+    let context = build_context(binary, &workspace, scratch.path())?;
+    let storage = scratch.path().join("storage");
+    let name = format!("localhost/node-holder:{version}");
+    let mut bud = buildah(&storage);
+    bud.arg("bud")
+        .args(["--isolation", "chroot", "--quiet"])
+        .arg(format!("--timestamp={}", epoch()))
+        .args(["--build-arg", "BINARY_FROM=prebuilt"])
+        .arg("--file")
+        .arg(workspace.join("Dockerfile"))
+        .args(["--tag", &name]);
+    for (key, value) in labels(version) {
+        bud.arg(format!("--label={key}={value}"))
+            .arg(format!("--annotation={key}={value}"));
+    }
+    run(bud.arg(&context), "buildah bud")?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let mut push = buildah(&storage);
+    push.args(["push", "--quiet", &name])
+        .arg(format!("oci:{}:{version}", dir.display()));
+    run(&mut push, "buildah push")?;
+    read_layout(dir)
+}
+
+/// The build context: the Dockerfile's `prebuilt` stage takes `node-holder`
+/// from its root, the runtime stage `docker/etc/`.
+fn build_context(binary: &Path, workspace: &Path, scratch: &Path) -> Result<PathBuf> {
+    let context = scratch.join("context");
+    let etc = context.join("docker/etc");
+    std::fs::create_dir_all(&etc).with_context(|| format!("creating {}", etc.display()))?;
+    for file in ["passwd", "group"] {
+        let from = workspace.join("docker/etc").join(file);
+        std::fs::copy(&from, etc.join(file))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    std::fs::copy(binary, context.join("node-holder"))
+        .with_context(|| format!("copying {}", binary.display()))?;
+    Ok(context)
+}
+
+/// buildah (Debian's package) with its images under `storage`. vfs: no
+/// overlay mount, which a container without privileges may not have.
+fn buildah(storage: &Path) -> Command {
+    let mut command = Command::new("buildah");
+    command
+        .arg("--root")
+        .arg(storage.join("root"))
+        .arg("--runroot")
+        .arg(storage.join("run"))
+        .args(["--storage-driver", "vfs"]);
+    command
+}
+
+fn run(command: &mut Command, what: &str) -> Result<()> {
+    let output = command.output().with_context(|| {
+        format!("running {what} (is buildah installed? Debian's package `buildah`)")
+    })?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The manifest's and its layer's digests, from the layout buildah wrote.
+fn read_layout(dir: &Path) -> Result<Layout> {
+    let read = |path: PathBuf| -> Result<Value> {
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+    };
+    let index = read(dir.join("index.json"))?;
+    let manifest_digest = index["manifests"][0]["digest"]
+        .as_str()
+        .context("index.json names no manifest")?
+        .to_string();
+    let blob = |digest: &str| {
+        dir.join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let manifest = read(blob(&manifest_digest))?;
+    let layer_digest = manifest["layers"][0]["digest"]
+        .as_str()
+        .context("the manifest names no layer")?
+        .to_string();
     Ok(Layout {
         dir: dir.to_path_buf(),
         manifest_digest,
@@ -125,114 +189,27 @@ pub fn write_layout(binary: &Path, dir: &Path, version: &str) -> Result<Layout> 
     })
 }
 
-/// The image's only layer, uncompressed.
-fn layer_tar(binary: &Path, epoch: u64) -> Result<Vec<u8>> {
-    let mut tar = tar::Builder::new(Vec::new());
-    for dir in ["etc/", "usr/", "usr/local/", "usr/local/bin/"] {
-        append(&mut tar, dir, &[], 0o755, tar::EntryType::Directory, epoch)?;
-    }
-    let passwd = "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n";
-    let group = "root:x:0:\nnonroot:x:65532:\n";
-    append(
-        &mut tar,
-        "etc/passwd",
-        passwd.as_bytes(),
-        0o644,
-        tar::EntryType::Regular,
-        epoch,
-    )?;
-    append(
-        &mut tar,
-        "etc/group",
-        group.as_bytes(),
-        0o644,
-        tar::EntryType::Regular,
-        epoch,
-    )?;
-    let bytes = std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
-    append(
-        &mut tar,
-        BINARY,
-        &bytes,
-        0o755,
-        tar::EntryType::Regular,
-        epoch,
-    )?;
-    Ok(tar.into_inner()?)
+/// Seconds since the epoch that every time in the image is.
+fn epoch() -> u64 {
+    std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
-fn append(
-    tar: &mut tar::Builder<Vec<u8>>,
-    path: &str,
-    data: &[u8],
-    mode: u32,
-    kind: tar::EntryType,
-    epoch: u64,
-) -> Result<()> {
-    let mut header = tar::Header::new_ustar();
-    header.set_entry_type(kind);
-    header.set_mode(mode);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(epoch);
-    header.set_size(data.len() as u64);
-    tar.append_data(&mut header, path, data)
-        .with_context(|| format!("adding {path} to the layer"))
-}
-
-fn gzip(data: &[u8]) -> Result<Vec<u8>> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    encoder.write_all(data)?;
-    Ok(encoder.finish()?)
-}
-
-fn sha256(data: &[u8]) -> String {
-    format!("sha256:{:x}", Sha256::digest(data))
-}
-
-/// Writes `data` as a blob; its digest.
-fn write_blob(dir: &Path, data: &[u8]) -> Result<String> {
-    let digest = sha256(data);
-    let hex = digest.trim_start_matches("sha256:");
-    std::fs::write(dir.join("blobs/sha256").join(hex), data)?;
-    Ok(digest)
-}
-
-fn descriptor(media_type: &str, digest: &str, size: usize) -> Value {
-    json!({"mediaType": media_type, "digest": digest, "size": size})
-}
-
-/// The OCI annotations of the image (also its config's labels).
-fn annotations(version: &str, epoch: u64) -> Value {
-    let created = jiff::Timestamp::from_second(i64::try_from(epoch).unwrap_or(0))
+/// The OCI labels of the image, also its manifest's annotations.
+fn labels(version: &str) -> [(&'static str, String); 6] {
+    let created = jiff::Timestamp::from_second(i64::try_from(epoch()).unwrap_or(0))
         .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    json!({
-        "org.opencontainers.image.title": "node-holder",
-        "org.opencontainers.image.description": "Holds new Kubernetes nodes from the autoscaler's consolidation for a window after each scale-up",
-        "org.opencontainers.image.version": version,
-        "org.opencontainers.image.licenses": "Apache-2.0",
-        "org.opencontainers.image.url": "https://node-holder.dev",
-        "org.opencontainers.image.created": created.to_string(),
-    })
-}
-
-fn config(diff_id: &str, version: &str, epoch: u64) -> Value {
-    let created = jiff::Timestamp::from_second(i64::try_from(epoch).unwrap_or(0))
-        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
-        .to_string();
-    json!({
-        "created": created,
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "User": USER,
-            "Entrypoint": [format!("/{BINARY}")],
-            "Cmd": ["serve"],
-            // 8443: the HTTPS admission webhook; 8080: /healthz, /readyz, /metrics.
-            "ExposedPorts": {"8443/tcp": {}, "8080/tcp": {}},
-            "Labels": annotations(version, epoch),
-        },
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": created, "created_by": "cargo xtask image"}],
-    })
+    [
+        ("org.opencontainers.image.title", "node-holder".into()),
+        (
+            "org.opencontainers.image.description",
+            "Holds new Kubernetes nodes from the autoscaler's consolidation while work is due on them".into(),
+        ),
+        ("org.opencontainers.image.version", version.into()),
+        ("org.opencontainers.image.licenses", "Apache-2.0".into()),
+        ("org.opencontainers.image.url", "https://node-holder.dev".into()),
+        ("org.opencontainers.image.created", created.to_string()),
+    ]
 }

@@ -24,8 +24,8 @@ enum Task {
     Test,
     /// The local demo: a real control plane, node-holder, nodes held and released.
     Demo(demo::DemoArgs),
-    /// Build node-holder static and write its runtime image as an OCI image
-    /// layout (no container engine, no base image).
+    /// Build node-holder static, then its runtime image from the Dockerfile
+    /// with buildah, written as an OCI image layout.
     Image {
         /// Where to write the layout.
         #[arg(long, default_value = "target/image")]
@@ -49,12 +49,12 @@ async fn main() -> ExitCode {
     }
 }
 
-/// `cargo xtask image`: the static build, then the layout.
+/// `cargo xtask image`: the static build, then the image (buildah).
 fn image(out: &std::path::Path) -> Result<()> {
     let binary = xtask::image::build_static()?;
     let version = package_version()?;
     let version = version.as_str();
-    let layout = xtask::image::write_layout(&binary, out, version)?;
+    let layout = xtask::image::build_image(&binary, out, version)?;
     println!(
         "wrote {} (node-holder {version}, manifest {})",
         layout.dir.display(),
