@@ -106,13 +106,14 @@ impl ScheduledWatch {
 
     /// The scheduled work after `from`; `groups` names each node's group,
     /// `remembered` each CronJob's last run whose nodes may be gone. Read
-    /// again only when one of them, the stores or the next run changed.
+    /// again only when one of them, the stores or the next run changed;
+    /// whether it was read again.
     fn known(
         &self,
         from: Timestamp,
         groups: &HashMap<&str, &str>,
         remembered: &BTreeMap<String, LastRun>,
-    ) -> Arc<KnownWork> {
+    ) -> (Arc<KnownWork>, bool) {
         let tick = *self.changes.borrow();
         let inputs = fingerprint(groups, remembered);
         let mut memo = self
@@ -120,7 +121,7 @@ impl ScheduledWatch {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(memo) = memo.as_ref().filter(|m| m.serves(tick, inputs, from)) {
-            return memo.work.clone();
+            return (memo.work.clone(), false);
         }
         // The old work goes before the new is read: one at a time in memory.
         *memo = None;
@@ -138,7 +139,7 @@ impl ScheduledWatch {
             from,
             work: work.clone(),
         });
-        work
+        (work, true)
     }
 
     /// The placeholder pods seen: each one's Job and node (if bound).
@@ -245,9 +246,12 @@ impl super::WindowTask {
             .collect();
         let groups: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let known = watch.known(from, &groups, &self.last_runs);
-        self.last_runs.clone_from(&known.last);
-        self.remember_explained(&known, &groups);
+        let (known, read) = watch.known(from, &groups, &self.last_runs);
+        // The same work from the same groups remembers nothing new.
+        if read {
+            self.last_runs.clone_from(&known.last);
+            self.remember_explained(&known, &groups);
+        }
         let kept = keep(&views, &known, &self.explained, now, &terms);
         self.say_what_changed(&kept, snapshot, &groups, &terms);
         self.say_unpredictable(&known);

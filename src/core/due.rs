@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foldhash::HashSet;
+use foldhash::{HashMap, HashSet};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -146,25 +146,32 @@ pub fn keep<'a>(
     terms: &Terms,
 ) -> BTreeMap<&'a str, Keep<'a>> {
     let mut kept = BTreeMap::new();
-    let mut idle: BTreeMap<&str, Vec<&NodeView<'a>>> = BTreeMap::new();
+    // Most groups have no run due: their idle nodes are not even gathered.
+    let due: HashMap<&str, &'a [Run]> = known
+        .runs
+        .iter()
+        .filter(|(_, runs)| runs.iter().any(|run| terms.pays(now, run.at)))
+        .map(|(group, runs)| (group.as_str(), runs.as_slice()))
+        .collect();
+    let mut idle: HashMap<&str, Vec<&NodeView<'a>>> = HashMap::default();
     for node in nodes {
-        let settled = plus(node.created, terms.settle);
         if known.busy.contains(node.name) {
             kept.insert(node.name, Keep::Busy);
         } else if explained.contains(node.name) {
-            idle.entry(node.group).or_default().push(node);
-        } else if now < settled {
-            kept.insert(node.name, Keep::Settling { until: settled });
+            if due.contains_key(node.group) {
+                idle.entry(node.group).or_default().push(node);
+            }
+        } else {
+            let settled = plus(node.created, terms.settle);
+            if now < settled {
+                kept.insert(node.name, Keep::Settling { until: settled });
+            }
         }
     }
     for (group, mut nodes) in idle {
-        // Most groups have no run due: their idle nodes go unsorted.
-        let Some(runs) = known.runs.get(group) else {
+        let Some(&runs) = due.get(group) else {
             continue;
         };
-        if !runs.iter().any(|run| terms.pays(now, run.at)) {
-            continue;
-        }
         nodes.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
         let names: Vec<&'a str> = nodes.iter().map(|n| n.name).collect();
         for reserved in reserve(&names, runs, now, terms) {
@@ -220,11 +227,14 @@ fn reserve<'a>(
     let mut kept = Vec::new();
     for run in due {
         let until = plus(run.at, terms.grace);
-        let own = free.iter().filter(|n| run.on.iter().any(|o| o == *n));
-        let others = free.iter().filter(|n| !run.on.iter().any(|o| o == *n));
-        let taken: Vec<&'a str> = own.chain(others).take(run.nodes).copied().collect();
-        free.retain(|n| !taken.contains(n));
-        kept.extend(taken.into_iter().map(|node| Reserved { node, run, until }));
+        let on: HashSet<&str> = run.on.iter().map(String::as_str).collect();
+        let (own, others): (Vec<&'a str>, Vec<&'a str>) =
+            free.iter().partition(|n| on.contains(**n));
+        let taken: HashSet<&'a str> = own.into_iter().chain(others).take(run.nodes).collect();
+        let (mine, rest): (Vec<&'a str>, Vec<&'a str>) =
+            free.into_iter().partition(|n| taken.contains(n));
+        free = rest;
+        kept.extend(mine.into_iter().map(|node| Reserved { node, run, until }));
     }
     kept
 }
