@@ -762,7 +762,7 @@ async fn an_upgrade_holds_every_node_created_during_it(
          {failed:#?}; the API server's reasons: {:#?}",
         unheld.len(),
         created.len(),
-        cp.apiserver_log_lines("failing open")
+        cp.apiserver_log_lines(|l| l.contains("failing open"))
     );
 }
 

@@ -146,20 +146,20 @@ pub fn keep<'a>(
     terms: &Terms,
 ) -> BTreeMap<&'a str, Keep<'a>> {
     let mut kept = BTreeMap::new();
-    // Most groups have no run due: their idle nodes are not even gathered.
-    let due: HashMap<&str, &'a [Run]> = known
+    // Each group with a run due and its idle nodes; most groups have none,
+    // and their idle nodes are not even gathered.
+    let mut due: HashMap<&str, (&'a [Run], Vec<&NodeView<'a>>)> = known
         .runs
         .iter()
         .filter(|(_, runs)| runs.iter().any(|run| terms.pays(now, run.at)))
-        .map(|(group, runs)| (group.as_str(), runs.as_slice()))
+        .map(|(group, runs)| (group.as_str(), (runs.as_slice(), Vec::new())))
         .collect();
-    let mut idle: HashMap<&str, Vec<&NodeView<'a>>> = HashMap::default();
     for node in nodes {
         if known.busy.contains(node.name) {
             kept.insert(node.name, Keep::Busy);
         } else if explained.contains(node.name) {
-            if due.contains_key(node.group) {
-                idle.entry(node.group).or_default().push(node);
+            if let Some((_, idle)) = due.get_mut(node.group) {
+                idle.push(node);
             }
         } else {
             let settled = plus(node.created, terms.settle);
@@ -168,10 +168,7 @@ pub fn keep<'a>(
             }
         }
     }
-    for (group, mut nodes) in idle {
-        let Some(&runs) = due.get(group) else {
-            continue;
-        };
+    for (runs, mut nodes) in due.into_values() {
         nodes.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
         let names: Vec<&'a str> = nodes.iter().map(|n| n.name).collect();
         for reserved in reserve(&names, runs, now, terms) {

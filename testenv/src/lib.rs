@@ -216,7 +216,7 @@ impl ControlPlane {
             "kube-apiserver",
             &binaries.kube_apiserver,
             &apiserver_args,
-            &root.join("kube-apiserver.log"),
+            &apiserver_log(root, 0),
         )?;
 
         let url = format!("https://127.0.0.1:{apiserver_port}");
@@ -290,10 +290,7 @@ impl ControlPlane {
         self.apiserver.kill();
         tokio::time::sleep(down_for).await;
         self.restarts += 1;
-        let log = self
-            .dir
-            .path()
-            .join(format!("kube-apiserver-{}.log", self.restarts));
+        let log = apiserver_log(self.dir.path(), self.restarts);
         let (program, args) = &self.apiserver_command;
         self.apiserver = ManagedChild::spawn("kube-apiserver", program, args, &log)?;
         self.wait_ready().await
@@ -362,22 +359,15 @@ impl ControlPlane {
             .collect()
     }
 
-    /// The lines of the API server's logs (every start's) that hold
-    /// `needle`: its own word for what happened, such as why it failed a
+    /// The lines of the API server's logs (every start's) that `keep`
+    /// keeps: its own word for what happened, such as why it failed a
     /// webhook call open (`Failed calling webhook, failing open ...`).
-    pub fn apiserver_log_lines(&self, needle: &str) -> Vec<String> {
+    pub fn apiserver_log_lines(&self, keep: impl Fn(&str) -> bool) -> Vec<String> {
         let mut lines = Vec::new();
         for restart in 0..=self.restarts {
-            let name = match restart {
-                0 => "kube-apiserver.log".to_string(),
-                n => format!("kube-apiserver-{n}.log"),
-            };
-            let text = fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
-            lines.extend(
-                text.lines()
-                    .filter(|l| l.contains(needle))
-                    .map(str::to_owned),
-            );
+            let log = apiserver_log(self.dir.path(), restart);
+            let text = fs::read_to_string(log).unwrap_or_default();
+            lines.extend(text.lines().filter(|l| keep(l)).map(str::to_owned));
         }
         lines
     }
@@ -599,6 +589,15 @@ pub fn local_webhook_configuration(
         webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.to_vec()));
     }
     Ok(config)
+}
+
+/// The API server's log of its start number `restart` (0: the first) in
+/// the control plane's directory `dir`.
+fn apiserver_log(dir: &Path, restart: u32) -> PathBuf {
+    match restart {
+        0 => dir.join("kube-apiserver.log"),
+        n => dir.join(format!("kube-apiserver-{n}.log")),
+    }
 }
 
 /// The objects of a multi-document YAML manifest.

@@ -78,12 +78,11 @@ fn is_set_by_cargo(name: &str) -> bool {
     PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || NAMES.contains(&name)
 }
 
-/// What was written: the manifest's digest and the layer's.
+/// What was written: where, and the manifest's digest.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub dir: PathBuf,
     pub manifest_digest: String,
-    pub layer_digest: String,
 }
 
 /// Builds the runtime image of `binary` with buildah from the repository's
@@ -162,30 +161,19 @@ fn run(command: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The manifest's and its layer's digests, from the layout buildah wrote.
+/// The manifest's digest, from the layout buildah wrote.
 fn read_layout(dir: &Path) -> Result<Layout> {
-    let read = |path: PathBuf| -> Result<Value> {
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
-    };
-    let index = read(dir.join("index.json"))?;
+    let path = dir.join("index.json");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let index: Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?;
     let manifest_digest = index["manifests"][0]["digest"]
         .as_str()
         .context("index.json names no manifest")?
         .to_string();
-    let blob = |digest: &str| {
-        dir.join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
-    };
-    let manifest = read(blob(&manifest_digest))?;
-    let layer_digest = manifest["layers"][0]["digest"]
-        .as_str()
-        .context("the manifest names no layer")?
-        .to_string();
     Ok(Layout {
         dir: dir.to_path_buf(),
         manifest_digest,
-        layer_digest,
     })
 }
 

@@ -8,12 +8,9 @@ use testsupport::Served;
 /// The kube-apiserver log's lines about watchers closed for not keeping up
 /// (the first four of them, cut at 300 characters).
 pub fn print_apiserver(cp: &ControlPlane) {
-    let apiserver_log =
-        std::fs::read_to_string(cp.dir().join("kube-apiserver.log")).unwrap_or_default();
-    let slow: Vec<&str> = apiserver_log
-        .lines()
-        .filter(|l| l.contains("unresponsive") || l.contains("Forcing") || l.contains("too slow"))
-        .collect();
+    let slow = cp.apiserver_log_lines(|l| {
+        l.contains("unresponsive") || l.contains("Forcing") || l.contains("too slow")
+    });
     println!(
         "kube-apiserver log: {} line(s) about watchers closed for not keeping up",
         slow.len()
