@@ -58,15 +58,22 @@ const HELM_TIMEOUT: &str = "--timeout=5m";
 fn helm_installs_node_holder_on_the_real_node_tests_it_and_uninstalls_it() {
     // Worker threads: the relay that carries the pods' connections to the
     // API server, and the watch of the pods, run on this runtime while helm
-    // runs. Its shutdown is bounded: once, a run whose every check had passed
-    // and whose cluster was gone did not end until nextest stopped it.
+    // runs. Its shutdown is bounded, after a failure too: once, a run whose
+    // every check had passed and whose cluster was gone did not end until
+    // nextest stopped it, and once a failed check was followed by 8 minutes
+    // of nothing until nextest's timeout.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(install_test_uninstall());
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(install_test_uninstall())
+    }));
     runtime.shutdown_timeout(Duration::from_secs(10));
+    if let Err(failure) = ran {
+        std::panic::resume_unwind(failure);
+    }
 }
 
 async fn install_test_uninstall() {
@@ -412,6 +419,7 @@ async fn install_test_uninstall() {
         &cp,
         &node,
         &mut cert_manager,
+        &seen,
         &upgrade,
         &upgraded,
     )
@@ -664,6 +672,7 @@ async fn an_upgrade_holds_every_node_created_during_it(
     cp: &ControlPlane,
     node: &RealNode,
     cert_manager: &mut CertManager,
+    seen: &Mutex<BTreeMap<String, Vec<Value>>>,
     args: &[&str],
     image: &str,
 ) {
@@ -758,12 +767,77 @@ async fn an_upgrade_holds_every_node_created_during_it(
     let failed: Vec<&Value> = events.iter().filter(|e| failed_open(e)).collect();
     assert!(
         unheld.is_empty() && failed.is_empty(),
-        "{} of {} nodes created during the upgrade came unheld: {unheld:?}; failed open: \
-         {failed:#?}; the API server's reasons: {:#?}",
+        "{} of {} nodes created during the upgrade came unheld: {unheld:?}\n{}",
         unheld.len(),
         created.len(),
-        cp.apiserver_log_lines(|l| l.contains("failing open"))
+        why_failed_open(cp, node, seen, &failed)
     );
+}
+
+/// What a failed-open CREATE during the upgrade needs to be explained, the
+/// reasons first (a panic's message may be cut short): the API server's own
+/// words for each call it failed open, when each CREATE began and ended,
+/// when each of node-holder's pods was made, turned Ready and was deleted,
+/// and kube-proxy's syncs of the rules that route the Service to them.
+fn why_failed_open(
+    cp: &ControlPlane,
+    node: &RealNode,
+    seen: &Mutex<BTreeMap<String, Vec<Value>>>,
+    failed: &[&Value],
+) -> String {
+    let reasons = cp.apiserver_log_lines(|l| l.contains("failing open"));
+    let creates: Vec<String> = failed
+        .iter()
+        .map(|e| {
+            format!(
+                "{} received {} completed {}",
+                e["objectRef"]["name"], e["requestReceivedTimestamp"], e["stageTimestamp"]
+            )
+        })
+        .collect();
+    let pods: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.starts_with(&format!("{RELEASE}-")))
+        .filter_map(|(name, states)| {
+            let last = states.last()?;
+            let ready = last["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| format!("{}={}", c["status"], c["lastTransitionTime"]));
+            // The first deletionTimestamp is the deletion's time plus its
+            // grace; the kubelet's last DELETE sets it to when it ended.
+            let deleting = states
+                .iter()
+                .find(|s| !s["metadata"]["deletionTimestamp"].is_null())
+                .map(|s| {
+                    format!(
+                        "{} (grace {})",
+                        s["metadata"]["deletionTimestamp"],
+                        s["metadata"]["deletionGracePeriodSeconds"]
+                    )
+                });
+            Some(format!(
+                "{name} ip {} created {} ready {} deleting by {} gone at {}",
+                last["status"]["podIP"],
+                last["metadata"]["creationTimestamp"],
+                ready.unwrap_or_default(),
+                deleting.unwrap_or_default(),
+                last["metadata"]["deletionTimestamp"]
+            ))
+        })
+        .collect();
+    let proxy = std::fs::read_to_string(node.dir().join("kube-proxy.log")).unwrap_or_default();
+    let syncs: Vec<&str> = proxy
+        .lines()
+        .filter(|l| l.contains("SyncProxyRules complete") || l.contains(NAMESPACE))
+        .collect();
+    let syncs = &syncs[syncs.len().saturating_sub(40)..];
+    format!(
+        "the API server's reasons: {reasons:#?}\nthe CREATEs failed open: {creates:#?}\n\
+         node-holder's pods: {pods:#?}\nkube-proxy's last syncs: {syncs:#?}"
+    )
 }
 
 /// Creates a pod that fills a node of Karpenter's every 2 s (ten at most)
