@@ -6,11 +6,9 @@
 //! - [`server`]: the HTTPS webhook and the admin port; [`serve`] runs them.
 //! - [`controller`]: the hold window task (leader only).
 //! - [`cluster`]: the Kubernetes client.
-//! - [`certs`]: development certificates for the webhook.
 //! - [`selfcheck`]: what the chart's `helm test` runs.
 //! - [`telemetry`]: text or JSON logs.
 
-pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod controller;
@@ -47,7 +45,6 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
 /// Runs the subcommand `cli` names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Certs(args) => certs::run(&args),
         Command::Serve(args) => serve::run(*args).await,
         Command::Status(args) => status::run(&args).await,
         Command::Explain(args) => explain::run(&args).await,

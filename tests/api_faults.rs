@@ -357,8 +357,7 @@ async fn register_injector(
     probe: &str,
 ) -> (Arc<Injector>, CancellationToken, TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let certs = node_holder::certs::generate(&[], secs(3600)).unwrap();
-    node_holder::certs::write(&certs, dir.path()).unwrap();
+    let certs = testenv::certs::make(dir.path(), &[]).unwrap();
     let tls = Arc::new(
         ReloadingTls::load(
             &dir.path().join("tls.crt"),
@@ -403,7 +402,7 @@ async fn register_injector(
             "timeoutSeconds": 5,
             "clientConfig": {
                 "url": format!("https://127.0.0.1:{port}/validate"),
-                "caBundle": certs.ca_bundle()
+                "caBundle": k8s_openapi::ByteString(certs.ca_pem.clone().into_bytes())
             },
             "rules": [{
                 "apiGroups": [""],

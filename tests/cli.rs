@@ -1,9 +1,6 @@
 //! The command line a user meets first.
 
-use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-
-use base64::Engine;
 
 fn node_holder(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_node-holder"))
@@ -17,7 +14,14 @@ fn help_lists_the_subcommands_of_the_spec() {
     let out = node_holder(&["--help"]);
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for subcommand in ["serve", "status", "release", "hold", "certs"] {
+    for subcommand in [
+        "serve",
+        "status",
+        "release",
+        "hold",
+        "uninstall",
+        "self-check",
+    ] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
@@ -49,197 +53,6 @@ fn serve_lists_at_most_30_flags() {
         flags.len(),
         flags.join("\n")
     );
-}
-
-#[test]
-fn certs_writes_a_ca_and_a_serving_pair_and_prints_the_ca_bundle() {
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("dev");
-    let out = node_holder(&[
-        "certs",
-        "--out-dir",
-        out_dir.to_str().unwrap(),
-        "--dns-name",
-        "node-holder.example.svc",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let ca = std::fs::read_to_string(out_dir.join("ca.crt")).unwrap();
-    let printed = String::from_utf8(out.stdout).unwrap();
-    let bundle = base64::engine::general_purpose::STANDARD
-        .decode(printed.trim())
-        .expect("stdout is the base64 caBundle");
-    assert_eq!(bundle, ca.as_bytes());
-
-    assert!(
-        std::fs::read_to_string(out_dir.join("tls.crt"))
-            .unwrap()
-            .starts_with("-----BEGIN CERTIFICATE-----")
-    );
-    let key = out_dir.join("tls.key");
-    assert!(
-        std::fs::read_to_string(&key)
-            .unwrap()
-            .contains("PRIVATE KEY")
-    );
-    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600, "the private key is readable by its owner only");
-}
-
-#[test]
-fn certs_rejects_an_invalid_dns_name_with_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = node_holder(&[
-        "certs",
-        "--out-dir",
-        dir.path().to_str().unwrap(),
-        "--dns-name",
-        "bad name!",
-    ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("invalid DNS name"), "{stderr}");
-}
-
-/// `certs` into `dir` with `extra` flags, which must succeed.
-fn certs_ok(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let out = certs(dir, extra);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// `certs` into `dir` with `extra` flags.
-fn certs(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "certs",
-        "--out-dir",
-        dir.to_str().unwrap(),
-        "--dns-name",
-        "node-holder.example.svc",
-    ];
-    args.extend_from_slice(extra);
-    node_holder(&args)
-}
-
-fn read(dir: &std::path::Path, file: &str) -> String {
-    std::fs::read_to_string(dir.join(file)).unwrap()
-}
-
-/// Whether `tls.crt` in `dir` verifies, for the DNS name `certs` was given,
-/// against the CA in PEM `ca` (rustls's WebPKI verifier, as a client would).
-fn verifies_against(dir: &std::path::Path, ca: &str) -> bool {
-    use rustls::client::danger::ServerCertVerifier;
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
-        .unwrap();
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider)
-            .build()
-            .unwrap();
-    let cert =
-        rustls_pki_types::CertificateDer::from_pem_slice(read(dir, "tls.crt").as_bytes()).unwrap();
-    let name = rustls_pki_types::ServerName::try_from("node-holder.example.svc").unwrap();
-    verifier
-        .verify_server_cert(&cert, &[], &name, &[], rustls_pki_types::UnixTime::now())
-        .is_ok()
-}
-
-#[test]
-fn certs_refuses_to_replace_an_existing_ca_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    certs_ok(dir.path(), &[]);
-    let before: Vec<String> = ["ca.crt", "ca.key", "tls.crt", "tls.key"]
-        .iter()
-        .map(|f| read(dir.path(), f))
-        .collect();
-
-    let again = certs(dir.path(), &[]);
-    assert!(!again.status.success());
-    let stderr = String::from_utf8_lossy(&again.stderr);
-    for said in [
-        "ca.crt, ca.key, tls.crt, tls.key",
-        "nothing was written",
-        "--renew",
-        "--force",
-    ] {
-        assert!(stderr.contains(said), "{said:?} missing from: {stderr}");
-    }
-    assert!(again.stdout.is_empty(), "no caBundle printed");
-    let after: Vec<String> = ["ca.crt", "ca.key", "tls.crt", "tls.key"]
-        .iter()
-        .map(|f| read(dir.path(), f))
-        .collect();
-    assert_eq!(before, after);
-}
-
-#[test]
-fn certs_renew_issues_a_new_serving_pair_from_the_same_ca() {
-    let dir = tempfile::tempdir().unwrap();
-    let first = certs_ok(dir.path(), &[]);
-    let ca = read(dir.path(), "ca.crt");
-    let old_key = read(dir.path(), "tls.key");
-    let mode = std::fs::metadata(dir.path().join("ca.key"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(
-        mode & 0o777,
-        0o600,
-        "the CA key is readable by its owner only"
-    );
-
-    let renewed = certs_ok(dir.path(), &["--renew"]);
-    let stderr = String::from_utf8_lossy(&renewed.stderr);
-    assert!(stderr.contains("wrote tls.crt, tls.key to"), "{stderr}");
-    assert_eq!(read(dir.path(), "ca.crt"), ca, "the CA is kept");
-    assert_eq!(renewed.stdout, first.stdout, "the same caBundle");
-    assert_ne!(read(dir.path(), "tls.key"), old_key, "a new serving key");
-    assert!(verifies_against(dir.path(), &ca));
-}
-
-#[test]
-fn certs_force_replaces_the_ca_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    certs_ok(dir.path(), &[]);
-    let old_ca = read(dir.path(), "ca.crt");
-    let forced = certs_ok(dir.path(), &["--force"]);
-    let stderr = String::from_utf8_lossy(&forced.stderr);
-    assert!(
-        stderr.contains("wrote ca.crt, ca.key, tls.crt, tls.key to"),
-        "{stderr}"
-    );
-    let new_ca = read(dir.path(), "ca.crt");
-    assert_ne!(new_ca, old_ca);
-    assert!(verifies_against(dir.path(), &new_ca));
-    assert!(!verifies_against(dir.path(), &old_ca));
-}
-
-#[test]
-fn certs_renew_without_a_ca_key_says_what_is_missing() {
-    let dir = tempfile::tempdir().unwrap();
-    certs_ok(dir.path(), &[]);
-    std::fs::remove_file(dir.path().join("ca.key")).unwrap();
-    let tls = read(dir.path(), "tls.crt");
-    let renewed = certs(dir.path(), &["--renew"]);
-    assert!(!renewed.status.success());
-    let stderr = String::from_utf8_lossy(&renewed.stderr);
-    assert!(stderr.contains("--renew needs the CA's key"), "{stderr}");
-    assert!(stderr.contains("ca.key"), "{stderr}");
-    assert_eq!(read(dir.path(), "tls.crt"), tls, "nothing written");
-    let both = certs(dir.path(), &["--renew", "--force"]);
-    assert!(!both.status.success());
-    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
 }
 
 /// A manual hold always has an end and a reason: what is refused, and why,

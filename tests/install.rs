@@ -595,7 +595,7 @@ fn the_dockerfile_builds_node_holder_for_a_non_root_user() {
     assert!(runtime.contains(&r#"ENTRYPOINT ["/usr/local/bin/node-holder"]"#));
     assert!(runtime.contains(&r#"CMD ["serve"]"#));
     let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
-    for entry in ["target/", ".git/", "certs/dev/"] {
+    for entry in ["target/", ".git/"] {
         assert!(ignore.lines().any(|l| l.trim() == entry), "{entry} ignored");
     }
 }

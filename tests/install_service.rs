@@ -6,7 +6,7 @@
 //! Service's DNS name against the configuration's caBundle.
 //!
 //! TLS here is the chart's `provided` mode: a `kubernetes.io/tls` Secret made
-//! from `node-holder certs --dns-name <the Service's names>`, mounted (its
+//! for the Service's names from a throw-away CA, mounted (its
 //! keys written to files) into node-holder's "pod", and the CA as
 //! `tls.provided.caBundle`. `tests/install_cert_manager.rs` runs the same path
 //! with the certificate cert-manager issues.
@@ -29,9 +29,8 @@ use testenv::ControlPlane;
 
 const SECRET: &str = "node-holder-tls";
 
-/// `node-holder certs` into `dir`, valid for `dns_names` besides localhost and
-/// 127.0.0.1 (none given: its default, the Service's first name); returns the
-/// CA's PEM.
+/// Throw-away certificates into `dir`, valid for `dns_names` besides
+/// localhost and 127.0.0.1; returns the CA's PEM.
 fn certs(dir: &Path, dns_names: &[&str]) -> Vec<u8> {
     testsupport::make_certs_for(dir, dns_names);
     std::fs::read(dir.join("ca.crt")).unwrap()
@@ -202,7 +201,6 @@ async fn the_api_server_verifies_the_webhook_certificate_for_the_services_name()
     // Same path, same kind of certificate, from a CA the caBundle trusts, but
     // valid for localhost and 127.0.0.1 only: not for the Service's name.
     let other = tempfile::tempdir().unwrap();
-    // (`node-holder certs` adds the Service's name unless given other names.)
     let ca = certs(other.path(), &["localhost"]);
     for file in ["tls.crt", "tls.key"] {
         replace_file(

@@ -292,8 +292,9 @@ async fn an_expired_serving_certificate_fails_open_and_shows_in_metrics_and_logs
     // API server is told to trust: only the expiry is wrong.
     let day = time::Duration::days(1);
     let now = time::OffsetDateTime::now_utc();
-    let expired = node_holder::certs::generate_between(&[], now - 2 * day, now - day).unwrap();
-    node_holder::certs::write(&expired, &served.cert_dir()).unwrap();
+    let (from, to) = (now - day - day, now - day);
+    let expired = testenv::certs::generate_between(&[], from.into(), to.into()).unwrap();
+    testenv::certs::write(&expired, &served.cert_dir()).unwrap();
     let client = cp.admin_client().await.unwrap();
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let mut config = configs.get("node-holder").await.unwrap();

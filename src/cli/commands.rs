@@ -1,7 +1,6 @@
 //! The flags of the commands run by hand: `status`, `explain`, `release`,
-//! `hold`, `uninstall`, `certs` and `self-check`.
+//! `hold`, `uninstall` and `self-check`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -161,37 +160,4 @@ pub struct HoldArgs {
     /// How long to wait for the leader to put the hold on every node.
     #[arg(long, env = "NODE_HOLDER_HOLD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-}
-
-#[derive(Debug, Args)]
-pub struct CertsArgs {
-    /// Directory to write ca.crt, ca.key, tls.crt and tls.key into (created if
-    /// missing); existing certificates are not replaced without --renew or
-    /// --force.
-    #[arg(long, env = "NODE_HOLDER_CERTS_OUT_DIR", default_value = "certs/dev")]
-    pub out_dir: PathBuf,
-
-    /// DNS name the serving certificate is valid for, besides localhost and
-    /// 127.0.0.1; repeat for several (the webhook Service's names).
-    #[arg(
-        long = "dns-name",
-        env = "NODE_HOLDER_CERTS_DNS_NAMES",
-        value_delimiter = ',',
-        default_value = "node-holder.node-holder.svc"
-    )]
-    pub dns_names: Vec<String>,
-
-    /// How long the certificates are valid (`90d`, `8760h`).
-    #[arg(long, env = "NODE_HOLDER_CERTS_VALIDITY", default_value = "365d", value_parser = humantime::parse_duration)]
-    pub validity: Duration,
-
-    /// Issue a new serving certificate (tls.crt, tls.key) from the CA already
-    /// in the directory (ca.crt, ca.key); registered caBundles keep matching.
-    #[arg(long, env = "NODE_HOLDER_CERTS_RENEW", conflicts_with = "force")]
-    pub renew: bool,
-
-    /// Replace certificates already in the directory with a new CA; every
-    /// caBundle registered for the old CA stops matching.
-    #[arg(long, env = "NODE_HOLDER_CERTS_FORCE")]
-    pub force: bool,
 }

@@ -62,8 +62,6 @@ pub enum Command {
     /// pre-delete hook does: stop new holds, stop its replicas, strip every
     /// hold and budget entry, delete the record and the Lease.
     Uninstall(UninstallArgs),
-    /// Write a development CA and webhook serving certificate.
-    Certs(CertsArgs),
     /// Check that node-holder works in the cluster, as the chart's `helm
     /// test` does: a Node created as a server-side dry run comes back with
     /// every hold, and a replica leads the hold window. Fails, saying which

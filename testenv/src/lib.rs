@@ -14,6 +14,7 @@
 //! through `PR_SET_PDEATHSIG`, when the owning process dies without unwinding.
 
 mod binaries;
+pub mod certs;
 mod karpenter;
 mod kubelet;
 pub mod metrics;

@@ -112,35 +112,22 @@ impl Served {
     }
 }
 
-/// Writes development certificates with the real `node-holder certs`.
+/// Writes throw-away certificates into `dir` ([`testenv::certs`]), the
+/// serving one valid for localhost, 127.0.0.1 and the chart's Service in
+/// node-holder's namespace.
 pub fn make_certs(dir: &std::path::Path) {
-    certs_command(dir, &[]);
+    make_certs_for(dir, &["node-holder.node-holder.svc"]);
 }
 
 /// [`make_certs`], the serving certificate valid for `dns_names` besides
 /// localhost and 127.0.0.1.
 pub fn make_certs_for(dir: &std::path::Path, dns_names: &[&str]) {
-    let extra: Vec<&str> = dns_names.iter().flat_map(|n| ["--dns-name", n]).collect();
-    certs_command(dir, &extra);
+    testenv::certs::make(dir, dns_names).unwrap();
 }
 
-/// Replaces the certificates in `dir` with a new CA and serving pair
-/// (`node-holder certs --force`).
+/// Replaces the certificates in `dir` with a new CA and serving pair.
 pub fn replace_certs(dir: &std::path::Path) {
-    certs_command(dir, &["--force"]);
-}
-
-fn certs_command(dir: &std::path::Path, extra: &[&str]) {
-    let out = Command::new(node_holder_binary())
-        .args(["certs", "--out-dir", dir.to_str().unwrap()])
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    make_certs(dir);
 }
 
 /// Starts `node-holder serve` as node-holder's restricted identity, with the

@@ -136,7 +136,7 @@ async fn start_node_holder(
     say("building node-holder…");
     let binary = build_node_holder()?;
     let certs = cp.dir().join("certs");
-    make_certs(&binary, &certs)?;
+    make_certs(&certs)?;
     cp.install_node_holder_rbac().await?;
     let (webhook_port, admin_port) = (testenv::free_port()?, testenv::free_port()?);
     let log = cp.dir().join(format!(
@@ -184,21 +184,11 @@ async fn start_node_holder(
     Ok((serve, log))
 }
 
-/// Development certificates in `certs`, made with `node-holder certs`
-/// unless a first start (the first act) made them already.
-fn make_certs(binary: &Path, certs: &Path) -> Result<()> {
-    if certs.join("tls.crt").exists() {
-        return Ok(());
-    }
-    let status = Command::new(binary)
-        .args(["certs", "--out-dir"])
-        .arg(certs)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .context("running node-holder certs")?;
-    if !status.success() {
-        bail!("node-holder certs failed: {status}");
+/// Throw-away certificates in `certs`, unless a first start (the first
+/// act) made them already.
+fn make_certs(certs: &Path) -> Result<()> {
+    if !certs.join("tls.crt").exists() {
+        testenv::certs::make(certs, &[])?;
     }
     Ok(())
 }
