@@ -443,7 +443,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
         ("NODE_HOLDER_MAX_CONNECTIONS", "1024"),
         ("NODE_HOLDER_IDLE_TIMEOUT", "60s"),
-        ("NODE_HOLDER_SHUTDOWN_GRACE", "5s"),
+        ("NODE_HOLDER_SHUTDOWN_GRACE", "10s"),
         ("NODE_HOLDER_LOG_FORMAT", "json"),
         ("NODE_HOLDER_LOG_LEVEL", "info"),
         // Empty: no client certificates required.
@@ -527,8 +527,8 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         container(&with_ca)["volumeMounts"][1],
         json!({"name": "client-ca", "mountPath": "/etc/node-holder/client-ca", "readOnly": true})
     );
-    // Longer than --shutdown-grace + the drain (5s, and 2s + 2s after it).
-    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 9);
+    // Longer than --shutdown-grace + the drain (10s, and 2s + 2s after it).
+    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap() > 14);
     let service = one(&objects, "Service");
     assert_eq!(
         service["spec"]["selector"],

@@ -699,6 +699,7 @@ async fn an_upgrade_holds_every_node_created_during_it(
         }
     });
     let launching = tokio::spawn(pods_pending_for_karpenter(admin.clone(), stop.clone()));
+    let routing = tokio::spawn(watch_routes(stop.clone()));
     let upgrade_started = jiff::Timestamp::now();
     helm(cp, args).await;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
@@ -735,6 +736,7 @@ async fn an_upgrade_holds_every_node_created_during_it(
     let (created, unheld) = creating.await.unwrap();
     assert!(!created.is_empty(), "no node created during the upgrade");
     let waves = launching.await.unwrap();
+    let routes = routing.await.unwrap();
     karpenters_nodes_held(
         cp,
         node,
@@ -765,13 +767,102 @@ async fn an_upgrade_holds_every_node_created_during_it(
     })
     .await;
     let failed: Vec<&Value> = events.iter().filter(|e| failed_open(e)).collect();
+    let lags = routing_lags(seen, &routes);
     assert!(
         unheld.is_empty() && failed.is_empty(),
-        "{} of {} nodes created during the upgrade came unheld: {unheld:?}\n{}",
+        "{} of {} nodes created during the upgrade came unheld: {unheld:?}\n\
+         kube-proxy's routes to each replica deleted, after its deletion: {lags:#?}\n{}",
         unheld.len(),
         created.len(),
         why_failed_open(cp, node, seen, &failed)
     );
+    eprintln!(
+        "real_install: kube-proxy stopped routing the webhook's Service to each replica \
+         deleted during the upgrade, after its deletion: {lags:?}"
+    );
+}
+
+/// The replicas the webhook's Service routes to, by pod address, each time
+/// that changes until `stop`: what kube-proxy's rules in the host's nat
+/// table say (`iptables-save`), polled every 100 ms.
+async fn watch_routes(
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<(jiff::Timestamp, Vec<String>)> {
+    let mut changes: Vec<(jiff::Timestamp, Vec<String>)> = Vec::new();
+    while !stop.is_cancelled() {
+        let saved = tokio::task::spawn_blocking(|| {
+            std::process::Command::new("iptables-save")
+                .args(["-t", "nat"])
+                .output()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let text = String::from_utf8_lossy(&saved.stdout);
+        let mut routed: Vec<String> = text
+            .lines()
+            .filter_map(|l| {
+                l.split(&format!("\"{NAMESPACE}/{RELEASE}:webhook -> "))
+                    .nth(1)
+            })
+            .filter_map(|rest| rest.split(':').next())
+            .map(str::to_owned)
+            .collect();
+        routed.sort();
+        routed.dedup();
+        if changes.last().is_none_or(|(_, last)| *last != routed) {
+            changes.push((jiff::Timestamp::now(), routed));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    changes
+}
+
+/// For each of node-holder's replicas deleted while `routes` were watched:
+/// how long after its deletion kube-proxy's rules stopped routing to it
+/// (the replica serves for its grace after the deletion), to the second
+/// (`deletionTimestamp` has whole seconds); "still routed" when the watch
+/// ended first.
+fn routing_lags(
+    seen: &Mutex<BTreeMap<String, Vec<Value>>>,
+    routes: &[(jiff::Timestamp, Vec<String>)],
+) -> BTreeMap<String, String> {
+    let Some((watched_from, _)) = routes.first() else {
+        return BTreeMap::new();
+    };
+    let timestamp = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let mut lags = BTreeMap::new();
+    for (name, states) in seen.lock().unwrap().iter() {
+        let Some(deleting) = states
+            .iter()
+            .find(|s| !s["metadata"]["deletionTimestamp"].is_null())
+        else {
+            continue;
+        };
+        let (Some(by), Some(grace), Some(ip)) = (
+            timestamp(&deleting["metadata"]["deletionTimestamp"]),
+            deleting["metadata"]["deletionGracePeriodSeconds"].as_i64(),
+            states
+                .iter()
+                .rev()
+                .find_map(|s| s["status"]["podIP"].as_str()),
+        ) else {
+            continue;
+        };
+        let deleted = by - jiff::SignedDuration::from_secs(grace);
+        if deleted < *watched_from {
+            continue;
+        }
+        let unrouted = routes
+            .iter()
+            .find(|(at, routed)| *at > deleted && !routed.iter().any(|r| r == ip))
+            .map_or_else(
+                || "still routed".to_string(),
+                |(at, _)| format!("{:.1} s", at.duration_since(deleted).as_secs_f64()),
+            );
+        lags.insert(name.clone(), unrouted);
+    }
+    lags
 }
 
 /// What a failed-open CREATE during the upgrade needs to be explained, the

@@ -100,9 +100,11 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
 
     /// On SIGTERM, how long to keep serving while not ready, so that the API
-    /// server stops sending requests before connections close; then the
-    /// requests in flight have `--request-timeout` to finish.
-    #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// server stops sending requests before connections close (the Service's
+    /// routes change seconds after the pod's deletion, longer on a busy
+    /// cluster); then the requests in flight have `--request-timeout` to
+    /// finish.
+    #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 }
 
