@@ -80,16 +80,28 @@ impl Memo {
     }
 }
 
-/// A fingerprint of the node-to-group map and the remembered runs.
-fn fingerprint(groups: &HashMap<&str, &str>, remembered: &BTreeMap<String, LastRun>) -> u64 {
-    use std::hash::BuildHasher;
-    let state = foldhash::fast::FixedState::with_seed(0x6e6f_6465);
-    // The map's order is arbitrary: add its entries' hashes.
-    let groups = groups
-        .iter()
-        .map(|entry| state.hash_one(entry))
-        .fold(0u64, u64::wrapping_add);
-    groups ^ state.hash_one(remembered)
+/// A fingerprint of each node's group and the remembered runs.
+fn fingerprint(groups: Groups<'_, '_>, remembered: &BTreeMap<String, LastRun>) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = foldhash::fast::FixedState::with_seed(0x6e6f_6465).build_hasher();
+    for view in groups.0 {
+        (view.name, view.group).hash(&mut hasher);
+    }
+    remembered.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Each node in scope's group, looked up by name in the pass's views, which
+/// are sorted by name as the node store is: no map of 50,000 names is built
+/// for a pass.
+#[derive(Clone, Copy)]
+struct Groups<'v, 'a>(&'v [NodeView<'a>]);
+
+impl<'a> Groups<'_, 'a> {
+    fn get(&self, name: &str) -> Option<&'a str> {
+        let found = self.0.binary_search_by(|view| view.name.cmp(name));
+        found.ok().map(|i| self.0[i].group)
+    }
 }
 
 impl ScheduledWatch {
@@ -111,7 +123,7 @@ impl ScheduledWatch {
     fn known(
         &self,
         from: Timestamp,
-        groups: &HashMap<&str, &str>,
+        groups: Groups<'_, '_>,
         remembered: &BTreeMap<String, LastRun>,
     ) -> (Arc<KnownWork>, bool) {
         let tick = *self.changes.borrow();
@@ -128,7 +140,7 @@ impl ScheduledWatch {
         let cronjobs: Vec<Arc<CronJobSpec>> = self
             .cronjobs
             .read(|cronjobs| cronjobs.values().cloned().collect());
-        let group_of = |node: &str| groups.get(node).copied();
+        let group_of = |node: &str| groups.get(node);
         let work = Arc::new(
             self.pods
                 .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered)),
@@ -244,16 +256,17 @@ impl super::WindowTask {
                 marked: crate::core::holds::is_marked(&**node),
             })
             .collect();
-        let groups: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
+        debug_assert!(views.is_sorted_by(|a, b| a.name < b.name));
+        let groups = Groups(&views);
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let (known, read) = watch.known(from, &groups, &self.last_runs);
+        let (known, read) = watch.known(from, groups, &self.last_runs);
         // The same work from the same groups remembers nothing new.
         if read {
             self.last_runs.clone_from(&known.last);
-            self.remember_explained(&known, &groups);
+            self.remember_explained(&known, groups);
         }
         let kept = keep(&views, &known, &self.explained, now, &terms);
-        self.say_what_changed(&kept, snapshot, &groups, &terms);
+        self.say_what_changed(&kept, snapshot, groups, &terms);
         self.say_unpredictable(&known);
         self.show_kept(&kept, known.unpredictable.len());
         self.kept = kept
@@ -265,14 +278,14 @@ impl super::WindowTask {
 
     /// Adds the nodes the known CronJobs' pods explain now; forgets those
     /// gone from scope (`groups`) and those other work ran on.
-    fn remember_explained(&mut self, known: &KnownWork, groups: &HashMap<&str, &str>) {
+    fn remember_explained(&mut self, known: &KnownWork, groups: Groups<'_, '_>) {
         for node in &known.explained {
             if !self.explained.contains(node) {
                 self.explained.insert(node.clone());
             }
         }
         self.explained
-            .retain(|node| groups.contains_key(node.as_str()) && !known.other_work.contains(node));
+            .retain(|node| groups.get(node).is_some() && !known.other_work.contains(node));
     }
 
     /// A warning and an Event, once per CronJob, for each schedule that
@@ -309,7 +322,7 @@ impl super::WindowTask {
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
         snapshot: &[std::sync::Arc<NodeMeta>],
-        groups: &HashMap<&str, &str>,
+        groups: Groups<'_, '_>,
         terms: &Terms,
     ) {
         let nodes = self.changed_nodes(kept, snapshot);
@@ -332,7 +345,7 @@ impl super::WindowTask {
             let why = why_kept(reserved, terms);
             tracing::info!(
                 node = %node.name(),
-                group = groups.get(node.name()).copied().unwrap_or_default(),
+                group = groups.get(node.name()).unwrap_or_default(),
                 until = %reserved.until,
                 "held for a scheduled run: {why}"
             );
@@ -423,14 +436,37 @@ mod tests {
         text.parse().unwrap()
     }
 
+    fn view<'a>(name: &'a str, group: &'a str) -> NodeView<'a> {
+        NodeView {
+            name,
+            group,
+            created: at("2026-04-25T03:00:00Z"),
+            marked: false,
+        }
+    }
+
     #[test]
-    fn the_fingerprint_ignores_order_and_sees_any_change() {
-        let forward: HashMap<&str, &str> = [("a", "batch"), ("b", "web")].into_iter().collect();
-        let backward: HashMap<&str, &str> = [("b", "web"), ("a", "batch")].into_iter().collect();
+    fn groups_are_found_by_name_and_the_fingerprint_sees_any_change() {
+        let views = [view("a", "batch"), view("b", "web"), view("c", "")];
+        let groups = Groups(&views);
+        assert_eq!(groups.get("a"), Some("batch"));
+        assert_eq!(groups.get("c"), Some(""));
+        assert_eq!(groups.get("bb"), None);
         let none = BTreeMap::new();
-        assert_eq!(fingerprint(&forward, &none), fingerprint(&backward, &none));
-        let moved: HashMap<&str, &str> = [("a", "web"), ("b", "web")].into_iter().collect();
-        assert_ne!(fingerprint(&forward, &none), fingerprint(&moved, &none));
+        assert_eq!(
+            fingerprint(groups, &none),
+            fingerprint(Groups(&views.clone()), &none)
+        );
+        let moved = [view("a", "web"), view("b", "web"), view("c", "")];
+        assert_ne!(
+            fingerprint(groups, &none),
+            fingerprint(Groups(&moved), &none)
+        );
+        let fewer = [view("a", "batch"), view("b", "web")];
+        assert_ne!(
+            fingerprint(groups, &none),
+            fingerprint(Groups(&fewer), &none)
+        );
         let last = LastRun {
             group: "batch".into(),
             nodes: 2,
@@ -438,10 +474,7 @@ mod tests {
             minute: 1,
         };
         let remembered = BTreeMap::from([("team/report".to_string(), last)]);
-        assert_ne!(
-            fingerprint(&forward, &none),
-            fingerprint(&forward, &remembered)
-        );
+        assert_ne!(fingerprint(groups, &none), fingerprint(groups, &remembered));
     }
 
     #[test]
