@@ -830,26 +830,15 @@ fn routing_lags(
     let Some((watched_from, _)) = routes.first() else {
         return BTreeMap::new();
     };
-    let timestamp = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
     let mut lags = BTreeMap::new();
     for (name, states) in seen.lock().unwrap().iter() {
-        let Some(deleting) = states
+        let ip = states
             .iter()
-            .find(|s| !s["metadata"]["deletionTimestamp"].is_null())
-        else {
+            .rev()
+            .find_map(|s| s["status"]["podIP"].as_str());
+        let (Some((deleted, _)), Some(ip)) = (deletion(states), ip) else {
             continue;
         };
-        let (Some(by), Some(grace), Some(ip)) = (
-            timestamp(&deleting["metadata"]["deletionTimestamp"]),
-            deleting["metadata"]["deletionGracePeriodSeconds"].as_i64(),
-            states
-                .iter()
-                .rev()
-                .find_map(|s| s["status"]["podIP"].as_str()),
-        ) else {
-            continue;
-        };
-        let deleted = by - jiff::SignedDuration::from_secs(grace);
         if deleted < *watched_from {
             continue;
         }
@@ -863,6 +852,21 @@ fn routing_lags(
         lags.insert(name.clone(), unrouted);
     }
     lags
+}
+
+/// When a pod was deleted, to the second, and its grace, from the states a
+/// watch saw: the first `deletionTimestamp` is the deletion's time plus the
+/// grace (the kubelet's last DELETE later sets it to when the pod ended).
+fn deletion(states: &[Value]) -> Option<(jiff::Timestamp, i64)> {
+    let deleting = states
+        .iter()
+        .find(|s| !s["metadata"]["deletionTimestamp"].is_null())?;
+    let by: jiff::Timestamp = deleting["metadata"]["deletionTimestamp"]
+        .as_str()?
+        .parse()
+        .ok()?;
+    let grace = deleting["metadata"]["deletionGracePeriodSeconds"].as_i64()?;
+    Some((by - jiff::SignedDuration::from_secs(grace), grace))
 }
 
 /// What a failed-open CREATE during the upgrade needs to be explained, the
@@ -897,20 +901,9 @@ fn why_failed_open(
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
                 .map(|c| format!("{}={}", c["status"], c["lastTransitionTime"]));
-            // The first deletionTimestamp is the deletion's time plus its
-            // grace; the kubelet's last DELETE sets it to when it ended.
-            let deleting = states
-                .iter()
-                .find(|s| !s["metadata"]["deletionTimestamp"].is_null())
-                .map(|s| {
-                    format!(
-                        "{} (grace {})",
-                        s["metadata"]["deletionTimestamp"],
-                        s["metadata"]["deletionGracePeriodSeconds"]
-                    )
-                });
+            let deleting = deletion(states).map(|(at, grace)| format!("{at} (grace {grace} s)"));
             Some(format!(
-                "{name} ip {} created {} ready {} deleting by {} gone at {}",
+                "{name} ip {} created {} ready {} deleted {} gone at {}",
                 last["status"]["podIP"],
                 last["metadata"]["creationTimestamp"],
                 ready.unwrap_or_default(),
