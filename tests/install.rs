@@ -360,9 +360,9 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             vec!["--set=tls.certManager.issuerRef.kind=ClusterIssuer"],
             "issuerRef.name",
         ),
-        // 5s + 2s + 2s: the kubelet would kill a replica still draining.
+        // 10s + 2s + 2s: the kubelet would kill a replica still draining.
         (
-            vec!["--set=terminationGracePeriodSeconds=9"],
+            vec!["--set=terminationGracePeriodSeconds=14"],
             "must be longer than",
         ),
         (
@@ -595,7 +595,7 @@ fn the_dockerfile_builds_node_holder_for_a_non_root_user() {
     assert!(runtime.contains(&r#"ENTRYPOINT ["/usr/local/bin/node-holder"]"#));
     assert!(runtime.contains(&r#"CMD ["serve"]"#));
     let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
-    for entry in ["target/", ".git/"] {
+    for entry in ["target/", ".git/", "certs/dev/"] {
         assert!(ignore.lines().any(|l| l.trim() == entry), "{entry} ignored");
     }
 }

@@ -546,8 +546,11 @@ async fn pod_logs(pods: &Api<Pod>) -> String {
     text
 }
 
+/// The field [`watch_pods`] adds to each state: when it saw it.
+const SEEN_AT: &str = "seenAt";
+
 /// Every state of every pod in node-holder's namespace, by name, as a
-/// watch sees them (until the test ends).
+/// watch sees them (until the test ends), each with [`SEEN_AT`].
 fn watch_pods(client: kube::Client) -> Arc<Mutex<BTreeMap<String, Vec<Value>>>> {
     let seen: Arc<Mutex<BTreeMap<String, Vec<Value>>>> = Arc::default();
     let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
@@ -560,7 +563,10 @@ fn watch_pods(client: kube::Client) -> Arc<Mutex<BTreeMap<String, Vec<Value>>>> 
                 _ => continue,
             };
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let value = serde_json::to_value(pod).unwrap();
+            let mut value = serde_json::to_value(pod).unwrap();
+            // When the watch saw this state: finer than the object's own
+            // timestamps, which have whole seconds.
+            value[SEEN_AT] = json!(jiff::Timestamp::now().to_string());
             record.lock().unwrap().entry(name).or_default().push(value);
         }
     });
@@ -699,7 +705,10 @@ async fn an_upgrade_holds_every_node_created_during_it(
         }
     });
     let launching = tokio::spawn(pods_pending_for_karpenter(admin.clone(), stop.clone()));
-    let routing = tokio::spawn(watch_routes(stop.clone()));
+    // The routes are watched a little longer than the rollout, until the
+    // CREATEs are audited: the last replica's route may go after it.
+    let routes_stop = tokio_util::sync::CancellationToken::new();
+    let routing = tokio::spawn(watch_routes(routes_stop.clone()));
     let upgrade_started = jiff::Timestamp::now();
     helm(cp, args).await;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NAMESPACE);
@@ -736,7 +745,6 @@ async fn an_upgrade_holds_every_node_created_during_it(
     let (created, unheld) = creating.await.unwrap();
     assert!(!created.is_empty(), "no node created during the upgrade");
     let waves = launching.await.unwrap();
-    let routes = routing.await.unwrap();
     karpenters_nodes_held(
         cp,
         node,
@@ -766,6 +774,8 @@ async fn an_upgrade_holds_every_node_created_during_it(
         (events.len() >= created.len()).then_some(events)
     })
     .await;
+    routes_stop.cancel();
+    let routes = routing.await.unwrap();
     let failed: Vec<&Value> = events.iter().filter(|e| failed_open(e)).collect();
     let lags = routing_lags(seen, &routes);
     assert!(
@@ -784,27 +794,33 @@ async fn an_upgrade_holds_every_node_created_during_it(
 
 /// The replicas the webhook's Service routes to, by pod address, each time
 /// that changes until `stop`: what kube-proxy's rules in the host's nat
-/// table say (`iptables-save`), polled every 100 ms.
+/// table say (`iptables-save`), polled every 100 ms. A diagnostic: a failed
+/// read is said and ends the watch, it does not fail the test.
 async fn watch_routes(
     stop: tokio_util::sync::CancellationToken,
 ) -> Vec<(jiff::Timestamp, Vec<String>)> {
     let mut changes: Vec<(jiff::Timestamp, Vec<String>)> = Vec::new();
+    let rule = format!("\"{NAMESPACE}/{RELEASE}:webhook -> ");
     while !stop.is_cancelled() {
         let saved = tokio::task::spawn_blocking(|| {
             std::process::Command::new("iptables-save")
                 .args(["-t", "nat"])
                 .output()
         })
-        .await
-        .unwrap()
-        .unwrap();
-        let text = String::from_utf8_lossy(&saved.stdout);
+        .await;
+        let saved = match saved {
+            Ok(Ok(out)) if out.status.success() => out.stdout,
+            other => {
+                eprintln!(
+                    "real_install: iptables-save failed, routes no longer watched: {other:?}"
+                );
+                break;
+            }
+        };
+        let text = String::from_utf8_lossy(&saved);
         let mut routed: Vec<String> = text
             .lines()
-            .filter_map(|l| {
-                l.split(&format!("\"{NAMESPACE}/{RELEASE}:webhook -> "))
-                    .nth(1)
-            })
+            .filter_map(|l| l.split(&rule).nth(1))
             .filter_map(|rest| rest.split(':').next())
             .map(str::to_owned)
             .collect();
@@ -819,16 +835,21 @@ async fn watch_routes(
 }
 
 /// For each of node-holder's replicas deleted while `routes` were watched:
-/// how long after its deletion kube-proxy's rules stopped routing to it
-/// (the replica serves for its grace after the deletion), to the second
-/// (`deletionTimestamp` has whole seconds); "still routed" when the watch
-/// ended first.
+/// how long after its deletion was seen kube-proxy's rules stopped routing
+/// to it (the replica serves for its grace after the deletion).
 fn routing_lags(
     seen: &Mutex<BTreeMap<String, Vec<Value>>>,
     routes: &[(jiff::Timestamp, Vec<String>)],
 ) -> BTreeMap<String, String> {
     let Some((watched_from, _)) = routes.first() else {
         return BTreeMap::new();
+    };
+    let routed_at = |at: jiff::Timestamp, ip: &str| {
+        routes
+            .iter()
+            .rev()
+            .find(|(change, _)| *change <= at)
+            .is_some_and(|(_, routed)| routed.iter().any(|r| r == ip))
     };
     let mut lags = BTreeMap::new();
     for (name, states) in seen.lock().unwrap().iter() {
@@ -842,31 +863,30 @@ fn routing_lags(
         if deleted < *watched_from {
             continue;
         }
-        let unrouted = routes
-            .iter()
-            .find(|(at, routed)| *at > deleted && !routed.iter().any(|r| r == ip))
-            .map_or_else(
-                || "still routed".to_string(),
-                |(at, _)| format!("{:.1} s", at.duration_since(deleted).as_secs_f64()),
-            );
-        lags.insert(name.clone(), unrouted);
+        let lag = if routed_at(deleted, ip) {
+            routes
+                .iter()
+                .find(|(at, routed)| *at > deleted && !routed.iter().any(|r| r == ip))
+                .map_or_else(
+                    || "still routed when the watch ended".to_string(),
+                    |(at, _)| format!("{:.1} s", at.duration_since(deleted).as_secs_f64()),
+                )
+        } else {
+            "not routed when deleted".to_string()
+        };
+        lags.insert(name.clone(), lag);
     }
     lags
 }
 
-/// When a pod was deleted, to the second, and its grace, from the states a
-/// watch saw: the first `deletionTimestamp` is the deletion's time plus the
-/// grace (the kubelet's last DELETE later sets it to when the pod ended).
+/// When the watch saw a pod's deletion, and the deletion's grace.
 fn deletion(states: &[Value]) -> Option<(jiff::Timestamp, i64)> {
     let deleting = states
         .iter()
         .find(|s| !s["metadata"]["deletionTimestamp"].is_null())?;
-    let by: jiff::Timestamp = deleting["metadata"]["deletionTimestamp"]
-        .as_str()?
-        .parse()
-        .ok()?;
+    let seen: jiff::Timestamp = deleting[SEEN_AT].as_str()?.parse().ok()?;
     let grace = deleting["metadata"]["deletionGracePeriodSeconds"].as_i64()?;
-    Some((by - jiff::SignedDuration::from_secs(grace), grace))
+    Some((seen, grace))
 }
 
 /// What a failed-open CREATE during the upgrade needs to be explained, the
@@ -900,15 +920,15 @@ fn why_failed_open(
             let ready = last["status"]["conditions"]
                 .as_array()
                 .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-                .map(|c| format!("{}={}", c["status"], c["lastTransitionTime"]));
+                .map(|c| format!("{} since {}", c["status"], c["lastTransitionTime"]));
             let deleting = deletion(states).map(|(at, grace)| format!("{at} (grace {grace} s)"));
             Some(format!(
-                "{name} ip {} created {} ready {} deleted {} gone at {}",
+                "{name} ip {} created {} Ready {} deleted {} last seen {}",
                 last["status"]["podIP"],
                 last["metadata"]["creationTimestamp"],
                 ready.unwrap_or_default(),
                 deleting.unwrap_or_default(),
-                last["metadata"]["deletionTimestamp"]
+                last[SEEN_AT]
             ))
         })
         .collect();

@@ -206,8 +206,8 @@ async fn the_api_server_calls_node_holders_webhook_on_the_real_node_through_the_
     let node = &setup.node;
     let client = cp.admin_client().await.unwrap();
 
-    // The serving certificate for the Service's names, as `node-holder
-    // certs` makes it, and the chart rendered with it (`tls.mode=provided`).
+    // A serving certificate for the Service's names from a throw-away CA,
+    // and the chart rendered with it (`tls.mode=provided`).
     let certs = tempfile::tempdir().unwrap();
     testsupport::make_certs_for(certs.path(), &install::SERVICE_DNS_NAMES);
     let read = |file: &str| std::fs::read_to_string(certs.path().join(file)).unwrap();

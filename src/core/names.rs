@@ -46,3 +46,31 @@ pub fn is_dns_subdomain(name: &str) -> bool {
     };
     name.len() <= 253 && name.split('.').all(label_ok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_dns_subdomain;
+
+    #[test]
+    fn dns_subdomains_are_valid_and_odd_ones_are_not() {
+        for ok in [
+            "node-holder.node-holder.svc",
+            "a",
+            "x1.example.com",
+            "node-holder.ns.svc.cluster.local",
+        ] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "bad name!",
+            "Upper.case",
+            "-lead.x",
+            "trail-.x",
+            "a..b",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
+}
