@@ -231,7 +231,8 @@ async fn a_rotated_certificate_from_a_new_ca_is_served_without_a_restart() {
     // Rotate: a new CA and serving pair in place; once node-holder serves
     // it, the new caBundle. (Until the API server has the new caBundle its
     // calls fail open; a dry run held before both switched proves nothing.)
-    common::replace_certs(&served.cert_dir());
+    // A new CA and serving pair in place of the old.
+    common::make_certs(&served.cert_dir());
     let reloaded = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !served.log().contains("serving certificate reloaded") {
         assert!(

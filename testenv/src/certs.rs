@@ -43,16 +43,11 @@ pub fn generate_between(
         OffsetDateTime::from(not_before),
         OffsetDateTime::from(not_after),
     );
-    let ca_key = KeyPair::generate().context("generating the CA key")?;
-    let ca_key_pem = ca_key.serialize_pem();
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.distinguished_name
-        .push(DnType::CommonName, "node-holder development CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca.not_before = not_before;
-    ca.not_after = not_after;
-    let ca = CertifiedIssuer::self_signed(ca, ca_key).context("signing the CA certificate")?;
+    let (ca, ca_key_pem) = new_ca(
+        "node-holder development CA",
+        BasicConstraints::Constrained(0),
+        Some((not_before, not_after)),
+    )?;
 
     let mut names: Vec<String> = Vec::new();
     for name in ["localhost", "127.0.0.1"].iter().chain(dns_names) {
@@ -79,6 +74,30 @@ pub fn generate_between(
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+/// A new self-signed CA named `common_name`, valid from and to the given
+/// times (rcgen's defaults without them), and its key's PEM: the test
+/// control plane's CA and the throw-away ones above.
+pub(crate) fn new_ca(
+    common_name: &str,
+    constraints: BasicConstraints,
+    validity: Option<(OffsetDateTime, OffsetDateTime)>,
+) -> Result<(CertifiedIssuer<'static, KeyPair>, String)> {
+    let key = KeyPair::generate().context("generating the CA key")?;
+    let key_pem = key.serialize_pem();
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(constraints);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    if let Some((not_before, not_after)) = validity {
+        params.not_before = not_before;
+        params.not_after = not_after;
+    }
+    let ca = CertifiedIssuer::self_signed(params, key).context("signing the CA certificate")?;
+    Ok((ca, key_pem))
 }
 
 /// Writes `ca.crt`, `ca.key`, `tls.crt` and `tls.key` (keys mode 0600) into

@@ -31,9 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, KeyPair};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -477,17 +475,13 @@ struct Files {
 }
 
 fn write_files(root: &Path) -> Result<Files> {
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "testenv control-plane CA");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     // The CA's key stays beside it: a real node's kubelet gets a client
     // certificate signed with it (`client_certificate_kubeconfig`).
-    let ca_key_pem = ca_key.serialize_pem();
-    let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
+    let (ca, ca_key_pem) = certs::new_ca(
+        "testenv control-plane CA",
+        BasicConstraints::Unconstrained,
+        None,
+    )?;
 
     let serving_key = KeyPair::generate()?;
     let mut serving = CertificateParams::new(vec![

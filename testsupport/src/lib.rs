@@ -125,11 +125,6 @@ pub fn make_certs_for(dir: &std::path::Path, dns_names: &[&str]) {
     testenv::certs::make(dir, dns_names).unwrap();
 }
 
-/// Replaces the certificates in `dir` with a new CA and serving pair.
-pub fn replace_certs(dir: &std::path::Path) {
-    make_certs(dir);
-}
-
 /// Starts `node-holder serve` as node-holder's restricted identity, with the
 /// RBAC of `webhook-config/rbac.yaml`.
 pub async fn serve(cp: &ControlPlane, extra: &[&str]) -> Served {
