@@ -664,16 +664,49 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// `N` different loopback ports free right now.
+///
+/// They are drawn at random from below the kernel's ephemeral range: a port
+/// the kernel hands out for a probe is just as likely to be handed next to an
+/// outgoing connection (any client on the machine), which then holds it when
+/// the caller's child binds it ("Address already in use"). Below that range
+/// only a process that names the port can take it; the probe skips ports
+/// already bound, and the random draw keeps concurrent tests apart.
 fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let range = ports_outside_ephemeral_range()?;
+    let mut random = fs::File::open("/dev/urandom").context("opening /dev/urandom")?;
     // Hold every listener until all ports are chosen so that they differ.
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").context("probing for a free loopback port"))
-        .collect::<Result<Vec<_>>>()?;
+    let mut listeners = Vec::with_capacity(N);
     let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
+    for port in &mut ports {
+        let listener = (0..1000)
+            .find_map(|_| {
+                let mut bytes = [0u8; 2];
+                std::io::Read::read_exact(&mut random, &mut bytes).ok()?;
+                let offset = u16::from_ne_bytes(bytes) % (range.end - range.start);
+                TcpListener::bind(("127.0.0.1", range.start + offset)).ok()
+            })
+            .with_context(|| format!("no free loopback port in {range:?} after 1000 tries"))?;
         *port = listener.local_addr()?.port();
+        listeners.push(listener);
     }
     Ok(ports)
+}
+
+/// Ports from 20000 up to the kernel's ephemeral range or Kubernetes'
+/// NodePort range (30000), whichever starts first.
+fn ports_outside_ephemeral_range() -> Result<std::ops::Range<u16>> {
+    let path = "/proc/sys/net/ipv4/ip_local_port_range";
+    let text = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let ephemeral_low: u16 = text
+        .split_whitespace()
+        .next()
+        .and_then(|low| low.parse().ok())
+        .with_context(|| format!("{path} reads {text:?}"))?;
+    let range = 20000..ephemeral_low.min(30000);
+    if range.len() < 1000 {
+        bail!("{path} leaves fewer than 1000 ports under its range ({text:?})");
+    }
+    Ok(range)
 }
 
 fn random_token() -> Result<String> {
@@ -779,4 +812,20 @@ pub async fn dry_run_objects(client: &kube::Client, objects: &[Value]) -> Result
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_differ_are_bindable_and_lie_below_the_ephemeral_range() {
+        let range = ports_outside_ephemeral_range().unwrap();
+        let ports = free_ports::<3>().unwrap();
+        for port in ports {
+            assert!(range.contains(&port), "{port} outside {range:?}");
+            TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+        assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2]);
+    }
 }
