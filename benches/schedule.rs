@@ -1,11 +1,11 @@
 //! The schedule hold's pass at scale: `cargo bench --bench schedule`.
 //!
 //! What one leader pass computes with `--launch-cost` and
-//! `--warm-before-runs`, in the pure core, on 50,000 nodes in 100 pools
-//! and 5,000 CronJobs (every fifth on a schedule whose gaps are not worth
+//! `--warm-before-runs`, in the pure core, on 50,000 nodes and 5,000
+//! CronJobs (every fifth on a schedule whose gaps are not worth
 //! holding), each with a finished run of ten pods on ten nodes and a third of
 //! them running now: the known work ([`known_work`]: each CronJob's next run,
-//! its last run's group and size, busy and explained nodes), the nodes kept
+//! its last run's size, busy and explained nodes), the nodes kept
 //! ([`keep`]) and the runs warmed ([`due_warms`]). Schedules are parsed once
 //! per CronJob version in the leader (not per pass), so they are parsed here
 //! before timing. divan's allocation profiler reports what a pass allocates.
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashSet;
 use jiff::Timestamp;
 use node_holder::core::due::{Kept, NodeView, Terms, keep};
 use node_holder::core::known::{CronJobSpec, JobPod, LastRun, PodShape, known_work};
@@ -25,7 +25,6 @@ use node_holder::core::warm::due_warms;
 static ALLOC: divan::AllocProfiler = divan::AllocProfiler::system();
 
 const NODES: usize = 50_000;
-const POOLS: usize = 100;
 const CRONJOBS: usize = 5_000;
 const PODS_PER_RUN: usize = 10;
 
@@ -91,11 +90,6 @@ fn cluster() -> Cluster {
     }
 }
 
-fn group_of(node: &str) -> Option<String> {
-    let n: usize = node.strip_prefix("node-")?.parse().ok()?;
-    Some(format!("pool-{}", n % POOLS))
-}
-
 /// One pass: the known work, the nodes kept, the runs warmed.
 #[divan::bench(sample_count = 20)]
 fn pass(bencher: divan::Bencher) {
@@ -105,7 +99,6 @@ fn pass(bencher: divan::Bencher) {
         grace: Duration::from_secs(60),
         settle: Duration::from_secs(60),
     };
-    let groups: Vec<String> = c.nodes.iter().filter_map(|n| group_of(n)).collect();
     let remembered: BTreeMap<String, LastRun> = BTreeMap::new();
     bencher.bench_local(|| {
         let pods = c.pods.iter().map(|(namespace, job, node, running)| JobPod {
@@ -119,19 +112,17 @@ fn pass(bencher: divan::Bencher) {
         let views: Vec<NodeView<'_>> = c
             .nodes
             .iter()
-            .zip(&groups)
-            .map(|(name, group)| NodeView {
+            .map(|name| NodeView {
                 name,
-                group,
                 created: c.created,
                 marked: true,
             })
             .collect();
-        let group_of: HashMap<&str, &str> = views.iter().map(|v| (v.name, v.group)).collect();
+        let in_scope: HashSet<&str> = views.iter().map(|v| v.name).collect();
         let known = known_work(
             &c.cronjobs,
             pods,
-            |node| group_of.get(node).copied(),
+            |node| in_scope.contains(node),
             from,
             &remembered,
         );

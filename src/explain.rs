@@ -22,9 +22,6 @@ pub struct Explanation {
     pub created: Option<Timestamp>,
     /// The hold annotations on the node, and whose each is.
     pub holds: Vec<HoldOnNode>,
-    /// The node's window group (`--window-per-label`'s value), if grouped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
     /// With the budget mechanism: the node's NodePool, when it carries
     /// node-holder's budget entry.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,9 +124,6 @@ pub fn explain(node: &Node, status: &Status, events: Vec<NodeEvent>) -> Explanat
     let meta = &node.metadata;
     let settings = status.settings.as_ref();
     let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
-    let group = settings
-        .and_then(|s| s.window_per_label.as_deref())
-        .map(|key| label(key).unwrap_or_default());
     let pool_budget = label(NODEPOOL_LABEL).filter(|pool| {
         settings.is_some_and(|s| s.hold_mechanism == Mechanism::Budget)
             && status.nodepool_budgets.contains(pool)
@@ -139,10 +133,9 @@ pub fn explain(node: &Node, status: &Status, events: Vec<NodeEvent>) -> Explanat
     Explanation {
         node: meta.name.clone().unwrap_or_default(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
-        until: held.then(|| until(status, group.as_deref())).flatten(),
+        until: held.then(|| until(status)).flatten(),
         held_until_annotation: held_until_stamp(meta),
         holds,
-        group,
         pool_budget,
         leader: status
             .leader
@@ -186,20 +179,12 @@ fn holds_on(node: &Node, status: &Status) -> Vec<HoldOnNode> {
         .collect()
 }
 
-/// Until when node-holder holds the node: its window's deadline (its
-/// group's) or the manual hold's end, the later; `None` when nothing holds
-/// it any more (the next pass releases).
-fn until(status: &Status, group: Option<&str>) -> Option<Until> {
+/// Until when node-holder holds the node: the window's deadline or the
+/// manual hold's end, the later; `None` when nothing holds it any more (the
+/// next pass releases).
+fn until(status: &Status) -> Option<Until> {
     status.settings.as_ref()?;
-    let own = match group {
-        Some(g) if !g.is_empty() => status
-            .groups
-            .iter()
-            .find(|s| s.group == g)
-            .and_then(|s| s.deadline),
-        _ => status.deadline,
-    }
-    .map(|at| (at, "its window's deadline"));
+    let own = status.deadline.map(|at| (at, "its window's deadline"));
     let manual = status
         .manual
         .as_ref()
@@ -220,9 +205,6 @@ pub fn render_text(e: &Explanation, now: Timestamp) -> String {
     });
     line("Node:", format!("{}{created}", e.node));
     line("Held:", held_text(e));
-    if let Some(group) = &e.group {
-        line("Group:", crate::core::grouping::display(group).to_string());
-    }
     let until = match (&e.until, held_by_node_holder(e)) {
         (Some(u), _) => format!("{} ({}): {}", u.at, status::relative(u.at, now), u.why),
         (None, true) => "its window is closed: the leader releases it at its next pass".into(),
@@ -289,7 +271,6 @@ mod tests {
     use super::*;
     use crate::core::window::ManualHold;
     use crate::state::record::Settings;
-    use crate::status::GroupStatus;
     use std::collections::BTreeMap;
 
     fn at(text: &str) -> Timestamp {
@@ -315,16 +296,14 @@ mod tests {
         node
     }
 
-    fn settings(per_label: Option<&str>, mechanism: Mechanism) -> Settings {
+    fn settings(mechanism: Mechanism) -> Settings {
         Settings {
             hold_duration: std::time::Duration::from_secs(1200),
             max_hold: None,
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
-            window_per_label: per_label.map(str::to_string),
             hold_mechanism: mechanism,
             nodepool_selector: String::new(),
-            group_hold_durations: Default::default(),
             launch_cost: None,
         }
     }
@@ -334,23 +313,15 @@ mod tests {
     const LISTED: (&str, &str) = ("node-holder.dev/hold-keys", "karpenter.sh/do-not-disrupt");
 
     #[test]
-    fn node_holders_hold_lasts_until_the_later_of_its_groups_window_and_the_manual_hold() {
+    fn node_holders_hold_lasts_until_the_later_of_the_window_and_the_manual_hold() {
         let mut status = Status {
-            settings: Some(settings(Some(NODEPOOL_LABEL), Mechanism::Annotation)),
-            groups: vec![GroupStatus {
-                group: "gpu".into(),
-                open: true,
-                opened_at: None,
-                deadline: Some(at("2026-11-22T12:20:00Z")),
-                cap: None,
-                closed_through: None,
-                held_nodes: 1,
-            }],
+            settings: Some(settings(Mechanism::Annotation)),
+            open: true,
+            deadline: Some(at("2026-11-22T12:20:00Z")),
             ..Status::default()
         };
         let held = node(&[(NODEPOOL_LABEL, "gpu"), MARKED], &[HOLD, LISTED]);
         let e = explain(&held, &status, Vec::new());
-        assert_eq!(e.group.as_deref(), Some("gpu"));
         assert_eq!(
             e.until.as_ref().map(|u| (u.at, u.why.as_str())),
             Some((at("2026-11-22T12:20:00Z"), "its window's deadline"))
@@ -388,7 +359,7 @@ mod tests {
     #[test]
     fn a_hold_node_holder_did_not_list_is_someone_elses_and_has_no_end() {
         let status = Status {
-            settings: Some(settings(None, Mechanism::Annotation)),
+            settings: Some(settings(Mechanism::Annotation)),
             deadline: Some(at("2026-11-22T12:20:00Z")),
             ..Status::default()
         };
@@ -411,7 +382,7 @@ mod tests {
     #[test]
     fn a_pool_budget_counts_as_node_holders() {
         let status = Status {
-            settings: Some(settings(None, Mechanism::Budget)),
+            settings: Some(settings(Mechanism::Budget)),
             nodepool_budgets: vec!["general".into()],
             deadline: Some(at("2026-11-22T12:20:00Z")),
             ..Status::default()

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::controller::WindowMetrics;
-use crate::core::budget::{Mechanism, NODEPOOL_LABEL};
+
 use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
@@ -50,7 +50,6 @@ impl ProcessMetrics {
 /// The window task's configuration the flags describe.
 fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::Config> {
     check_window_flags(args)?;
-    check_mechanism_flags(args)?;
     Ok(controller::Config {
         window: args.window.window_config(),
         holding,
@@ -88,36 +87,8 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
             );
         }
     }
-    let groups = &args.window.group_hold_duration;
-    if let Some((group, _)) = groups
-        .iter()
-        .enumerate()
-        .find_map(|(i, (g, _))| groups[..i].iter().find(|(other, _)| other == g))
-    {
-        bail!("--group-hold-duration names group {group:?} twice");
-    }
     if args.leader.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
-    }
-    Ok(())
-}
-
-/// `--hold-mechanism budget` holds whole NodePools while a window is open:
-/// it cannot hold nodes one by one or group windows by any label but the
-/// NodePool's.
-fn check_mechanism_flags(args: &ServeArgs) -> Result<()> {
-    if args.holding.hold_mechanism != Mechanism::Budget {
-        return Ok(());
-    }
-    if let Some(key) = args
-        .window
-        .window_per_label
-        .as_deref()
-        .filter(|&key| key != NODEPOOL_LABEL)
-    {
-        bail!(
-            "--hold-mechanism budget holds whole NodePools: --window-per-label must be {NODEPOOL_LABEL}, not {key}"
-        );
     }
     Ok(())
 }

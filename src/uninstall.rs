@@ -33,7 +33,7 @@ use crate::core::holds::MARKED;
 use crate::core::warm::{PRIORITY_CLASS, WARM_SELECTOR};
 use crate::request;
 use crate::state::lease;
-use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
+use crate::state::record::{self, RecordStore, Settings};
 
 /// The `uninstall` subcommand.
 pub async fn run(args: &UninstallArgs) -> Result<()> {
@@ -161,11 +161,7 @@ async fn release_under_lease(
 ) -> Result<PassReport> {
     let record = RecordStore::new(client.clone(), namespace).load().await?;
     let config = leader_config(namespace, record.settings, identity)?;
-    let request = ReleaseRequest {
-        at: Timestamp::now(),
-        group: None,
-    };
-    controller::release_once(client.clone(), config, request).await
+    controller::release_once(client.clone(), config, Timestamp::now()).await
 }
 
 /// The leader's configuration for the pass run here: the settings the last

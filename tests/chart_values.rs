@@ -939,13 +939,12 @@ fn notes_say_what_is_configured() {
     assert!(!said.contains("Schedule hold"), "{said}");
     assert!(!said.contains("whole cluster"), "{said}");
 
-    // Policy mode, a scope, groups, the budget mechanism and the schedule
-    // hold: each said as configured.
+    // Policy mode, a scope, the budget mechanism and the schedule hold:
+    // each said as configured.
     let said = notes(&[
         "--set=admission.mode=policy",
         "--set=config.nodeSelector=pool=batch",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
-        "--set=config.windowPerLabel=karpenter.sh/nodepool",
         "--set=config.holdDuration=45m",
         "--set=config.maxHold=0",
         "--set=config.holdMechanism=budget",
@@ -955,7 +954,7 @@ fn notes_say_what_is_configured() {
         "Which nodes: those matching config.nodeSelector `pool=batch`.",
         "The hold: example.com/hold=yes.",
         "held by the MutatingAdmissionPolicy node-holder",
-        "The window: one per value of node label karpenter.sh/nodepool",
+        "The window: one for every node in scope",
         "for 45m, with no cap.",
         "every Karpenter NodePool in scope carries a\ndisruption budget that stops consolidation; drift goes on.",
         "Schedule hold (config.launchCost 5m)",

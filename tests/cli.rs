@@ -78,49 +78,6 @@ fn hold_refuses_a_hold_without_an_end_or_a_reason() {
     }
 }
 
-/// `release --group` takes a label value (or `''` for the nodes without
-/// the label), nothing else.
-#[test]
-fn release_refuses_a_group_that_is_no_label_value() {
-    for group in ["-gpu", "gpu pool", &"a".repeat(64)] {
-        let out = node_holder(&["release", &format!("--group={group}")]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{group}: {stderr}");
-        assert!(stderr.contains("not a label value"), "{group}: {stderr}");
-    }
-}
-
-/// `--group-hold-duration` takes `VALUE=DURATION` pairs and needs windows per
-/// label: what is refused, and why, before any request reaches a cluster.
-#[test]
-fn serve_refuses_a_group_hold_it_could_not_honour() {
-    let cases: [(&[&str], &str); 5] = [
-        (&["--group-hold-duration=gpu=45m"], "--window-per-label"),
-        (
-            &["--window-per-label=pool", "--group-hold-duration=gpu"],
-            "VALUE=DURATION",
-        ),
-        (
-            &["--window-per-label=pool", "--group-hold-duration=gpu=0s"],
-            "longer than 0",
-        ),
-        (
-            &["--window-per-label=pool", "--group-hold-duration=gpu=soon"],
-            "\"soon\"",
-        ),
-        (
-            &["--window-per-label=pool", "--group-hold-duration=-gpu=5m"],
-            "not a label value",
-        ),
-    ];
-    for (args, expected) in cases {
-        let out = node_holder(&[&["serve"][..], args].concat());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
-    }
-}
-
 /// Window flags a pass could not honour are refused by name before `serve`
 /// needs a cluster.
 #[test]
@@ -132,11 +89,8 @@ fn serve_refuses_window_flags_it_could_not_honour() {
             "--hold-duration must be longer than 0",
         ),
         (
-            &[
-                "--window-per-label=pool",
-                "--group-hold-duration=gpu=5m,gpu=6m",
-            ],
-            "names group \"gpu\" twice",
+            &["--warm-before-runs=90s"],
+            "--warm-before-runs needs --launch-cost",
         ),
     ];
     for (args, expected) in cases {

@@ -17,40 +17,32 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use node_holder::core::budget::{AddedBudgets, Mechanism, add, self_ending_entry};
-use node_holder::core::grouping::Grouping;
-use node_holder::core::groups::Windows;
-use node_holder::core::window::{ManualHold, WindowConfig};
+use node_holder::core::window::{ManualHold, Window, WindowConfig};
 use node_holder::state::record::{Record, Settings};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use testsupport::fuzz_cases;
 
-/// The configuration whose record the fuzzing starts from: grouped, with
-/// a group hold of its own.
+/// The configuration whose record the fuzzing starts from.
 fn configured() -> WindowConfig {
     let minutes = |m: u64| Duration::from_secs(m * 60);
     WindowConfig {
         hold: minutes(20),
         max_hold: Some(minutes(120)),
-        groups: Grouping::per_label(Some("karpenter.sh/nodepool".into())),
-        group_holds: BTreeMap::from([("gpu".to_string(), minutes(45))]),
     }
 }
 
-/// What node-holder itself writes, made by its own code: windows open in two
-/// groups and a manual hold; the settings of [`configured`]; one NodePool's
+/// What node-holder itself writes, made by its own code: a window open and
+/// a manual hold; the settings of [`configured`]; one NodePool's
 /// budget.
 fn written() -> (Value, Value, Value) {
     let cfg = configured();
     let t = |s: &str| s.parse::<Timestamp>().unwrap();
-    let mut windows = Windows::default();
-    let nodes = [
-        ("", t("2026-11-22T12:00:00Z")),
-        ("gpu", t("2026-11-22T12:01:00Z")),
-    ];
-    windows.observe_all(nodes, t("2026-11-22T12:02:00Z"), &cfg);
-    windows.hold_manually(
+    let mut window = Window::default();
+    let nodes = [t("2026-11-22T12:00:00Z"), t("2026-11-22T12:01:00Z")];
+    window.observe_all(nodes, t("2026-11-22T12:02:00Z"), &cfg);
+    window.hold_manually(
         ManualHold {
             requested_at: t("2026-11-22T12:02:00Z"),
             until: t("2026-11-22T13:00:00Z"),
@@ -64,10 +56,8 @@ fn written() -> (Value, Value, Value) {
         max_hold: cfg.max_hold,
         holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
         node_selector: String::new(),
-        window_per_label: cfg.groups.key().map(str::to_string),
         hold_mechanism: Mechanism::Budget,
         nodepool_selector: String::new(),
-        group_hold_durations: cfg.group_holds.clone(),
         launch_cost: Some(Duration::from_secs(300)),
     };
     let budgets: AddedBudgets = BTreeMap::from([(
@@ -79,7 +69,7 @@ fn written() -> (Value, Value, Value) {
         .1,
     )]);
     (
-        serde_json::to_value(&windows).unwrap(),
+        serde_json::to_value(&window).unwrap(),
         serde_json::to_value(&budgets).unwrap(),
         serde_json::to_value(&settings).unwrap(),
     )
@@ -178,7 +168,6 @@ fn config_map(texts: [Option<String>; 3], annotations: BTreeMap<String, String>)
 fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
     let key = prop_oneof![
         Just("node-holder.dev/release-requested-at"),
-        Just("node-holder.dev/release-group"),
         Just("node-holder.dev/release-done-at"),
         Just("node-holder.dev/releasing"),
         Just("node-holder.dev/hold-requested"),
@@ -192,25 +181,20 @@ fn run_the_arithmetic(record: &Record, now: Timestamp) {
         .settings
         .as_ref()
         .map_or_else(default_config, |s| s.window_config());
-    let mut windows: Windows = record.window.clone();
-    let groups: Vec<String> = windows.iter().map(|(g, _)| g.to_string()).collect();
-    let nodes = groups.iter().map(|g| (g.as_str(), now));
-    let _ = windows.observe_all(nodes, now, &cfg);
-    for group in &groups {
-        let _ = windows.held_until(group, now);
-        let _ = windows.holds(group, now);
-    }
-    let _ = windows.latest_deadline();
-    let _ = windows.next_wake();
-    let _ = windows.release_now(now, None);
+    let mut window: Window = record.window.clone();
+    let _ = window.observe_all([now], now, &cfg);
+    let _ = window.held_until(now);
+    let _ = window.holds(now);
+    let _ = window.manual_held_until(now);
+    let _ = window.deadline();
+    let _ = window.next_wake();
+    let _ = window.release_now(now);
 }
 
 fn default_config() -> WindowConfig {
     WindowConfig {
         hold: std::time::Duration::from_secs(1200),
         max_hold: None,
-        groups: Default::default(),
-        group_holds: Default::default(),
     }
 }
 
@@ -247,11 +231,9 @@ fn the_record_the_fuzzing_starts_from_is_read_whole() {
     let (window, budgets, settings) = written();
     let texts = [window, budgets, settings].map(|v| Some(v.to_string()));
     let record = Record::from_config_map(&config_map(texts, BTreeMap::new())).unwrap();
-    assert!(record.window.window("").and_then(|w| w.open()).is_some());
+    assert!(record.window.open().is_some());
     assert!(record.window.manual().is_some());
-    assert!(record.window.window("gpu").is_some());
     assert_eq!(record.budgets.len(), 1);
     let settings = record.settings.expect("settings");
     assert!(settings.launch_cost.is_some());
-    assert_eq!(settings.window_config().group_holds.len(), 1);
 }

@@ -337,8 +337,8 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/config/holdMechanism': value must be one of 'annotation', 'budget'",
         ),
         (
-            vec!["--set=config.windowPerLabel=karpenter.sh/"],
-            "at '/config/windowPerLabel': 'karpenter.sh/' does not match pattern",
+            vec!["--set=config.windowPerLabel=karpenter.sh/nodepool"],
+            "at '/config': additional properties 'windowPerLabel' not allowed",
         ),
         (
             vec!["--set=replicaCount=two"],
@@ -374,10 +374,6 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "webhook.timeoutSeconds",
         ),
         (
-            vec!["--set=config.groupHoldDurations.gpu=45m"],
-            "needs config.windowPerLabel",
-        ),
-        (
             vec![
                 "--set=config.clientCA.secretName=a",
                 "--set=config.clientCA.configMapName=b",
@@ -397,8 +393,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         "--set=config.holdPresets={karpenter-v1,cluster-autoscaler}",
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.holdAnnotations.a\\.example\\.com/keep=please",
-        "--set=config.windowPerLabel=karpenter.sh/nodepool",
-        "--set=config.groupHoldDurations.gpu=45m",
         "--set=config.launchCost=5m",
         "--set=config.warmBeforeRuns=2m",
     ]);
@@ -413,8 +407,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         env["NODE_HOLDER_HOLD_ANNOTATIONS"],
         "a.example.com/keep=please,example.com/hold=yes"
     );
-    assert_eq!(env["NODE_HOLDER_WINDOW_PER_LABEL"], "karpenter.sh/nodepool");
-    assert_eq!(env["NODE_HOLDER_GROUP_HOLD_DURATIONS"], "gpu=45m");
     assert_eq!(env["NODE_HOLDER_LAUNCH_COST"], "5m");
     assert_eq!(env["NODE_HOLDER_NAMESPACE"], "fieldRef:metadata.namespace");
     assert_eq!(env["NODE_HOLDER_WEBHOOK_ADDR"], "0.0.0.0:8443");

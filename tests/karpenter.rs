@@ -19,7 +19,7 @@ use serde_json::json;
 use testenv::Disruption;
 
 use common::policy;
-use common::window::{HOLD, annotate, at, created_held, held, sleep_until, window};
+use common::window::{HOLD, annotate, at, created_held, held, window};
 use common::{Served, operator, register_webhook, serve, succeeded};
 use karpenter::{Autoscaled, BLOCKED_BY_HOLD, KARPENTER_ROUND};
 
@@ -401,94 +401,6 @@ async fn a_manual_hold_pauses_consolidation_until_release_ends_it() {
             deleted[node]
         );
     }
-    drop(served);
-}
-
-#[tokio::test]
-async fn one_window_per_nodepool_a_gpu_scale_up_leaves_the_general_pools_empty_nodes_to_karpenter()
-{
-    // Long enough that the GPU scale-up comes well before the general pool's
-    // window ends, and its own window ends a minute after that one.
-    const HOLD: Duration = Duration::from_secs(90);
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    a.cluster
-        .add_node_pool("gpu", &Disruption::default())
-        .await
-        .unwrap();
-    let served = install_node_holder(
-        &a,
-        &[
-            "--hold-duration=90s",
-            "--window-per-label=karpenter.sh/nodepool",
-        ],
-    )
-    .await;
-    let records = records(&a);
-    let general_pool = format!("/groups/{}/open/deadline", testenv::NODE_POOL);
-
-    // The general pool scales up and its batch ends: its window holds the
-    // empty nodes (Karpenter's consolidateAfter runs out meanwhile).
-    let general = a.wave("general", 2).await;
-    created_held(a.cp(), &general);
-    a.end_wave("general").await;
-    a.until("the general pool's window", KARPENTER_ROUND, async |_| {
-        at(&window(&records).await, &general_pool).is_some()
-    })
-    .await;
-    let general_deadline = at(&window(&records).await, &general_pool).unwrap();
-    a.until(
-        "the general nodes consolidatable",
-        KARPENTER_ROUND,
-        async |a| a.consolidatable_or_gone(&general).await,
-    )
-    .await;
-
-    // The GPU pool scales up half a minute before the general window ends,
-    // and its batch ends at once too.
-    sleep_until(general_deadline - HOLD / 3).await;
-    let gpu = a.wave_in("gpu", "gpu-batch", 1).await;
-    created_held(a.cp(), &gpu);
-    a.end_wave("gpu-batch").await;
-    let gpu_deadline = at(&window(&records).await, "/groups/gpu/open/deadline").unwrap();
-    assert!(gpu_deadline > general_deadline + HOLD / 2, "{gpu_deadline}");
-    let status: serde_json::Value =
-        serde_json::from_str(&succeeded(&operator(a.cp(), &["status", "-o", "json"]))).unwrap();
-    let open: Vec<&str> = status["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|g| g["open"] == true)
-        .filter_map(|g| g["group"].as_str())
-        .collect();
-    assert_eq!(open, [testenv::NODE_POOL, "gpu"], "{status}");
-
-    // The general window closes on time and Karpenter consolidates the
-    // general nodes: the GPU window, still open, does not hold them.
-    a.until(
-        "the general nodes consolidated",
-        KARPENTER_ROUND * 2,
-        async |a| general.iter().all(|n| a.nodes_deleted().contains_key(n)),
-    )
-    .await;
-    let deleted = a.nodes_deleted();
-    for node in &general {
-        let at = deleted[node];
-        assert!(
-            at >= general_deadline && at < gpu_deadline,
-            "{node} deleted at {at}: its window ended at {general_deadline}, the GPU window at {gpu_deadline}"
-        );
-    }
-    // The GPU node, empty as long, is held by its own window: Karpenter
-    // looks again and leaves it.
-    a.karpenter_passes(1.0).await;
-    let gpu_node = gpu.iter().next().unwrap();
-    assert!(
-        a.nodes_deleted()
-            .get(gpu_node)
-            .is_none_or(|&at| at >= gpu_deadline),
-        "{gpu_node} deleted before its window ended at {gpu_deadline}: {:?}",
-        a.nodes_deleted()
-    );
     drop(served);
 }
 

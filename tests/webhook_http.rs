@@ -640,24 +640,4 @@ fn serve_refuses_window_flags_it_cannot_honour_and_names_them() {
         let stderr = common::refused_start(&cert, &key, &[flag.to_string()]);
         assert!(stderr.contains(said), "{flag}: {stderr}");
     }
-    // A label key that does not parse is a usage error (exit 2).
-    for flag in [
-        "--window-per-label=karpenter.sh/",
-        "--window-per-label=-pool",
-    ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-holder"))
-            .args(["serve", flag])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
-        assert!(stderr.contains("not a label key"), "{flag}: {stderr}");
-    }
-    // The budget mechanism holds whole NodePools.
-    let flags = ["--hold-mechanism=budget", "--window-per-label=team"].map(String::from);
-    let stderr = common::refused_start(&cert, &key, &flags);
-    assert!(
-        stderr.contains("--window-per-label must be karpenter.sh/nodepool, not team"),
-        "{stderr}"
-    );
 }

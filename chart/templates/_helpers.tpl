@@ -196,9 +196,6 @@ Deployment's container and `self-check`'s alike.
 {{- $_ := required "tls.provided.caBundle (base64 PEM CA) is required when tls.mode=provided" .Values.tls.provided.caBundle }}
 {{- end }}
 {{- end }}
-{{- if and .Values.config.groupHoldDurations (not .Values.config.windowPerLabel) }}
-{{- fail "config.groupHoldDurations gives groups their own hold: it needs config.windowPerLabel" }}
-{{- end }}
 {{- with .Values.config.clientCA }}
 {{- if and .secretName .configMapName }}
 {{- fail "config.clientCA: set secretName or configMapName, not both" }}

@@ -129,9 +129,9 @@ async fn run_and_save(day: Day, arms: &[Arm], out: &Path) -> (Day, Result<Trace>
     (day, trace)
 }
 
-/// One day, one seed, every arm side by side: the arms of each node-holder
-/// configuration in a cluster of their own (two installs in one cluster
-/// would strip each other's holds), every cluster on one clock.
+/// One day, one seed, every arm side by side: each node-holder arm in a
+/// cluster of its own (two installs in one cluster would strip each other's
+/// holds), every cluster on one clock.
 async fn run(day: &Day, arms: &[Arm]) -> Result<Trace> {
     let parts = arms::by_cluster(arms);
     let clusters =
@@ -234,28 +234,27 @@ async fn node_holder_record(
     Ok(record.and_then(|c| c.data))
 }
 
-/// One `node-holder serve` for every node-holder arm (`arms::serve_args`),
-/// its webhook registered and probed with a node of the first held pool.
-/// Two installs in one cluster would strip each other's holds, so the arms
-/// share one.
+/// The `node-holder serve` of the cluster's node-holder arm
+/// (`arms::serve_args`; [`arms::by_cluster`] gives each its own cluster),
+/// its webhook registered and probed with a node of its pool.
 async fn start_node_holder(
     cp: &testenv::ControlPlane,
     arms: &[Arm],
 ) -> Result<Option<common::Served>> {
-    let Some(first) = arms.iter().find(|a| a.hold.is_some()) else {
+    let Some(arm) = arms.iter().find(|a| a.hold.is_some()) else {
         return Ok(None);
     };
     // The namespace and the base RBAC first: the warm's Role lives in it.
     common::install_node_holder_rbac(cp).await;
-    if arms.iter().any(|a| a.launch_cost.is_some()) {
+    if arm.launch_cost.is_some() {
         common::install_rbac_for(cp, "schedules").await;
     }
-    if arms.iter().any(|a| a.warm.is_some()) {
+    if arm.warm.is_some() {
         common::install_rbac_for(cp, "warm").await;
     }
-    let args = arms::serve_args(arms);
+    let args = arms::serve_args(arm);
     let served = common::serve(cp, &common::window::strs(&args)).await;
-    let pool = ("karpenter.sh/nodepool", first.name.as_str());
+    let pool = ("karpenter.sh/nodepool", arm.name.as_str());
     let probe = common::node_with("webhook-probe", &[pool], &[]);
     common::register_webhook_probing(cp, &served, probe).await;
     Ok(Some(served))

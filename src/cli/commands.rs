@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::core::holds::{Hold, Preset};
 
-use super::{ClientArgs, Output, RecordArgs, parse_label_value, parse_manual_hold, parse_reason};
+use super::{ClientArgs, Output, RecordArgs, parse_manual_hold, parse_reason};
 
 /// `self-check` (`crate::selfcheck`).
 #[derive(Debug, Args)]
@@ -89,12 +89,6 @@ pub struct RequestArgs {
 pub struct ReleaseArgs {
     #[command(flatten)]
     pub request: RequestArgs,
-
-    /// With `--window-per-label`: close only the window of the nodes with
-    /// this label value (`''`: the nodes without the label); a manual hold
-    /// stays. Unset: close every window and end the manual hold.
-    #[arg(long, env = "NODE_HOLDER_RELEASE_GROUP", value_parser = parse_label_value)]
-    pub group: Option<String>,
 
     /// How long to wait for the leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]

@@ -7,7 +7,6 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing::level_filters::LevelFilter;
 
-use crate::core::names::{is_label_value, is_qualified_name};
 use crate::telemetry::LogFormat;
 
 mod commands;
@@ -106,24 +105,6 @@ pub enum Output {
     Json,
     /// The same document as YAML.
     Yaml,
-}
-
-/// A label key, as `--window-per-label` takes it.
-fn parse_label_key(text: &str) -> Result<String, String> {
-    if is_qualified_name(text) {
-        Ok(text.to_string())
-    } else {
-        Err("not a label key: an optional DNS-subdomain prefix and `/`, then at most 63 letters, digits, `-`, `_` or `.`, beginning and ending with a letter or digit".to_string())
-    }
-}
-
-/// A label value, as `release --group` takes it.
-fn parse_label_value(text: &str) -> Result<String, String> {
-    if is_label_value(text) {
-        Ok(text.to_string())
-    } else {
-        Err("not a label value: at most 63 letters, digits, `-`, `_` or `.`, beginning and ending with a letter or digit (`''` for the nodes without the label)".to_string())
-    }
 }
 
 /// A manual hold's length: more than nothing, at most a year.

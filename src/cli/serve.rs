@@ -9,13 +9,12 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, FromArgMatches as _, ValueEnum};
 
 use crate::core::budget::Mechanism;
-use crate::core::grouping::Grouping;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::selector::NodeScope;
 use crate::core::window::WindowConfig;
 
-use super::{Admission, LONGEST_HOLD, RecordArgs, parse_label_key, parse_label_value};
+use super::{Admission, RecordArgs};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -169,26 +168,6 @@ pub struct WindowArgs {
     #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
-    /// One window per value of this node label (`karpenter.sh/nodepool`): a
-    /// new node opens and extends only the window of its value, which holds
-    /// only the nodes with that value; nodes without the label share one
-    /// more window. A manual hold holds them all.
-    /// Unset: one window for every node.
-    #[arg(long, env = "NODE_HOLDER_WINDOW_PER_LABEL", value_parser = parse_label_key)]
-    pub window_per_label: Option<String>,
-
-    /// With `--window-per-label`: a hold of its own for the nodes of some
-    /// groups, as `VALUE=DURATION` (`gpu=45m,batch=5m`); the other groups
-    /// hold for `--hold-duration`.
-    #[arg(
-        long,
-        env = "NODE_HOLDER_GROUP_HOLD_DURATIONS",
-        value_delimiter = ',',
-        value_parser = parse_group_hold,
-        requires = "window_per_label"
-    )]
-    pub group_hold_duration: Vec<(String, Duration)>,
-
     /// What a launch costs beyond its node-seconds (boot, image pulls,
     /// warm-up), as node-time (`5m`: a launch costs as much as five minutes
     /// of one idle node). Set, node-holder reads the cluster's CronJobs and
@@ -207,27 +186,6 @@ pub struct WindowArgs {
     /// launch time plus a margin. `0`: off.
     #[arg(long, env = "NODE_HOLDER_WARM_BEFORE_RUNS", default_value = "0s", value_parser = humantime::parse_duration)]
     pub warm_before_runs: Duration,
-}
-
-/// `VALUE=DURATION`, as `--group-hold-duration` takes it: a label value
-/// (`''` for the unlabelled group) and a hold of more than nothing, at most
-/// a year.
-fn parse_group_hold(text: &str) -> Result<(String, Duration), String> {
-    let (group, hold) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: expected VALUE=DURATION (`gpu=45m`)"))?;
-    let group = match group {
-        "" | "''" | "\"\"" => String::new(),
-        value => parse_label_value(value)?,
-    };
-    let hold = humantime::parse_duration(hold).map_err(|e| format!("{hold:?}: {e}"))?;
-    if hold.is_zero() || hold > LONGEST_HOLD {
-        return Err(format!(
-            "{text:?}: a group's hold lasts longer than 0 and at most {}",
-            humantime::format_duration(LONGEST_HOLD)
-        ));
-    }
-    Ok((group, hold))
 }
 
 /// Leader election among the replicas. Each replica is named in the Lease by
@@ -301,8 +259,6 @@ impl WindowArgs {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: (!self.max_hold.is_zero()).then_some(self.max_hold),
-            groups: Grouping::per_label(self.window_per_label.clone()),
-            group_holds: self.group_hold_duration.iter().cloned().collect(),
         }
     }
 }

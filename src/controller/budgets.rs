@@ -14,10 +14,9 @@ use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use serde_json::Value;
 
 use crate::core::budget::{
-    NODEPOOL_LABEL, add, budgets_of, carries, entry_slack, marker_ops, remove, renew,
-    self_ending_entry, set_budgets,
+    add, budgets_of, carries, entry_slack, marker_ops, remove, renew, self_ending_entry,
+    set_budgets,
 };
-use crate::core::grouping::UNLABELLED;
 use crate::core::node::labels;
 use crate::core::selector::NodeScope;
 use crate::state::record::FIELD_MANAGER;
@@ -180,10 +179,7 @@ impl super::WindowTask {
         let mut covered = BTreeSet::new();
         for pool in listed {
             let name = pool.metadata.name.clone().unwrap_or_default();
-            let hold = pools
-                .in_scope(&pool)
-                .then(|| self.pool_hold(&name, now))
-                .flatten();
+            let hold = pools.in_scope(&pool).then(|| self.pool_hold(now)).flatten();
             match self.pool_to_plan(&pools, pool, hold).await {
                 Ok(true) => {
                     covered.insert(name);
@@ -205,14 +201,13 @@ impl super::WindowTask {
         Ok(Some(covered))
     }
 
-    /// The hold pool `name` needs at `now`: until when its window holds,
-    /// and until when node-holder's entry is to run; `None` when it is not
+    /// The hold the pools need at `now`: until when the window holds, and
+    /// until when node-holder's entry is to run; `None` when they are not
     /// held.
-    fn pool_hold(&self, name: &str, now: Timestamp) -> Option<PoolHold> {
-        let group = self.pool_group(name);
-        let deadline = self.windows.deadline(group).filter(|&d| now < d)?;
-        let cfg = self.config.window.for_group(group);
-        let slack = jiff::SignedDuration::try_from(entry_slack(cfg.hold)).unwrap_or_default();
+    fn pool_hold(&self, now: Timestamp) -> Option<PoolHold> {
+        let deadline = self.window.held_until(now)?;
+        let slack = entry_slack(self.config.window.hold);
+        let slack = jiff::SignedDuration::try_from(slack).unwrap_or_default();
         Some(PoolHold {
             now,
             deadline,
@@ -230,14 +225,6 @@ impl super::WindowTask {
             self.added.remove(name);
         }
         held
-    }
-
-    /// The window group whose window holds NodePool `pool`'s nodes.
-    fn pool_group<'p>(&self, pool: &'p str) -> &'p str {
-        match self.config.window.groups.key() {
-            Some(NODEPOOL_LABEL) => pool,
-            _ => UNLABELLED,
-        }
     }
 
     /// Puts node-holder's entry on the pool (`hold`), renews it when the

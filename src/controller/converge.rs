@@ -14,8 +14,7 @@ impl WindowTask {
     ) -> Result<PassOutcome> {
         let drifted = self.drifted();
         let planner = &Planner {
-            windows: &self.windows,
-            cfg: &self.config.window,
+            window: &self.window,
             holds: &self.config.holding.holds,
             now,
             kept: self.config.schedule.map(|_| &self.kept),
@@ -27,12 +26,11 @@ impl WindowTask {
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
-        let (by_action, groups) = by_action(planner, &self.config.window.groups, metas());
         let ByAction {
             hold,
             release,
             stamp,
-        } = by_action;
+        } = by_action(planner, metas());
         let patches = |indices: Vec<usize>| {
             indices
                 .into_iter()
@@ -57,7 +55,8 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
-        self.show_windows(groups);
+        let hold = self.config.window.hold;
+        self.metrics.hold.set(hold.as_secs_f64());
         Ok(PassOutcome {
             wake: self.wake(
                 hold_failures + stamp_failures + release_failures,
@@ -65,17 +64,6 @@ impl WindowTask {
                 now,
             ),
         })
-    }
-
-    /// The windows' gauges after a pass: the hold, and each group's.
-    fn show_windows(&self, groups: GroupGauges) {
-        let window = &self.config.window;
-        let hold = window.for_group(UNLABELLED).hold;
-        self.metrics.hold.set(hold.as_secs_f64());
-        if window.groups.key().is_some() {
-            self.metrics
-                .show_groups(groups.finish(&self.windows, window));
-        }
     }
 
     /// When the next pass must run: after a backoff when patches failed,
@@ -204,35 +192,18 @@ struct ByAction {
     stamp: Vec<usize>,
 }
 
-/// Sorts `nodes` by the patch the plan gives each, and counts each group's
-/// nodes held once those patches land.
-fn by_action<'a>(
-    planner: &Planner<'_>,
-    grouping: &Grouping,
-    nodes: impl Iterator<Item = &'a NodeMeta>,
-) -> (ByAction, GroupGauges<'a>) {
+/// Sorts `nodes` by the patch the plan gives each.
+fn by_action<'a>(planner: &Planner<'_>, nodes: impl Iterator<Item = &'a NodeMeta>) -> ByAction {
     let mut sorted = ByAction::default();
-    let mut groups = GroupGauges::default();
     for (i, meta) in nodes.enumerate() {
-        let action = planner.node(meta).map(|(action, _)| action);
-        let held_after = match action {
-            Some(Action::Hold) => {
-                sorted.hold.push(i);
-                true
-            }
-            Some(Action::Release) => {
-                sorted.release.push(i);
-                false
-            }
-            Some(Action::Stamp) => {
-                sorted.stamp.push(i);
-                true
-            }
-            None => is_marked(meta),
-        };
-        groups.count(grouping, meta, held_after);
+        match planner.node(meta).map(|(action, _)| action) {
+            Some(Action::Hold) => sorted.hold.push(i),
+            Some(Action::Release) => sorted.release.push(i),
+            Some(Action::Stamp) => sorted.stamp.push(i),
+            None => {}
+        }
     }
-    (sorted, groups)
+    sorted
 }
 
 /// Before a closed window's holds come off, the record says how many nodes
@@ -251,44 +222,4 @@ async fn record_releasing(store: &RecordStore, total: usize) -> bool {
 /// Unix seconds of `at`; 0 for none (what the deadline gauges show).
 pub(super) fn seconds(at: Option<Timestamp>) -> f64 {
     at.map_or(0.0, |at| at.as_millisecond() as f64 / 1000.0)
-}
-
-/// Each group's held nodes once a pass's patches land, for the group
-/// metrics.
-#[derive(Default)]
-struct GroupGauges<'a> {
-    held: std::collections::BTreeMap<&'a str, i64>,
-}
-
-impl<'a> GroupGauges<'a> {
-    pub(super) fn count(&mut self, groups: &Grouping, node: &'a NodeMeta, held: bool) {
-        if groups.key().is_none() {
-            return;
-        }
-        *self.held.entry(groups.group_of(node)).or_default() += i64::from(held);
-    }
-
-    /// Every group's (deadline in Unix seconds, held nodes, hold in
-    /// seconds), the groups with a window and those with nodes.
-    pub(super) fn finish(
-        self,
-        windows: &Windows,
-        cfg: &WindowConfig,
-    ) -> Vec<(String, f64, i64, f64)> {
-        let mut held: std::collections::BTreeMap<String, i64> = self
-            .held
-            .into_iter()
-            .map(|(group, n)| (group.to_string(), n))
-            .collect();
-        for (group, _) in windows.iter() {
-            held.entry(group.to_string()).or_default();
-        }
-        held.into_iter()
-            .map(|(group, held)| {
-                let deadline = seconds(windows.deadline(&group));
-                let hold = cfg.for_group(&group).hold.as_secs_f64();
-                (group, deadline, held, hold)
-            })
-            .collect()
-    }
 }

@@ -90,7 +90,6 @@ async fn lead_while_leader(
     metrics.leader.set(0);
     metrics.deadline.set(0.0);
     metrics.held_nodes.set(0);
-    metrics.show_groups(Vec::new());
     Ok(outcome)
 }
 
@@ -111,7 +110,7 @@ async fn hand_over(
 
 use crate::retry::ONCE_ATTEMPTS;
 
-/// Carries out `request` with the leader's own pass, once, as
+/// Carries out the release requested at `request` with the leader's own pass, once, as
 /// `config.identity`, which must hold the Lease: what `uninstall` does
 /// after the replicas stopped. The pass puts the request in the window
 /// record, takes node-holder's holds and budget entries off as a leader
@@ -120,14 +119,14 @@ use crate::retry::ONCE_ATTEMPTS;
 pub async fn release_once(
     client: kube::Client,
     config: Config,
-    request: ReleaseRequest,
+    request: Timestamp,
 ) -> Result<PassReport> {
     let metrics = super::WindowMetrics::register(&mut crate::metrics::registry());
     let mut task = WindowTask::new(client, config, metrics, EventSink::none());
     task.report = Some(std::sync::Mutex::new(PassReport::default()));
     let record = task.store.load().await?;
     task.restore(record);
-    task.release_unconfirmed = Some(request.at);
+    task.release_unconfirmed = Some(request);
     task.release_request = Some(request);
     for attempt in 1..=ONCE_ATTEMPTS {
         let nodes = list_nodes(&task.client, task.config.keep()).await?;

@@ -1,8 +1,6 @@
 //! The hold window's metrics, set by the leader's task.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -34,28 +32,13 @@ struct KindLabel {
     kind: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-struct GroupLabel {
-    group: String,
-}
-
-/// Groups (`--window-per-label`) with series of their own, at most; the
-/// others are summed up under [`OTHER_GROUPS`], so the series stay bounded
-/// whatever the label's values.
-pub const GROUP_SERIES: usize = 20;
-/// The group label of the groups past [`GROUP_SERIES`]. No label value can
-/// be it: a value starts with a letter or digit.
-pub const OTHER_GROUPS: &str = "_other";
-/// The group label of the nodes without the label.
-const NO_LABEL_GROUP: &str = "_none";
-
 /// The hold window's metrics, set by the leader's task.
 #[derive(Clone)]
 pub struct WindowMetrics {
     /// Unix seconds of the window's deadline; 0 while closed.
     pub deadline: Gauge<f64, AtomicU64>,
     /// The hold the window counts new nodes (and work) with, in seconds:
-    /// `--hold-duration` (a group's own with `--group-hold-duration`).
+    /// `--hold-duration`.
     pub hold: Gauge<f64, AtomicU64>,
     /// Nodes carrying node-holder's hold, as the last pass saw them.
     pub held_nodes: Gauge<i64, AtomicI64>,
@@ -74,12 +57,6 @@ pub struct WindowMetrics {
     pub pass_duration: Histogram,
     /// `--hold-mechanism budget`: NodePools carrying node-holder's budget.
     pub pools_held: Gauge<i64, AtomicI64>,
-    /// `--window-per-label`: each group's deadline and held nodes.
-    group_deadline: Family<GroupLabel, Gauge<f64, AtomicU64>>,
-    group_held_nodes: Family<GroupLabel, Gauge<i64, AtomicI64>>,
-    group_hold: Family<GroupLabel, Gauge<f64, AtomicU64>>,
-    /// The groups shown now, so those gone are removed.
-    shown_groups: Arc<Mutex<BTreeSet<GroupLabel>>>,
     pub schedule: ScheduleMetrics,
 }
 
@@ -210,10 +187,6 @@ impl WindowMetrics {
             // 1 ms .. ~65 s
             pass_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             pools_held: Gauge::default(),
-            group_deadline: Family::default(),
-            group_held_nodes: Family::default(),
-            group_hold: Family::default(),
-            shown_groups: Arc::default(),
             schedule: ScheduleMetrics::register(registry),
         };
 
@@ -243,7 +216,7 @@ impl WindowMetrics {
             "Duration of one pass of the hold window task",
             window.pass_duration.clone(),
         );
-        window.register_groups(registry);
+        window.register_hold(registry);
         window.register_labelled(registry);
         window
     }
@@ -272,9 +245,8 @@ impl WindowMetrics {
         );
     }
 
-    /// The metrics of the hold's length, `--window-per-label` and
-    /// `--hold-mechanism budget`.
-    fn register_groups(&self, registry: &mut Registry) {
+    /// The metrics of the hold's length and `--hold-mechanism budget`.
+    fn register_hold(&self, registry: &mut Registry) {
         registry.register(
             "window_hold_seconds",
             "The hold the window counts new nodes with: --hold-duration",
@@ -285,53 +257,6 @@ impl WindowMetrics {
             "With --hold-mechanism budget: NodePools carrying node-holder's budget",
             self.pools_held.clone(),
         );
-        registry.register(
-            "window_group_deadline_seconds",
-            "With --window-per-label: Unix time each group's window closes; 0 while closed",
-            self.group_deadline.clone(),
-        );
-        registry.register(
-            "window_group_held_nodes",
-            "With --window-per-label: nodes of each group carrying node-holder's hold",
-            self.group_held_nodes.clone(),
-        );
-        registry.register(
-            "window_group_hold_seconds",
-            "With --window-per-label: the hold each group's window counts new nodes with",
-            self.group_hold.clone(),
-        );
-    }
-
-    /// Shows each group's (name, deadline in Unix seconds, held nodes,
-    /// hold in seconds): the first [`GROUP_SERIES`] by name with series of
-    /// their own, the rest summed up (latest deadline, total held, longest
-    /// hold) as [`OTHER_GROUPS`]. Groups no longer given lose their series;
-    /// none given clears them all.
-    pub fn show_groups(&self, groups: Vec<(String, f64, i64, f64)>) {
-        let mut shown: BTreeMap<GroupLabel, (f64, i64, f64)> = BTreeMap::new();
-        for (i, (group, deadline, held, hold)) in groups.into_iter().enumerate() {
-            let group = match group.as_str() {
-                _ if i >= GROUP_SERIES => OTHER_GROUPS.to_string(),
-                "" => NO_LABEL_GROUP.to_string(),
-                _ => group,
-            };
-            let entry = shown.entry(GroupLabel { group }).or_insert((0.0, 0, 0.0));
-            entry.0 = entry.0.max(deadline);
-            entry.1 = entry.1.saturating_add(held);
-            entry.2 = entry.2.max(hold);
-        }
-        let mut before = self.shown_groups.lock().unwrap_or_else(|e| e.into_inner());
-        for gone in before.iter().filter(|label| !shown.contains_key(label)) {
-            self.group_deadline.remove(gone);
-            self.group_held_nodes.remove(gone);
-            self.group_hold.remove(gone);
-        }
-        for (label, (deadline, held, hold)) in &shown {
-            self.group_deadline.get_or_create(label).set(*deadline);
-            self.group_held_nodes.get_or_create(label).set(*held);
-            self.group_hold.get_or_create(label).set(*hold);
-        }
-        *before = shown.into_keys().collect();
     }
 
     /// Counts a new node in scope, held at its CREATE or not.
@@ -366,14 +291,6 @@ mod tests {
         (window, Exposition::from(registry))
     }
 
-    fn group_lines(exposition: &Exposition) -> Vec<String> {
-        let text = exposition.encode().unwrap();
-        text.lines()
-            .filter(|l| l.starts_with("node_holder_window_group_held_nodes{"))
-            .map(str::to_string)
-            .collect()
-    }
-
     #[test]
     fn new_nodes_start_at_zero() {
         let text = registered().1.encode().unwrap();
@@ -381,46 +298,5 @@ mod tests {
             let line = format!("node_holder_new_nodes_total{{at_create=\"{at_create}\"}} 0");
             assert!(text.contains(&line), "{text}");
         }
-    }
-
-    #[test]
-    fn group_series_are_bounded_and_gone_groups_lose_theirs() {
-        let (window, exposition) = registered();
-        let groups: Vec<(String, f64, i64, f64)> = std::iter::once((String::new(), 0.0, 1, 60.0))
-            .chain((0..30).map(|i| (format!("pool-{i:02}"), f64::from(i), 2, f64::from(i) * 10.0)))
-            .collect();
-        window.show_groups(groups);
-        let lines = group_lines(&exposition);
-        assert_eq!(lines.len(), GROUP_SERIES + 1, "{lines:#?}");
-        assert!(
-            lines.contains(&r#"node_holder_window_group_held_nodes{group="_none"} 1"#.to_string())
-        );
-        // 31 groups: the unlabelled one and pool-00..18 have series, the 11
-        // others are summed up.
-        assert!(
-            lines
-                .contains(&r#"node_holder_window_group_held_nodes{group="_other"} 22"#.to_string())
-        );
-        let text = exposition.encode().unwrap();
-        assert!(
-            text.contains(r#"node_holder_window_group_deadline_seconds{group="_other"} 29.0"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"node_holder_window_group_hold_seconds{group="_other"} 290.0"#),
-            "{text}"
-        );
-        window.show_groups(vec![("gpu".into(), 5.0, 3, 420.0)]);
-        assert_eq!(
-            group_lines(&exposition),
-            [r#"node_holder_window_group_held_nodes{group="gpu"} 3"#]
-        );
-        let text = exposition.encode().unwrap();
-        assert!(
-            !text.contains(r#"node_holder_window_group_hold_seconds{group="_other"}"#),
-            "gone: {text}"
-        );
-        window.show_groups(Vec::new());
-        assert!(group_lines(&exposition).is_empty());
     }
 }

@@ -48,8 +48,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::due::Terms;
-use crate::core::grouping::{self, Grouping, UNLABELLED};
-use crate::core::groups::Windows;
 use crate::core::holds::is_marked;
 use crate::core::holds::{Holding, Preset};
 use crate::core::node::NodeMeta;
@@ -57,7 +55,7 @@ use crate::core::plan::{Action, NodePatch, Planner};
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use crate::state::lease;
-use crate::state::record::{self, RecordStore, ReleaseRequest, Settings};
+use crate::state::record::{self, RecordStore, Settings};
 use coalesce::{Coalesce, Due};
 pub use events::NODE_EVENTS_PER_PASS;
 use events::{EventSink, HoldEvent, PassEvents};
@@ -91,12 +89,11 @@ pub struct Config {
 }
 
 impl Config {
-    /// What the node store keeps of each node: besides the marker, the
-    /// label that groups windows, and with budgets the NodePool's.
+    /// What the node store keeps of each node: besides the marker, with
+    /// budgets the NodePool's label.
     fn keep(&self) -> nodes::Keep {
-        let groups = self.window.groups.key().map(str::to_string);
         let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
-        nodes::Keep::new(&self.holding, groups.into_iter().chain(pools).collect())
+        nodes::Keep::new(&self.holding, pools.into_iter().collect())
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
@@ -106,8 +103,6 @@ impl Config {
             max_hold: self.window.max_hold,
             holds: self.holding.holds.iter().map(ToString::to_string).collect(),
             node_selector: self.holding.scope.text().to_string(),
-            window_per_label: self.window.groups.key().map(str::to_string),
-            group_hold_durations: self.window.group_holds.clone(),
             launch_cost: self.schedule.map(|terms| terms.launch_cost),
             hold_mechanism: if self.pools.is_some() {
                 Mechanism::Budget
@@ -125,17 +120,10 @@ impl Config {
 /// What the leader last wrote of its state to the record.
 #[derive(Debug, Clone, PartialEq)]
 struct Saved {
-    windows: Windows,
+    window: Window,
     budgets: AddedBudgets,
     kept: crate::core::kept::KeptSummary,
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
-}
-
-/// A node in scope, as one pass reads it.
-struct InScope<'a> {
-    node: &'a NodeMeta,
-    /// The group whose window it counts in.
-    group: &'a str,
 }
 
 /// The leader's state between passes.
@@ -146,10 +134,10 @@ struct WindowTask {
     events: EventSink,
     store: RecordStore,
     patcher: Patcher,
-    /// The windows, the NodePool budgets and the schedule's nodes as last
+    /// The window, the NodePool budgets and the schedule's nodes as last
     /// saved.
     saved: Option<Saved>,
-    windows: Windows,
+    window: Window,
     /// `--hold-mechanism budget`: the NodePools.
     pools: Option<budgets::Pools>,
     /// What node-holder added to which NodePool's budgets.
@@ -178,7 +166,7 @@ struct WindowTask {
     /// are gone.
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
     /// A release request not handled yet.
-    release_request: Option<ReleaseRequest>,
+    release_request: Option<Timestamp>,
     /// A release request handled but not yet recorded as done: some of its
     /// holds may still be on.
     release_unconfirmed: Option<Timestamp>,
@@ -232,7 +220,7 @@ impl WindowTask {
             metrics,
             events,
             saved: None,
-            windows: Windows::default(),
+            window: Window::default(),
             pools,
             added: AddedBudgets::new(),
             scheduled: None,
@@ -322,12 +310,12 @@ impl WindowTask {
     /// the first pass writes the settings `status`, `release` and `hold`
     /// read (after a restart with other flags).
     fn restore(&mut self, record: record::Record) {
-        self.windows = record.window.clone();
+        self.window = record.window.clone();
         self.added = record.budgets.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
         self.last_runs = record.last_runs.clone();
         self.saved = (record.exists && settings_current).then_some(Saved {
-            windows: record.window,
+            window: record.window,
             budgets: record.budgets,
             kept: record.schedule,
             last_runs: record.last_runs,
@@ -335,13 +323,11 @@ impl WindowTask {
         let done = record.release_done_at;
         self.release_request = record
             .release_request
-            .clone()
-            .filter(|request| self.is_new_release(request, done));
+            .filter(|&at| self.is_new_release(at, done));
         // A release the last leader handled but did not finish is finished
         // (and recorded as done) by this one.
         self.release_unconfirmed = record
             .release_request
-            .map(|request| request.at)
             .filter(|&at| done.is_none_or(|done| done < at));
         self.releasing = record.releasing.is_some();
         // A manual hold not recorded as done is handled (again: handling it
@@ -404,11 +390,11 @@ impl WindowTask {
         Ok(outcome)
     }
 
-    /// Saves the windows if they changed since last saved, and shows the
+    /// Saves the window if it changed since last saved, and shows the
     /// latest deadline in the metrics.
     async fn save_record(&mut self) -> Result<()> {
         let now = Saved {
-            windows: self.windows.clone(),
+            window: self.window.clone(),
             budgets: self.added.clone(),
             kept: crate::core::kept::KeptSummary::of(&self.kept),
             last_runs: self.last_runs.clone(),
@@ -416,7 +402,7 @@ impl WindowTask {
         if self.saved.as_ref() != Some(&now) {
             self.store
                 .save(
-                    &now.windows,
+                    &now.window,
                     &now.budgets,
                     &now.kept,
                     &now.last_runs,
@@ -425,9 +411,7 @@ impl WindowTask {
                 .await?;
             self.saved = Some(now);
         }
-        self.metrics
-            .deadline
-            .set(seconds(self.windows.latest_deadline()));
+        self.metrics.deadline.set(seconds(self.window.deadline()));
         Ok(())
     }
 }

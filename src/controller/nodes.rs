@@ -95,8 +95,8 @@ fn sorted(mut listed: Vec<Arc<NodeMeta>>) -> Vec<Arc<NodeMeta>> {
 pub struct Keep {
     holds: Holds,
     scope: NodeScope,
-    /// Labels kept beside node-holder's marker: the one that groups
-    /// windows, the NodePool's.
+    /// Labels kept beside node-holder's marker: the NodePool's, with
+    /// budgets.
     also: Vec<String>,
 }
 

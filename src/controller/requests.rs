@@ -1,5 +1,5 @@
 //! Release and manual hold requests, as the record carries them: which are
-//! new, which are done, and what they do to the windows.
+//! new, which are done, and what they do to the window.
 
 use super::*;
 
@@ -35,7 +35,7 @@ impl WindowTask {
         let release = self.release_request.take();
         let hold = self.hold_request.take();
         let release_first = match (&release, &hold) {
-            (Some(release), Some(hold)) => release.at < hold.requested_at,
+            (Some(release), Some(hold)) => *release < hold.requested_at,
             _ => true,
         };
         if release_first {
@@ -47,10 +47,10 @@ impl WindowTask {
         }
     }
 
-    fn apply_release(&mut self, requested: Option<ReleaseRequest>, now: Timestamp) {
-        if let Some(ReleaseRequest { at, group }) = requested {
-            let was_open = self.windows.release_now(at.min(now), group.as_deref());
-            tracing::info!(requested_at = %at, group, was_open, "hold window released on request");
+    fn apply_release(&mut self, requested: Option<Timestamp>, now: Timestamp) {
+        if let Some(at) = requested {
+            let was_open = self.window.release_now(at.min(now));
+            tracing::info!(requested_at = %at, was_open, "hold window released on request");
         }
     }
 
@@ -59,7 +59,7 @@ impl WindowTask {
     fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
         let Some(hold) = hold else { return };
         if self
-            .windows
+            .window
             .manual()
             .is_some_and(|m| m.requested_at == hold.requested_at)
         {
@@ -67,7 +67,7 @@ impl WindowTask {
             // record as done: only the nodes and the record remain to do.
             return;
         }
-        let outcome = self.windows.hold_manually(hold.clone(), now);
+        let outcome = self.window.hold_manually(hold.clone(), now);
         tracing::info!(
             requested_at = %hold.requested_at,
             until = %hold.until,
@@ -76,7 +76,7 @@ impl WindowTask {
             outcome = ?outcome,
             "manual hold"
         );
-        let current = self.windows.manual().cloned();
+        let current = self.window.manual().cloned();
         self.events.send(HoldEvent::manual(
             &self.config.namespace,
             &hold,
@@ -88,24 +88,22 @@ impl WindowTask {
     /// Whether the record, as changed, carries a release request this leader
     /// has not taken yet; takes it.
     fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
-        let Some(request) = record::release_request(meta) else {
+        let Some(at) = record::release_request(meta) else {
             return false;
         };
-        let new = self.is_new_release(&request, record::release_done_at(meta))
-            && self.release_request.as_ref() != Some(&request);
+        let new = self.is_new_release(at, record::release_done_at(meta))
+            && self.release_request != Some(at);
         if new {
-            tracing::info!(requested_at = %request.at, group = request.group, "release requested");
-            self.release_unconfirmed = Some(request.at);
-            self.release_request = Some(request);
+            tracing::info!(requested_at = %at, "release requested");
+            self.release_unconfirmed = Some(at);
+            self.release_request = Some(at);
         }
         new
     }
 
     /// Whether a release request is still to be handled: not recorded as
     /// done, and made after what its window last consumed.
-    pub(super) fn is_new_release(&self, request: &ReleaseRequest, done: Option<Timestamp>) -> bool {
-        let group = request.group.as_deref().unwrap_or(UNLABELLED);
-        let closed_through = self.windows.window(group).and_then(Window::closed_through);
-        record::release_pending(request.at, done, closed_through)
+    pub(super) fn is_new_release(&self, at: Timestamp, done: Option<Timestamp>) -> bool {
+        record::release_pending(at, done, self.window.closed_through())
     }
 }

@@ -58,8 +58,8 @@ pub struct ScheduledWatch {
     _tasks: [AbortOnDropHandle<()>; 2],
 }
 
-/// Known work and what it was read from: a pass whose stores, groups and
-/// remembered runs are the same, before the work's earliest run, reads the
+/// Known work and what it was read from: a pass whose stores, nodes in
+/// scope and remembered runs are the same, before the work's earliest run, reads the
 /// same (at 50,000 nodes reading it is most of a pass, and most passes are
 /// set off by node changes that touch none of it).
 struct Memo {
@@ -80,27 +80,26 @@ impl Memo {
     }
 }
 
-/// A fingerprint of each node's group and the remembered runs.
-fn fingerprint(groups: Groups<'_, '_>, remembered: &BTreeMap<String, LastRun>) -> u64 {
+/// A fingerprint of the nodes in scope and the remembered runs.
+fn fingerprint(in_scope: InScope<'_, '_>, remembered: &BTreeMap<String, LastRun>) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     let mut hasher = foldhash::fast::FixedState::with_seed(0x6e6f_6465).build_hasher();
-    for view in groups.0 {
-        (view.name, view.group).hash(&mut hasher);
+    for view in in_scope.0 {
+        view.name.hash(&mut hasher);
     }
     remembered.hash(&mut hasher);
     hasher.finish()
 }
 
-/// Each node in scope's group, looked up by name in the pass's views, which
-/// are sorted by name as the node store is: no map of 50,000 names is built
-/// for a pass.
+/// The nodes in scope: the pass's views, sorted by name as the node store
+/// is, looked up by binary search (no set of 50,000 names is built for a
+/// pass).
 #[derive(Clone, Copy)]
-struct Groups<'v, 'a>(&'v [NodeView<'a>]);
+struct InScope<'v, 'a>(&'v [NodeView<'a>]);
 
-impl<'a> Groups<'_, 'a> {
-    fn get(&self, name: &str) -> Option<&'a str> {
-        let found = self.0.binary_search_by(|view| view.name.cmp(name));
-        found.ok().map(|i| self.0[i].group)
+impl InScope<'_, '_> {
+    fn contains(&self, name: &str) -> bool {
+        self.0.binary_search_by(|view| view.name.cmp(name)).is_ok()
     }
 }
 
@@ -116,18 +115,18 @@ impl ScheduledWatch {
         self.cronjobs.read(|cronjobs| !cronjobs.is_empty())
     }
 
-    /// The scheduled work after `from`; `groups` names each node's group,
+    /// The scheduled work after `from`, on the nodes `in_scope`;
     /// `remembered` each CronJob's last run whose nodes may be gone. Read
     /// again only when one of them, the stores or the next run changed;
     /// whether it was read again.
     fn known(
         &self,
         from: Timestamp,
-        groups: Groups<'_, '_>,
+        in_scope: InScope<'_, '_>,
         remembered: &BTreeMap<String, LastRun>,
     ) -> (Arc<KnownWork>, bool) {
         let tick = *self.changes.borrow();
-        let inputs = fingerprint(groups, remembered);
+        let inputs = fingerprint(in_scope, remembered);
         let mut memo = self
             .memo
             .lock()
@@ -140,10 +139,10 @@ impl ScheduledWatch {
         let cronjobs: Vec<Arc<CronJobSpec>> = self
             .cronjobs
             .read(|cronjobs| cronjobs.values().cloned().collect());
-        let group_of = |node: &str| groups.get(node);
+        let in_scope = |node: &str| in_scope.contains(node);
         let work = Arc::new(
             self.pods
-                .read(|pods| known_work(&cronjobs, pods, group_of, from, remembered)),
+                .read(|pods| known_work(&cronjobs, pods, in_scope, from, remembered)),
         );
         *memo = Some(Memo {
             tick,
@@ -245,28 +244,26 @@ impl super::WindowTask {
             settle: self.settle,
             ..terms
         };
-        let grouping = &self.config.window.groups;
         let views: Vec<NodeView<'_>> = snapshot
             .iter()
             .filter(|node| node.in_scope())
             .map(|node| NodeView {
                 name: node.name(),
-                group: grouping.group_of(&**node),
                 created: node.created(),
                 marked: crate::core::holds::is_marked(&**node),
             })
             .collect();
         debug_assert!(views.is_sorted_by(|a, b| a.name < b.name));
-        let groups = Groups(&views);
+        let in_scope = InScope(&views);
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let (known, read) = watch.known(from, groups, &self.last_runs);
-        // The same work from the same groups remembers nothing new.
+        let (known, read) = watch.known(from, in_scope, &self.last_runs);
+        // The same work on the same nodes remembers nothing new.
         if read {
             self.last_runs.clone_from(&known.last);
-            self.remember_explained(&known, groups);
+            self.remember_explained(&known, in_scope);
         }
         let kept = keep(&views, &known, &self.explained, now, &terms);
-        self.say_what_changed(&kept, snapshot, groups, &terms);
+        self.say_what_changed(&kept, snapshot, &terms);
         self.say_unpredictable(&known);
         self.show_kept(&kept, known.unpredictable.len());
         self.kept = kept
@@ -277,15 +274,15 @@ impl super::WindowTask {
     }
 
     /// Adds the nodes the known CronJobs' pods explain now; forgets those
-    /// gone from scope (`groups`) and those other work ran on.
-    fn remember_explained(&mut self, known: &KnownWork, groups: Groups<'_, '_>) {
+    /// gone from scope and those other work ran on.
+    fn remember_explained(&mut self, known: &KnownWork, in_scope: InScope<'_, '_>) {
         for node in &known.explained {
             if !self.explained.contains(node) {
                 self.explained.insert(node.clone());
             }
         }
         self.explained
-            .retain(|node| groups.get(node).is_some() && !known.other_work.contains(node));
+            .retain(|node| in_scope.contains(node) && !known.other_work.contains(node));
     }
 
     /// A warning and an Event, once per CronJob, for each schedule that
@@ -322,7 +319,6 @@ impl super::WindowTask {
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
         snapshot: &[std::sync::Arc<NodeMeta>],
-        groups: Groups<'_, '_>,
         terms: &Terms,
     ) {
         let nodes = self.changed_nodes(kept, snapshot);
@@ -345,7 +341,6 @@ impl super::WindowTask {
             let why = why_kept(reserved, terms);
             tracing::info!(
                 node = %node.name(),
-                group = groups.get(node.name()).unwrap_or_default(),
                 until = %reserved.until,
                 "held for a scheduled run: {why}"
             );
@@ -436,45 +431,45 @@ mod tests {
         text.parse().unwrap()
     }
 
-    fn view<'a>(name: &'a str, group: &'a str) -> NodeView<'a> {
+    fn view(name: &str) -> NodeView<'_> {
         NodeView {
             name,
-            group,
             created: at("2026-04-25T03:00:00Z"),
             marked: false,
         }
     }
 
     #[test]
-    fn groups_are_found_by_name_and_the_fingerprint_sees_any_change() {
-        let views = [view("a", "batch"), view("b", "web"), view("c", "")];
-        let groups = Groups(&views);
-        assert_eq!(groups.get("a"), Some("batch"));
-        assert_eq!(groups.get("c"), Some(""));
-        assert_eq!(groups.get("bb"), None);
+    fn nodes_are_found_by_name_and_the_fingerprint_sees_any_change() {
+        let views = [view("a"), view("b"), view("c")];
+        let in_scope = InScope(&views);
+        assert!(in_scope.contains("a") && in_scope.contains("c"));
+        assert!(!in_scope.contains("bb"));
         let none = BTreeMap::new();
         assert_eq!(
-            fingerprint(groups, &none),
-            fingerprint(Groups(&views.clone()), &none)
+            fingerprint(in_scope, &none),
+            fingerprint(InScope(&views.clone()), &none)
         );
-        let moved = [view("a", "web"), view("b", "web"), view("c", "")];
+        let other = [view("a"), view("bb"), view("c")];
         assert_ne!(
-            fingerprint(groups, &none),
-            fingerprint(Groups(&moved), &none)
+            fingerprint(in_scope, &none),
+            fingerprint(InScope(&other), &none)
         );
-        let fewer = [view("a", "batch"), view("b", "web")];
+        let fewer = [view("a"), view("b")];
         assert_ne!(
-            fingerprint(groups, &none),
-            fingerprint(Groups(&fewer), &none)
+            fingerprint(in_scope, &none),
+            fingerprint(InScope(&fewer), &none)
         );
         let last = LastRun {
-            group: "batch".into(),
             nodes: 2,
             pods: 2,
             minute: 1,
         };
         let remembered = BTreeMap::from([("team/report".to_string(), last)]);
-        assert_ne!(fingerprint(groups, &none), fingerprint(groups, &remembered));
+        assert_ne!(
+            fingerprint(in_scope, &none),
+            fingerprint(in_scope, &remembered)
+        );
     }
 
     #[test]
@@ -489,7 +484,7 @@ mod tests {
             shape: None,
         };
         let work = KnownWork {
-            runs: BTreeMap::from([("batch".to_string(), vec![run])]),
+            runs: vec![run],
             ..KnownWork::default()
         };
         let memo = Memo {
@@ -509,7 +504,7 @@ mod tests {
         );
         assert!(
             !memo.serves(7, 43, at("2026-04-25T03:02:00Z")),
-            "groups changed"
+            "the nodes changed"
         );
         assert!(!memo.serves(7, 42, at("2026-04-25T03:00:00Z")), "earlier");
     }

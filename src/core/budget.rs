@@ -100,7 +100,7 @@ pub fn self_ending_entry(now: Timestamp, until: Timestamp) -> (Value, Timestamp)
 }
 
 /// How far past the hold's deadline node-holder's entry runs: a quarter of
-/// the group's hold, between a minute and five. The deadline moving less
+/// the hold, between a minute and five. The deadline moving less
 /// than that needs no new write; node-holder takes the entry off at the
 /// deadline itself, so this only bounds how long Karpenter honours it once
 /// node-holder is gone.

@@ -1,5 +1,5 @@
-//! The hold that knows when work comes back (`--launch-cost`): of a group's
-//! idle nodes, keep exactly those that scheduled runs due within the
+//! The hold that knows when work comes back (`--launch-cost`): of the idle
+//! nodes, keep exactly those that scheduled runs due within the
 //! break-even time will use, each until its run starts, and nothing else.
 //!
 //! Keeping an idle node until a run at `at` costs `at - now` node-seconds;
@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashSet;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -125,7 +125,6 @@ impl From<&Keep<'_>> for Kept {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeView<'a> {
     pub name: &'a str,
-    pub group: &'a str,
     pub created: Timestamp,
     /// It carries node-holder's hold now.
     pub marked: bool,
@@ -133,8 +132,7 @@ pub struct NodeView<'a> {
 
 /// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
 /// yet `explained` (every node a known CronJob's pods have run on, as the
-/// caller remembers them), and in each group the idle explained ones the
-/// runs due within the launch cost will use (held ones first, then the
+/// caller remembers them), and the idle explained ones the runs due within the launch cost will use (held ones first, then the
 /// newest). A node no CronJob's pods ran on is never kept for a run: it may
 /// run other work (a Deployment's pods, which node-holder does not read),
 /// so it is no free node for the run; the window holds it.
@@ -146,19 +144,14 @@ pub fn keep<'a>(
     terms: &Terms,
 ) -> BTreeMap<&'a str, Keep<'a>> {
     let mut kept = BTreeMap::new();
-    // Each group with a run due and its idle nodes; most groups have none,
-    // and their idle nodes are not even gathered.
-    let mut due: HashMap<&str, (&'a [Run], Vec<&NodeView<'a>>)> = known
-        .runs
-        .iter()
-        .filter(|(_, runs)| runs.iter().any(|run| terms.pays(now, run.at)))
-        .map(|(group, runs)| (group.as_str(), (runs.as_slice(), Vec::new())))
-        .collect();
+    // Idle nodes are gathered only when a run is due (most passes have none).
+    let any_due = known.runs.iter().any(|run| terms.pays(now, run.at));
+    let mut idle: Vec<&NodeView<'a>> = Vec::new();
     for node in nodes {
         if known.busy.contains(node.name) {
             kept.insert(node.name, Keep::Busy);
         } else if explained.contains(node.name) {
-            if let Some((_, idle)) = due.get_mut(node.group) {
+            if any_due {
                 idle.push(node);
             }
         } else {
@@ -168,12 +161,10 @@ pub fn keep<'a>(
             }
         }
     }
-    for (runs, mut nodes) in due.into_values() {
-        nodes.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
-        let names: Vec<&'a str> = nodes.iter().map(|n| n.name).collect();
-        for reserved in reserve(&names, runs, now, terms) {
-            kept.insert(reserved.node, Keep::ForRun(reserved));
-        }
+    idle.sort_by(|a, b| (b.marked, b.created, a.name).cmp(&(a.marked, a.created, b.name)));
+    let names: Vec<&'a str> = idle.iter().map(|n| n.name).collect();
+    for reserved in reserve(&names, &known.runs, now, terms) {
+        kept.insert(reserved.node, Keep::ForRun(reserved));
     }
     kept
 }
@@ -246,7 +237,7 @@ pub fn why_kept(reserved: &Reserved<'_>, terms: &Terms) -> String {
     )
 }
 
-/// Why an idle node of a group with scheduled work is let go at once.
+/// Why an idle node the schedule explains is let go at once.
 pub fn why_released(terms: &Terms) -> String {
     format!(
         "no scheduled run is due within the launch cost ({}): keeping the node idle would cost more than a launch",
@@ -282,29 +273,20 @@ mod tests {
         }
     }
 
-    fn view(
-        name: &'static str,
-        group: &'static str,
-        created: i64,
-        marked: bool,
-    ) -> NodeView<'static> {
+    fn view(name: &'static str, created: i64, marked: bool) -> NodeView<'static> {
         NodeView {
             name,
-            group,
             created: t(created),
             marked,
         }
     }
 
-    /// Pool `batch` runs a report every 4 minutes on 2 nodes; `web` has a
-    /// nightly job: its idle nodes are kept by nothing.
+    /// A report runs every 4 minutes on 2 nodes, a nightly job far later:
+    /// three idle nodes, of which the report's run keeps two.
     #[test]
     fn the_schedule_keeps_busy_new_and_due_nodes_only() {
         let known = KnownWork {
-            runs: BTreeMap::from([
-                ("batch".to_string(), vec![run("team/report", 4, 3)]),
-                ("web".to_string(), vec![run("team/nightly", 600, 1)]),
-            ]),
+            runs: vec![run("team/report", 4, 2), run("team/nightly", 600, 1)],
             busy: HashSet::from_iter(["b-busy".to_string()]),
             ..KnownWork::default()
         };
@@ -313,17 +295,17 @@ mod tests {
             .into_iter()
             .collect();
         let nodes = [
-            view("b-busy", "batch", -30, true),
-            view("b-old", "batch", -30, false),
-            view("b-held", "batch", -20, true),
-            view("b-other", "batch", -40, false),
-            view("b-new", "batch", 0, true),
-            view("w-old", "web", -30, true),
+            view("b-busy", -30, true),
+            view("b-old", -30, false),
+            view("b-held", -20, true),
+            view("b-other", -40, false),
+            view("b-new", 0, true),
+            view("w-old", -50, false),
         ];
         let kept = keep(&nodes, &known, &explained, t(0), &terms(5));
         assert_eq!(kept["b-busy"], Keep::Busy);
         assert_eq!(kept["b-new"], Keep::Settling { until: t(1) });
-        // The report wants three nodes and finds two: the held one first,
+        // The report wants two of the three idle nodes: the held one first,
         // then the newest; `b-other` ran no CronJob's pods (it may run a
         // service's), so it is no free node for the run.
         let for_run: Vec<&str> = kept

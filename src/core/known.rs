@@ -1,6 +1,5 @@
 //! The scheduled work the cluster knows (`--launch-cost`): each CronJob's
-//! next run, the group its runs land in and how many nodes its last run
-//! occupied, read from the CronJobs and their Jobs' pods as the leader last
+//! next run and how many nodes its last run occupied, read from the CronJobs and their Jobs' pods as the leader last
 //! saw them. Pure: the caller watches, this reads.
 //!
 //! A Job belongs to the CronJob whose name it carries: the CronJob
@@ -33,7 +32,7 @@ pub struct PodShape {
     pub affinity: Option<Affinity>,
 }
 
-/// A CronJob's next run in a group.
+/// A CronJob's next run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     /// `namespace/name`.
@@ -83,7 +82,6 @@ pub struct JobPod<'a> {
 /// once its nodes are gone (a run after a long gap finds none of them).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct LastRun {
-    pub group: String,
     pub nodes: usize,
     pub pods: usize,
     /// The run's scheduled minute since the epoch (0 in records that did
@@ -111,8 +109,8 @@ impl LastRun {
 /// What the CronJobs and their pods say, at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KnownWork {
-    /// Each group's CronJobs' next runs, by group.
-    pub runs: BTreeMap<String, Vec<Run>>,
+    /// Each CronJob's next run.
+    pub runs: Vec<Run>,
     /// Nodes running a known CronJob's pod now.
     pub busy: HashSet<String>,
     /// Nodes whose Job pods are all known CronJobs' (see the module doc).
@@ -129,10 +127,10 @@ pub struct KnownWork {
 
 impl KnownWork {
     /// Until when a later `from` reads the same work from the same
-    /// CronJobs, pods and groups: its earliest run (no run: for ever). The
+    /// CronJobs and pods: its earliest run (no run: for ever). The
     /// only thing `from` decides is each CronJob's next run.
     pub fn same_until(&self) -> Option<Timestamp> {
-        self.runs.values().flatten().map(|run| run.at).min()
+        self.runs.iter().map(|run| run.at).min()
     }
 }
 
@@ -153,17 +151,16 @@ struct Seen<'a> {
 }
 
 /// Reads the scheduled work: each CronJob's first run after `from` (the
-/// caller's now less the grace a started run's pods get to land), and
-/// `group_of` names the group of a node (`None` for a node that is gone or
-/// out of scope). A CronJob whose runs' nodes are all gone counts with its
+/// caller's now less the grace a started run's pods get to land);
+/// `in_scope` says whether a node is still there and in scope. A CronJob whose runs' nodes are all gone counts with its
 /// last run as `remembered`.
 ///
 /// At 50,000 nodes a pass reads this every time: what it builds per pod
 /// borrows (no allocation per pod), and its lookups hash.
-pub fn known_work<'a, 'g, C: std::borrow::Borrow<CronJobSpec>>(
+pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
     cronjobs: &[C],
     pods: impl IntoIterator<Item = JobPod<'a>>,
-    group_of: impl Fn(&str) -> Option<&'g str>,
+    in_scope: impl Fn(&str) -> bool,
     from: Timestamp,
     remembered: &BTreeMap<String, LastRun>,
 ) -> KnownWork {
@@ -188,7 +185,7 @@ pub fn known_work<'a, 'g, C: std::borrow::Borrow<CronJobSpec>>(
             }
         };
         let seen = seen.get(cronjob.key.as_str());
-        let seen_last = seen.and_then(|s| last_run(s, &group_of));
+        let seen_last = seen.and_then(|s| last_run(s, &in_scope));
         let (last, on) = match seen_last {
             Some((last, on)) => (last.at_least(remembered.get(&cronjob.key)), on),
             None => match remembered.get(&cronjob.key) {
@@ -198,7 +195,7 @@ pub fn known_work<'a, 'g, C: std::borrow::Borrow<CronJobSpec>>(
         };
         let next = next_run(schedule, seen, from).filter(|_| !cronjob.suspended);
         if let Some(at) = next {
-            work.runs.entry(last.group.clone()).or_default().push(Run {
+            work.runs.push(Run {
                 cronjob: cronjob.key.clone(),
                 uid: cronjob.uid.clone(),
                 at,
@@ -292,22 +289,17 @@ fn cronjob_of<'k>(
     keys.get(key.as_str()).map(|&cronjob| (cronjob, minute))
 }
 
-/// The CronJob's latest run whose nodes are still known (its group the one
-/// most of its nodes are in; of equals, the last by name), and those nodes.
-fn last_run<'a, 'g>(
+/// The CronJob's latest run with a node still there and in scope, and its
+/// nodes.
+fn last_run<'a>(
     seen: &Seen<'a>,
-    group_of: &impl Fn(&str) -> Option<&'g str>,
+    in_scope: &impl Fn(&str) -> bool,
 ) -> Option<(LastRun, Vec<&'a str>)> {
     seen.runs.iter().rev().find_map(|(&minute, (nodes, pods))| {
-        let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
-        for node in nodes {
-            if let Some(group) = group_of(node) {
-                *groups.entry(group).or_default() += 1;
-            }
+        if !nodes.iter().any(|node| in_scope(node)) {
+            return None;
         }
-        let (group, _) = groups.into_iter().max_by_key(|&(_, n)| n)?;
         let last = LastRun {
-            group: group.to_string(),
             nodes: nodes.len(),
             pods: *pods,
             minute,
@@ -344,17 +336,13 @@ mod tests {
         }
     }
 
-    /// Nodes `a*` are in pool `batch`, `w*` in `web`; others are gone.
-    fn group_of(node: &str) -> Option<&'static str> {
-        match node.chars().next() {
-            Some('a') => Some("batch"),
-            Some('w') => Some("web"),
-            _ => None,
-        }
+    /// Nodes `a*` and `w*` are there; others are gone.
+    fn in_scope(node: &str) -> bool {
+        node.starts_with(['a', 'w'])
     }
 
     #[test]
-    fn each_cronjob_runs_next_in_the_group_of_its_last_runs_nodes() {
+    fn each_cronjob_runs_next_in_the_in_scope_its_last_runs_nodes() {
         let cronjobs = [
             cronjob("team/report", "*/10 * * * *"),
             cronjob("team/nightly", "0 2 * * *"),
@@ -371,24 +359,21 @@ mod tests {
         let work = known_work(
             &cronjobs,
             pods,
-            group_of,
+            in_scope,
             at("2026-04-25T03:05:00Z"),
             &BTreeMap::new(),
         );
         assert_eq!(
             work.runs,
-            BTreeMap::from([(
-                "batch".to_string(),
-                vec![Run {
-                    cronjob: "team/report".into(),
-                    uid: None,
-                    at: at("2026-04-25T03:10:00Z"),
-                    nodes: 3,
-                    pods: 3,
-                    on: vec!["a1".into(), "a2".into(), "a3".into()],
-                    shape: None,
-                }]
-            )])
+            [Run {
+                cronjob: "team/report".into(),
+                uid: None,
+                at: at("2026-04-25T03:10:00Z"),
+                nodes: 3,
+                pods: 3,
+                on: vec!["a1".into(), "a2".into(), "a3".into()],
+                shape: None,
+            }]
         );
         assert_eq!(work.busy, HashSet::from_iter(["a3".to_string()]));
         assert_eq!(work.explained.len(), 3);
@@ -410,7 +395,7 @@ mod tests {
             known_work(
                 &cronjobs,
                 pods.clone(),
-                group_of,
+                in_scope,
                 at(from),
                 &BTreeMap::new(),
             )
@@ -438,7 +423,7 @@ mod tests {
         let work = known_work(
             &cronjobs,
             pods,
-            group_of,
+            in_scope,
             at("2026-04-25T03:05:00Z"),
             &BTreeMap::new(),
         );
@@ -465,7 +450,7 @@ mod tests {
         let work = known_work(
             &cronjobs,
             pods,
-            group_of,
+            in_scope,
             at("2026-04-25T03:05:00Z"),
             &BTreeMap::new(),
         );
@@ -486,17 +471,16 @@ mod tests {
             pod("team", "hourly-29618880", "gone-2", false),
         ];
         let now = at("2026-04-25T03:05:00Z");
-        let nothing = known_work(&cronjobs, pods.clone(), group_of, now, &BTreeMap::new());
+        let nothing = known_work(&cronjobs, pods.clone(), in_scope, now, &BTreeMap::new());
         assert!(nothing.runs.is_empty() && nothing.last.is_empty());
         let last = LastRun {
-            group: "batch".into(),
             nodes: 2,
             pods: 4,
             minute: 29618880,
         };
         let remembered = BTreeMap::from([("team/hourly".to_string(), last.clone())]);
-        let work = known_work(&cronjobs, pods, group_of, now, &remembered);
-        let run = &work.runs["batch"][0];
+        let work = known_work(&cronjobs, pods, in_scope, now, &remembered);
+        let run = &work.runs[0];
         assert_eq!(
             (run.at, run.nodes, run.pods),
             (at("2026-04-25T04:00:00Z"), 2, 4)
@@ -514,18 +498,18 @@ mod tests {
             pod("team", "hourly-29618880", "a2", false),
             pod("team", "hourly-29618880", "a3", false),
         ];
-        let first = known_work(&cronjobs, whole, group_of, now, &BTreeMap::new());
+        let first = known_work(&cronjobs, whole, in_scope, now, &BTreeMap::new());
         assert_eq!(first.last["team/hourly"].nodes, 3);
         // Two of its nodes are gone, and their pods with them.
         let left = [pod("team", "hourly-29618880", "a1", false)];
-        let later = known_work(&cronjobs, left, group_of, now, &first.last);
-        let run = &later.runs["batch"][0];
+        let later = known_work(&cronjobs, left, in_scope, now, &first.last);
+        let run = &later.runs[0];
         assert_eq!((run.nodes, run.pods), (3, 3));
         assert_eq!(run.on, ["a1"]);
         assert_eq!(later.last, first.last);
         // The next run is sized by itself, smaller or not.
         let next = [pod("team", "hourly-29618940", "a1", false)];
-        let after = known_work(&cronjobs, next, group_of, now, &first.last);
+        let after = known_work(&cronjobs, next, in_scope, now, &first.last);
         assert_eq!(after.last["team/hourly"].nodes, 1);
     }
 
@@ -536,14 +520,14 @@ mod tests {
         // until its pods appear, then 03:20.
         let from = at("2026-04-25T03:09:30Z");
         let earlier = [pod("team", "report-29618880", "a1", false)];
-        let work = known_work(&cronjobs, earlier, group_of, from, &BTreeMap::new());
-        assert_eq!(work.runs["batch"][0].at, at("2026-04-25T03:10:00Z"));
+        let work = known_work(&cronjobs, earlier, in_scope, from, &BTreeMap::new());
+        assert_eq!(work.runs[0].at, at("2026-04-25T03:10:00Z"));
         let begun = [
             pod("team", "report-29618880", "a1", false),
             pod("team", "report-29618110", "a2", true),
         ];
-        let work = known_work(&cronjobs, begun, group_of, from, &BTreeMap::new());
-        assert_eq!(work.runs["batch"][0].at, at("2026-04-25T03:20:00Z"));
+        let work = known_work(&cronjobs, begun, in_scope, from, &BTreeMap::new());
+        assert_eq!(work.runs[0].at, at("2026-04-25T03:20:00Z"));
     }
 
     #[test]
@@ -553,10 +537,10 @@ mod tests {
         warm.placeholder = true;
         let pods = [pod("team", "report-29618890", "a1", false), warm];
         let now = at("2026-04-25T03:05:00Z");
-        let work = known_work(&cronjobs, pods, group_of, now, &BTreeMap::new());
+        let work = known_work(&cronjobs, pods, in_scope, now, &BTreeMap::new());
         assert!(work.busy.contains("a9") && work.explained.contains("a9"));
         assert_eq!(
-            work.runs["batch"][0].nodes, 1,
+            work.runs[0].nodes, 1,
             "the placeholder's node is not the run's"
         );
     }
@@ -571,10 +555,10 @@ mod tests {
         let work = known_work(
             &cronjobs,
             pods,
-            group_of,
+            in_scope,
             at("2026-04-25T03:05:00Z"),
             &BTreeMap::new(),
         );
-        assert_eq!(work.runs["web"][0].nodes, 1);
+        assert_eq!(work.runs[0].nodes, 1);
     }
 }

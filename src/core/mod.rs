@@ -5,8 +5,6 @@
 pub mod admission;
 pub mod budget;
 pub mod due;
-pub mod grouping;
-pub mod groups;
 pub mod holds;
 pub mod kept;
 pub mod known;

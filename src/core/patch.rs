@@ -171,7 +171,7 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
 /// What a store of thousands of nodes keeps of `meta`: what the patches and
 /// the plan read. Of the annotations, the configured holds, node-holder's
 /// hold-keys list and the keys in it; of the labels, node-holder's marker
-/// and those in `also` (the one that groups windows, the NodePool's); and
+/// and those in `also` (the NodePool's, which the budgets read); and
 /// whether the node selector selects the node, decided on the whole labels.
 /// A map left empty is kept (empty, not absent): it still exists on the
 /// node, so holds are added into it, never as a whole new map that would
@@ -253,7 +253,6 @@ fn remove(path: PointerBuf) -> PatchOperation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::grouping::Grouping;
     use crate::core::holds::{Preset, held_until_stamp};
     use serde_json::json;
 
@@ -564,7 +563,6 @@ mod tests {
     #[test]
     fn trimmed_metadata_gives_the_same_patches_and_scope() {
         let holds = Holds::new(&[Preset::KarpenterV1, Preset::ClusterAutoscaler], &[]).unwrap();
-        let groups = Grouping::per_label(Some("pool".into()));
         let scopes = [
             NodeScope::default(),
             NodeScope::parse("zone=a,!gone").unwrap(),
@@ -593,7 +591,7 @@ mod tests {
                 assert_eq!(trimmed.has_labels(), whole.labels.is_some());
                 assert_eq!(trimmed.has_annotations(), whole.annotations.is_some());
                 assert_eq!(trimmed.in_scope(), scope.matches(labels(&whole)), "{scope}");
-                assert_eq!(groups.group_of(&trimmed), groups.group_of(&whole));
+                assert_eq!(trimmed.label("pool"), whole.label("pool"));
                 assert_eq!(
                     hold_existing(&trimmed, &holds),
                     hold_existing(&whole, &holds)

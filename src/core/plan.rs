@@ -16,11 +16,10 @@ use json_patch::Patch;
 
 use super::budget::NODEPOOL_LABEL;
 use super::due::Kept;
-use super::groups::Windows;
 use super::holds::{Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
 use super::patch::{floor_seconds, hold_existing, release_holds, with_held_until};
-use super::window::WindowConfig;
+use super::window::Window;
 
 /// One node's patch and what it changes, for logs and Events.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,14 +79,13 @@ pub fn needs_stamp(node: &impl NodeFields, until: Timestamp, now: Timestamp) -> 
         .then_some(target)
 }
 
-/// The desired state, one node at a time: while its group's window (or the
-/// manual hold) is open every node in scope carries every hold, and when it
+/// The desired state, one node at a time: while the window (or the manual
+/// hold) is open every node in scope carries every hold, and when it
 /// is closed no node carries node-holder's. A node out of scope (as stored: [`NodeMeta::in_scope`])
 /// never carries node-holder's holds. Nodes already as desired get no patch.
 #[derive(Debug, Clone)]
 pub struct Planner<'a> {
-    pub windows: &'a Windows,
-    pub cfg: &'a WindowConfig,
+    pub window: &'a Window,
     pub holds: &'a Holds,
     pub now: Timestamp,
     /// `--launch-cost`: the nodes the schedule keeps (see
@@ -96,7 +94,7 @@ pub struct Planner<'a> {
     pub kept: Option<&'a BTreeMap<String, Kept>>,
     /// `--launch-cost`: the nodes the schedule explains (only known
     /// CronJobs' pods ran on them). For them the schedule decides alone: one
-    /// it does not keep is not held by its group's window (only by a manual
+    /// it does not keep is not held by the window (only by a manual
     /// hold), so another workload's scale-up does not hold a CronJob's idle
     /// nodes for a whole window.
     pub explained: Option<&'a HashSet<String>>,
@@ -121,16 +119,15 @@ impl Planner<'_> {
             return (false, None);
         }
         if self.drifted.contains(node.name()) {
-            let manual = self.windows.manual_held_until(self.now);
+            let manual = self.window.manual_held_until(self.now);
             return (manual.is_some(), manual);
         }
-        let group = self.cfg.groups.group_of(node);
-        let until = self.windows.held_until(group, self.now);
+        let until = self.window.held_until(self.now);
         match self.kept.and_then(|kept| kept.get(node.name())) {
             // Held at least until the later end known (`None` < `Some`).
             Some(scheduled) => (true, until.max(scheduled.until)),
             None if self.explained.is_some_and(|e| e.contains(node.name())) => {
-                let manual = self.windows.manual_held_until(self.now);
+                let manual = self.window.manual_held_until(self.now);
                 (manual.is_some(), manual)
             }
             None => (until.is_some(), until),
@@ -223,12 +220,12 @@ impl Planner<'_> {
     }
 
     /// When the plan changes by itself (a hold ends), absent node changes:
-    /// a window's deadline or the first `held-until` to pass.
+    /// the window's deadline or the first `held-until` to pass.
     pub fn wake<'m>(&self, nodes: impl IntoIterator<Item = &'m NodeMeta>) -> Option<Timestamp> {
         nodes
             .into_iter()
             .filter_map(|node| self.node_wake(node))
-            .chain(self.windows.next_wake())
+            .chain(self.window.next_wake())
             .min()
     }
 }
@@ -240,11 +237,10 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::core::grouping::Grouping;
     use crate::core::holds::{HELD_UNTIL_ANNOTATION, Preset};
     use crate::core::node::labels;
     use crate::core::selector::NodeScope;
-    use crate::core::window::Window;
+    use crate::core::window::WindowConfig;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     /// The patches that bring the nodes to the desired state, by node name.
@@ -290,8 +286,6 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(10 * 60),
             max_hold: Some(Duration::from_secs(30 * 60)),
-            groups: Grouping::default(),
-            group_holds: Default::default(),
         }
     }
 
@@ -328,14 +322,14 @@ mod tests {
     }
 
     /// A manual hold from t(1) to t(60).
-    fn hold_by_hand(windows: &mut Windows) {
+    fn hold_by_hand(window: &mut Window) {
         let manual = crate::core::window::ManualHold {
             requested_at: t(1),
             until: t(60),
             by: "ops".into(),
             reason: "rollout".into(),
         };
-        windows.hold_manually(manual, t(1));
+        window.hold_manually(manual, t(1));
     }
 
     fn names(patches: &[NodePatch]) -> Vec<&str> {
@@ -350,25 +344,6 @@ mod tests {
 
     fn plan(
         window: &Window,
-        cfg: &WindowConfig,
-        scope: &NodeScope,
-        holds: &Holds,
-        nodes: &[ObjectMeta],
-        now: Timestamp,
-    ) -> Plan {
-        plan_groups(
-            &Windows::from(window.clone()),
-            cfg,
-            scope,
-            holds,
-            nodes,
-            now,
-        )
-    }
-
-    fn plan_groups(
-        windows: &Windows,
-        cfg: &WindowConfig,
         scope: &NodeScope,
         holds: &Holds,
         nodes: &[ObjectMeta],
@@ -376,8 +351,7 @@ mod tests {
     ) -> Plan {
         let nodes = stored(nodes, scope);
         let planner = Planner {
-            windows,
-            cfg,
+            window,
             holds,
             now,
             kept: None,
@@ -413,7 +387,7 @@ mod tests {
         };
         let w = open_window(&cfg, 0);
         let ops = |meta: ObjectMeta| {
-            let plan = plan(&w, &cfg, &NodeScope::default(), &holds(), &[meta], t(1));
+            let plan = plan(&w, &NodeScope::default(), &holds(), &[meta], t(1));
             let patch = serde_json::to_value(&plan.hold[0].patch).unwrap();
             let paths: Vec<String> = patch
                 .as_array()
@@ -460,7 +434,7 @@ mod tests {
                 json!({"karpenter.sh/do-not-disrupt": "false"}),
             ),
         ];
-        let plan = plan(&open_window(&cfg, 0), &cfg, &scope, &holds(), &nodes, t(1));
+        let plan = plan(&open_window(&cfg, 0), &scope, &holds(), &nodes, t(1));
         // a-new is out of scope here (no pool label): released; b-web out of
         // scope and not node-holder's: untouched; d-human has the key.
         assert_eq!(names(&plan.hold), ["c-old"]);
@@ -499,7 +473,7 @@ mod tests {
             .unwrap()
             .insert(HELD_UNTIL_ANNOTATION.into(), "soon".into());
         let nodes = [&nodes[..4], &[garbled]].concat();
-        let plan = plan(&w, &cfg, &scope, &holds(), &nodes, t(2));
+        let plan = plan(&w, &scope, &holds(), &nodes, t(2));
         assert!(plan.hold.is_empty() && plan.release.is_empty());
         assert_eq!(names(&plan.stamp), ["garbled", "new", "past", "too-late"]);
         for patch in &plan.stamp {
@@ -520,7 +494,7 @@ mod tests {
         // Released: the stamp goes with the holds.
         let mut closed = w.clone();
         closed.tick(t(14));
-        let plan = plan_all_at(&closed, &cfg, &nodes[1..2], t(14));
+        let plan = plan_all_at(&closed, &nodes[1..2], t(14));
         let release = serde_json::to_value(&plan.release[0].patch).unwrap();
         assert!(
             release.as_array().unwrap().iter().any(|op| op
@@ -534,11 +508,11 @@ mod tests {
             json!({}),
             json!({"karpenter.sh/do-not-disrupt": "true"}),
         );
-        assert!(plan_all_at(&w, &cfg, &[theirs], t(2)).is_empty());
+        assert!(plan_all_at(&w, &[theirs], t(2)).is_empty());
     }
 
-    fn plan_all_at(w: &Window, cfg: &WindowConfig, nodes: &[ObjectMeta], now: Timestamp) -> Plan {
-        plan(w, cfg, &NodeScope::default(), &holds(), nodes, now)
+    fn plan_all_at(w: &Window, nodes: &[ObjectMeta], now: Timestamp) -> Plan {
+        plan(w, &NodeScope::default(), &holds(), nodes, now)
     }
 
     #[test]
@@ -547,11 +521,11 @@ mod tests {
         let scope = NodeScope::default();
         let nodes = [stamped(held("a", 0), t(10)), stamped(held("b", -100), t(5))];
         let w = open_window(&cfg, 0);
-        assert!(plan(&w, &cfg, &scope, &holds(), &nodes, t(1)).is_empty());
+        assert!(plan(&w, &scope, &holds(), &nodes, t(1)).is_empty());
         let unheld = [node("a", 0, json!({}), json!({}))];
         let mut closed = w.clone();
         closed.tick(t(10));
-        assert!(plan(&closed, &cfg, &scope, &holds(), &unheld, t(10)).is_empty());
+        assert!(plan(&closed, &scope, &holds(), &unheld, t(10)).is_empty());
     }
 
     #[test]
@@ -571,7 +545,7 @@ mod tests {
         let nodes = [held("b", 0), held("a", 3), human];
         let w = open_window(&cfg, 0);
         // The deadline passed but tick has not run yet: already closed.
-        let plan = plan(&w, &cfg, &scope, &holds(), &nodes, t(10));
+        let plan = plan(&w, &scope, &holds(), &nodes, t(10));
         assert!(plan.hold.is_empty());
         assert_eq!(names(&plan.release), ["a", "b"], "sorted by name");
         assert_eq!(plan.release[0].keys, ["karpenter.sh/do-not-disrupt"]);
@@ -579,14 +553,12 @@ mod tests {
 
     #[test]
     fn a_human_edited_hold_is_reported_as_left() {
-        let cfg = cfg();
         let mut node = held("a", 0);
         node.annotations
             .get_or_insert_default()
             .insert("karpenter.sh/do-not-disrupt".into(), "no".into());
         let plan = plan(
             &Window::default(),
-            &cfg,
             &NodeScope::default(),
             &holds(),
             &[node],
@@ -602,8 +574,7 @@ mod tests {
     /// the others released; the plan wakes when a reservation ends.
     #[test]
     fn the_nodes_the_schedule_keeps_are_held_and_the_rest_released() {
-        let cfg = cfg();
-        let windows = Windows::default();
+        let window = Window::default();
         let nodes = stored(
             &[held("busy", -30), held("due", -30), held("idle", -30)],
             &NodeScope::default(),
@@ -619,8 +590,7 @@ mod tests {
             ("due".to_string(), kept_until(Some(t(4)))),
         ]);
         let planner = Planner {
-            windows: &windows,
-            cfg: &cfg,
+            window: &window,
             holds: &holds(),
             now: t(0),
             kept: Some(&kept),
@@ -636,23 +606,22 @@ mod tests {
     }
 
     /// `--launch-cost`: a node only known CronJobs' pods ran on is not held
-    /// by its group's open window when the schedule does not keep it (the
+    /// by the open window when the schedule does not keep it (the
     /// window another workload opened); a node of other work still is, and
     /// a manual hold holds both.
     #[test]
     fn the_schedule_alone_decides_for_the_nodes_it_explains() {
         let cfg = cfg();
-        let mut windows = Windows::from(open_window(&cfg, 0));
+        let mut window = open_window(&cfg, 0);
         let nodes = stored(
             &[held("cron-idle", -30), held("service", -30)],
             &NodeScope::default(),
         );
         let kept = BTreeMap::new();
         let explained = HashSet::from_iter(["cron-idle".to_string()]);
-        let plan_at = |windows: &Windows| {
+        let plan_at = |window: &Window| {
             let planner = Planner {
-                windows,
-                cfg: &cfg,
+                window,
                 holds: &holds(),
                 now: t(1),
                 kept: Some(&kept),
@@ -662,11 +631,11 @@ mod tests {
             };
             plan_all(&planner, &nodes)
         };
-        let plan = plan_at(&windows);
+        let plan = plan_at(&window);
         assert_eq!(names(&plan.release), ["cron-idle"]);
-        hold_by_hand(&mut windows);
+        hold_by_hand(&mut window);
         assert!(
-            plan_at(&windows).release.is_empty(),
+            plan_at(&window).release.is_empty(),
             "the manual hold holds all"
         );
     }
@@ -677,7 +646,7 @@ mod tests {
     #[test]
     fn the_window_and_the_schedule_do_not_hold_a_drifted_node_a_manual_hold_does() {
         let cfg = cfg();
-        let mut windows = Windows::from(open_window(&cfg, 0));
+        let mut window = open_window(&cfg, 0);
         let nodes = stored(
             &[
                 held("drifted", -30),
@@ -696,10 +665,9 @@ mod tests {
             },
         )]);
         let drifted = BTreeSet::from(["drifted".to_string(), "kept-drifted".to_string()]);
-        let plan_at = |windows: &Windows| {
+        let plan_at = |window: &Window| {
             let planner = Planner {
-                windows,
-                cfg: &cfg,
+                window,
                 holds: &holds(),
                 now: t(1),
                 kept: Some(&kept),
@@ -709,12 +677,12 @@ mod tests {
             };
             plan_all(&planner, &nodes)
         };
-        let plan = plan_at(&windows);
+        let plan = plan_at(&window);
         assert_eq!(names(&plan.release), ["drifted", "kept-drifted"]);
         assert!(plan.release.iter().all(|p| p.drifted), "{plan:?}");
         assert_eq!(names(&plan.hold), ["replacement"]);
-        hold_by_hand(&mut windows);
-        let plan = plan_at(&windows);
+        hold_by_hand(&mut window);
+        let plan = plan_at(&window);
         assert!(plan.release.is_empty(), "{plan:?}");
         assert_eq!(names(&plan.stamp), ["drifted", "kept-drifted"]);
     }
@@ -728,14 +696,7 @@ mod tests {
             .labels
             .get_or_insert_default()
             .insert("pool".into(), "web".into());
-        let plan = plan(
-            &open_window(&cfg, 0),
-            &cfg,
-            &scope,
-            &holds(),
-            &[moved],
-            t(1),
-        );
+        let plan = plan(&open_window(&cfg, 0), &scope, &holds(), &[moved], t(1));
         assert_eq!(names(&plan.release), ["a"]);
         assert!(plan.hold.is_empty());
     }
@@ -749,61 +710,17 @@ mod tests {
             node("c", -50, json!({}), json!({})),
         ];
         let w = open_window(&cfg, 0);
-        let first = plan(&w, &cfg, &NodeScope::default(), &holds(), &nodes, t(1));
+        let first = plan(&w, &NodeScope::default(), &holds(), &nodes, t(1));
         nodes.reverse();
-        let second = plan(&w, &cfg, &NodeScope::default(), &holds(), &nodes, t(1));
+        let second = plan(&w, &NodeScope::default(), &holds(), &nodes, t(1));
         assert_eq!(first, second);
         assert_eq!(names(&first.hold), ["a", "b", "c"]);
-    }
-
-    /// The plan of grouped windows, every node in scope, the default holds.
-    fn plan_every_node(
-        windows: &Windows,
-        cfg: &WindowConfig,
-        nodes: &[ObjectMeta],
-        now: Timestamp,
-    ) -> Plan {
-        plan_groups(windows, cfg, &NodeScope::default(), &holds(), nodes, now)
-    }
-
-    fn pool(name: &str, created: i64, pool: &str, marked: bool) -> ObjectMeta {
-        let mut meta = if marked {
-            held(name, created)
-        } else {
-            node(name, created, json!({}), json!({}))
-        };
-        meta.labels
-            .get_or_insert_default()
-            .insert("pool".into(), pool.into());
-        meta
-    }
-
-    #[test]
-    fn a_groups_window_holds_only_the_nodes_of_its_group() {
-        let mut cfg = cfg();
-        cfg.groups = Grouping::per_label(Some("pool".into()));
-        let nodes = [
-            pool("gpu-old", -100, "gpu", false),
-            pool("gpu-new", 0, "gpu", true),
-            pool("general", -100, "general", true),
-            node("plain", -100, json!({}), json!({})),
-        ];
-        let mut windows = Windows::default();
-        let every = stored(&nodes, &NodeScope::default());
-        let groups = every
-            .iter()
-            .map(|node| (cfg.groups.group_of(node), node.created()));
-        windows.observe_all(groups, t(1), &cfg);
-        let plan = plan_every_node(&windows, &cfg, &nodes, t(1));
-        assert_eq!(names(&plan.hold), ["gpu-old"]);
-        assert_eq!(names(&plan.release), ["general"], "its group holds nothing");
-        assert_eq!(plan.wake, Some(t(10)));
     }
 
     #[test]
     fn with_pool_budgets_only_nodes_of_pools_without_one_carry_the_annotation() {
         let cfg = cfg();
-        let windows = Windows::from(open_window(&cfg, 0));
+        let window = open_window(&cfg, 0);
         let karpenter = |name: &str, pool: &str, marked: bool| {
             let mut meta = if marked {
                 held(name, 0)
@@ -825,8 +742,7 @@ mod tests {
         let covered = BTreeSet::from(["general".to_string()]);
         let nodes = stored(&nodes, &NodeScope::default());
         let mut planner = Planner {
-            windows: &windows,
-            cfg: &cfg,
+            window: &window,
             holds: &holds(),
             now: t(1),
             kept: None,

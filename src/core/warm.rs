@@ -51,7 +51,6 @@ const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Warm<'a> {
     pub run: &'a Run,
-    pub group: &'a str,
     /// The nodes the run lacks.
     pub nodes: usize,
     /// Placeholder pods: the run's pods, in proportion to the nodes lacking.
@@ -87,25 +86,22 @@ pub fn due_warms<'a>(
         }
     }
     let mut warms = Vec::new();
-    for (group, runs) in &known.runs {
-        for run in runs {
-            let (Some(uid), true) = (&run.uid, warming(run.at, lead, now)) else {
-                continue;
-            };
-            let ready = ready.get(run.cronjob.as_str()).copied().unwrap_or(0);
-            let nodes = run.nodes.saturating_sub(ready);
-            let pods = run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1));
-            if pods == 0 || run.shape.is_none() {
-                continue;
-            }
-            warms.push(Warm {
-                run,
-                group,
-                nodes,
-                pods,
-                name: placeholder_name(uid, run.at),
-            });
+    for run in &known.runs {
+        let (Some(uid), true) = (&run.uid, warming(run.at, lead, now)) else {
+            continue;
+        };
+        let ready = ready.get(run.cronjob.as_str()).copied().unwrap_or(0);
+        let nodes = run.nodes.saturating_sub(ready);
+        let pods = run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1));
+        if pods == 0 || run.shape.is_none() {
+            continue;
         }
+        warms.push(Warm {
+            run,
+            nodes,
+            pods,
+            name: placeholder_name(uid, run.at),
+        });
     }
     warms
 }
@@ -118,8 +114,7 @@ pub fn due_warms<'a>(
 pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<String> {
     known
         .runs
-        .values()
-        .flatten()
+        .iter()
         .filter(|run| warming(run.at, lead, now))
         .filter_map(|run| Some(placeholder_name(run.uid.as_deref()?, run.at)))
         .collect()
@@ -136,7 +131,7 @@ fn warming(at: Timestamp, lead: Duration, now: Timestamp) -> bool {
 /// The next instant a warm starts or hands over, after `now`: when the
 /// leader must look again.
 pub fn next_change(known: &KnownWork, lead: Duration, now: Timestamp) -> Option<Timestamp> {
-    let instants = known.runs.values().flatten().flat_map(|run| {
+    let instants = known.runs.iter().flat_map(|run| {
         let start = run.at.saturating_sub(lead).ok();
         let end = run.at.saturating_sub(HANDOVER).ok();
         [start, end]
@@ -319,12 +314,11 @@ pub fn priority_class() -> Value {
 pub fn why_warmed(warm: &Warm<'_>, terms: &Terms) -> String {
     format!(
         "cronjob {} runs at {}; its nodes were let go (the gap is longer than the launch cost, {}), \
-         so {} node(s) of group {} are launched for it now ({} placeholder pod(s), Job {})",
+         so {} node(s) are launched for it now ({} placeholder pod(s), Job {})",
         warm.run.cronjob,
         warm.run.at,
         humantime::format_duration(terms.launch_cost),
         warm.nodes,
-        super::grouping::display(warm.group),
         warm.pods,
         warm.name,
     )
@@ -368,7 +362,7 @@ mod tests {
 
     fn known(runs: Vec<Run>) -> KnownWork {
         KnownWork {
-            runs: BTreeMap::from([("batch".to_string(), runs)]),
+            runs,
             ..KnownWork::default()
         }
     }

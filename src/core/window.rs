@@ -1,4 +1,4 @@
-//! The hold window: when the cluster (or one group of its nodes) is held,
+//! The hold window: when the nodes in scope are held,
 //! kept as small state that nodes' creation times drive forward.
 //!
 //! That state is what a restart cannot rebuild from the cluster: the
@@ -14,14 +14,12 @@
 //! current nodes over the stored state reach the same state; a derivation
 //! from the nodes alone differs only by what deleted nodes and releases did.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::grouping::Grouping;
 use super::plus;
 
 /// How long holds last.
@@ -31,26 +29,9 @@ pub struct WindowConfig {
     pub hold: Duration,
     /// Cap of a window, from when it opened; `None` for no cap.
     pub max_hold: Option<Duration>,
-    /// Which window a node counts in (`--window-per-label`).
-    pub groups: Grouping,
-    /// A hold of its own for some groups (`--group-hold-duration`), by label
-    /// value; the other groups hold for `hold`.
-    pub group_holds: BTreeMap<String, Duration>,
 }
 
 impl WindowConfig {
-    /// The arithmetic of `group`'s window: this one, with the group's own
-    /// hold if it has one.
-    pub fn for_group(&self, group: &str) -> Cow<'_, WindowConfig> {
-        match self.group_holds.get(group) {
-            Some(&hold) if hold != self.hold => Cow::Owned(WindowConfig {
-                hold,
-                ..self.clone()
-            }),
-            _ => Cow::Borrowed(self),
-        }
-    }
-
     /// One node's hold: `hold`, or `max_hold` when that is shorter.
     fn node_hold(&self) -> Duration {
         self.max_hold.map_or(self.hold, |max| max.min(self.hold))
@@ -246,15 +227,9 @@ impl Window {
     /// Returns whether a window or a manual hold was holding.
     pub fn release_now(&mut self, now: Timestamp) -> bool {
         let manual = self.manual.take().is_some_and(|m| now < m.until);
-        self.release_window(now) || manual
-    }
-
-    /// Closes the window now, as [`Window::release_now`] does, but leaves a
-    /// manual hold in force (`release --group`: the manual hold holds every
-    /// group). Returns whether the window was open.
-    pub fn release_window(&mut self, now: Timestamp) -> bool {
         self.consume_through(now);
-        self.open.take().is_some_and(|open| now < open.deadline)
+        let window = self.open.take().is_some_and(|open| now < open.deadline);
+        window || manual
     }
 
     /// Holds every node in scope until `hold.until` (the `hold` command).
@@ -294,6 +269,26 @@ impl Window {
         self.open.map(|open| open.deadline).max(manual)
     }
 
+    /// Until when the nodes in scope are held at `now`: by the window or by
+    /// the manual hold, whichever ends later; `None` when neither holds.
+    pub fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.deadline().filter(|&end| now < end)
+    }
+
+    /// Whether the nodes in scope are held at `now` (a deadline may pass
+    /// before a pass).
+    pub fn holds(&self, now: Timestamp) -> bool {
+        self.held_until(now).is_some()
+    }
+
+    /// Until when the manual hold holds, if it does at `now`.
+    pub fn manual_held_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.manual
+            .as_ref()
+            .map(|m| m.until)
+            .filter(|&end| now < end)
+    }
+
     /// When the caller should call [`Window::tick`] next.
     pub fn next_wake(&self) -> Option<Timestamp> {
         let manual = self.manual.as_ref().map(|m| m.until);
@@ -320,19 +315,6 @@ mod tests {
 
     const MIN: i64 = 60;
 
-    impl Window {
-        /// Whether the window holds at `now` (the deadline may pass before `tick`).
-        pub(crate) fn is_open(&self, now: Timestamp) -> bool {
-            self.deadline().is_some_and(|deadline| now < deadline)
-        }
-
-        /// Until when the window (or a manual hold, when that ends later) holds
-        /// the nodes it holds at `now`; `None` once that is past.
-        pub(crate) fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
-            self.deadline().filter(|&end| now < end)
-        }
-    }
-
     /// The window rebuilt from the creation times of the nodes alone, as
     /// when no record exists.
     fn derive(
@@ -354,8 +336,6 @@ mod tests {
         WindowConfig {
             hold: Duration::from_secs(hold * 60),
             max_hold: max_hold.map(|m| Duration::from_secs(m * 60)),
-            groups: Grouping::default(),
-            group_holds: BTreeMap::new(),
         }
     }
 
@@ -367,14 +347,14 @@ mod tests {
     fn the_first_node_opens_and_later_ones_extend() {
         let cfg = cluster(10, None);
         let mut w = Window::default();
-        assert!(!w.is_open(t(0)));
+        assert!(!w.holds(t(0)));
         assert_eq!(w.observe(t(0), t(0), &cfg), Observed::Opened);
         assert_eq!(w.open().unwrap().opened_at, t(0));
         assert_eq!(deadline(&w), Some(t(10)));
         assert_eq!(w.observe(t(4), t(4), &cfg), Observed::Extended);
         assert_eq!(deadline(&w), Some(t(14)));
         assert_eq!(w.open().unwrap().opened_at, t(0));
-        assert!(w.is_open(t(13)) && !w.is_open(t(14)));
+        assert!(w.holds(t(13)) && !w.holds(t(14)));
         assert_eq!(w.next_wake(), Some(t(14)));
     }
 
@@ -418,7 +398,7 @@ mod tests {
         for m in 21..30 {
             assert_eq!(w.observe(t(m), t(m), &cfg), Observed::Unchanged, "{m}");
         }
-        assert!(w.is_open(t(29)) && !w.is_open(t(30)));
+        assert!(w.holds(t(29)) && !w.holds(t(30)));
         assert!(w.tick(t(30)));
         assert_eq!(w.closed_through(), Some(t(30)));
     }
@@ -435,7 +415,7 @@ mod tests {
         assert_eq!(w.observe(t(8), t(16), &cfg), Observed::Consumed);
         assert_eq!(w.observe(t(12), t(16), &cfg), Observed::Consumed);
         assert_eq!(w.observe(t(15), t(16), &cfg), Observed::Consumed);
-        assert!(!w.is_open(t(16)));
+        assert!(!w.holds(t(16)));
     }
 
     #[test]
@@ -477,7 +457,7 @@ mod tests {
         let cfg = cluster(10, None);
         let mut w = Window::default();
         assert_eq!(w.observe(t(0), t(30), &cfg), Observed::Expired);
-        assert!(!w.is_open(t(30)));
+        assert!(!w.holds(t(30)));
         assert!(w.tick(t(30)));
         assert_eq!(w.observe(t(0), t(31), &cfg), Observed::Consumed);
     }
@@ -526,7 +506,7 @@ mod tests {
         w.observe(t(0), t(0), &cfg);
         w.observe(t(3), t(3), &cfg);
         assert!(w.release_now(t(4)));
-        assert!(!w.is_open(t(4)));
+        assert!(!w.holds(t(4)));
         assert_eq!(w.next_wake(), None);
         assert_eq!(w.closed_through(), Some(t(4)));
         assert_eq!(w.observe(t(3), t(5), &cfg), Observed::Consumed);
@@ -654,7 +634,7 @@ mod tests {
             w.hold_manually(manual(0, 45), t(0)),
             ManualHoldOutcome::Started
         );
-        assert!(w.is_open(t(44)) && !w.is_open(t(45)));
+        assert!(w.holds(t(44)) && !w.holds(t(45)));
         // The cap does not cut it.
         assert_eq!(w.held_until(t(30)), Some(t(45)));
         assert_eq!(w.observe(t(1), t(1), &cfg), Observed::Opened);
@@ -700,7 +680,7 @@ mod tests {
         let mut w = Window::default();
         w.hold_manually(manual(0, 45), t(0));
         assert!(w.release_now(t(5)));
-        assert!(!w.is_open(t(5)));
+        assert!(!w.holds(t(5)));
         assert_eq!(w.held_until(t(6)), None);
         assert_eq!(w.next_wake(), None);
         // A node created after the release opens a window of its own.

@@ -13,14 +13,12 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
 use crate::core::budget::{AddedBudgets, Mechanism};
-use crate::core::grouping::Grouping;
-use crate::core::groups::Windows;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::kept::KeptSummary;
 use crate::core::known::LastRun;
 use crate::core::selector::NodeScope;
-use crate::core::window::{ManualHold, WindowConfig};
+use crate::core::window::{ManualHold, Window, WindowConfig};
 
 /// Name of the record's ConfigMap (and of the Lease beside it, see
 /// [`super::lease`]).
@@ -45,20 +43,6 @@ const SETTINGS_KEY: &str = "settings.json";
 /// the RFC 3339 time of the request.
 fn release_request_annotation() -> String {
     format!("{PREFIX}/release-requested-at")
-}
-
-/// Annotation that `release --group VALUE` sets beside its request: the
-/// group whose window closes. Absent: every group's, and the manual hold.
-fn release_group_annotation() -> String {
-    format!("{PREFIX}/release-group")
-}
-
-/// A `release` request: when it was made, and the group whose window it
-/// closes (`None`: every group's, and the manual hold).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReleaseRequest {
-    pub at: Timestamp,
-    pub group: Option<String>,
 }
 
 /// Annotation the leader (or `release` running without one) sets once a
@@ -101,23 +85,12 @@ pub struct Settings {
     pub holds: Vec<String>,
     /// The node selector, kubectl syntax; empty for every node.
     pub node_selector: String,
-    /// `--window-per-label`; absent: one window for every node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_per_label: Option<String>,
     /// `--hold-mechanism`; absent: `annotation`.
     #[serde(default, skip_serializing_if = "is_annotation")]
     pub hold_mechanism: Mechanism,
     /// `--nodepool-selector` (kubectl syntax); empty for every NodePool.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nodepool_selector: String,
-    /// `--group-hold-duration`, by group; absent: every group holds for
-    /// `hold_duration`.
-    #[serde(
-        default,
-        skip_serializing_if = "BTreeMap::is_empty",
-        with = "group_holds"
-    )]
-    pub group_hold_durations: BTreeMap<String, std::time::Duration>,
     /// `--launch-cost`; absent: the schedule keeps nothing.
     #[serde(
         default,
@@ -127,43 +100,6 @@ pub struct Settings {
     pub launch_cost: Option<std::time::Duration>,
 }
 
-/// Group holds as humantime text (`{"gpu": "45m"}`), readable with kubectl.
-mod group_holds {
-    use std::collections::BTreeMap;
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(
-        holds: &BTreeMap<String, Duration>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let text: BTreeMap<&str, String> = holds
-            .iter()
-            .map(|(group, hold)| {
-                (
-                    group.as_str(),
-                    humantime::format_duration(*hold).to_string(),
-                )
-            })
-            .collect();
-        text.serialize(serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<BTreeMap<String, Duration>, D::Error> {
-        BTreeMap::<String, String>::deserialize(deserializer)?
-            .into_iter()
-            .map(|(group, hold)| {
-                humantime::parse_duration(&hold)
-                    .map(|hold| (group, hold))
-                    .map_err(serde::de::Error::custom)
-            })
-            .collect()
-    }
-}
-
 fn is_annotation(mechanism: &Mechanism) -> bool {
     *mechanism == Mechanism::Annotation
 }
@@ -171,7 +107,7 @@ fn is_annotation(mechanism: &Mechanism) -> bool {
 /// What the record's ConfigMap holds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
-    pub window: Windows,
+    pub window: Window,
     /// What node-holder added to which NodePool's budgets.
     pub budgets: AddedBudgets,
     /// What the schedule keeps, summed up.
@@ -179,8 +115,8 @@ pub struct Record {
     /// Each CronJob's last run (`namespace/name`).
     pub last_runs: BTreeMap<String, LastRun>,
     pub settings: Option<Settings>,
-    /// What `release` last asked for.
-    pub release_request: Option<ReleaseRequest>,
+    /// When `release` last asked to close the window.
+    pub release_request: Option<Timestamp>,
     /// The last release request that is done.
     pub release_done_at: Option<Timestamp>,
     /// Nodes the release in progress started with; `None` when none is.
@@ -255,7 +191,7 @@ impl RecordStore {
     /// annotation alone.
     pub async fn save(
         &self,
-        window: &Windows,
+        window: &Window,
         budgets: &AddedBudgets,
         schedule: &KeptSummary,
         last_runs: &BTreeMap<String, LastRun>,
@@ -300,15 +236,10 @@ impl RecordStore {
         .await
     }
 
-    /// Asks the leader to close the window now: every group's, or one
-    /// group's. (Applied without a group, the group annotation of an earlier
-    /// request goes: the field manager no longer sets it.)
-    pub async fn request_release(&self, request: &ReleaseRequest) -> Result<()> {
-        let mut annotations =
-            BTreeMap::from([(release_request_annotation(), request.at.to_string())]);
-        if let Some(group) = &request.group {
-            annotations.insert(release_group_annotation(), group.clone());
-        }
+    /// Asks the leader to close the window (and end the manual hold) now:
+    /// the request made at `at`.
+    pub async fn request_release(&self, at: Timestamp) -> Result<()> {
+        let annotations = BTreeMap::from([(release_request_annotation(), at.to_string())]);
         self.apply(
             RELEASE_FIELD_MANAGER,
             ObjectMeta {
@@ -413,7 +344,7 @@ impl Record {
         let window = match data.get(WINDOW_KEY) {
             Some(text) => serde_json::from_str(text)
                 .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
-            None => Windows::default(),
+            None => Window::default(),
         };
         let budgets = match data.get(BUDGETS_KEY) {
             Some(text) => serde_json::from_str(text).with_context(|| {
@@ -457,14 +388,12 @@ impl Record {
 
 pub use crate::core::requests::release_pending;
 
-/// The release request in `meta`'s annotations, if any and well-formed.
-pub fn release_request(meta: &ObjectMeta) -> Option<ReleaseRequest> {
-    Some(ReleaseRequest {
-        at: annotation(meta, &release_request_annotation())?
-            .parse()
-            .ok()?,
-        group: annotation(meta, &release_group_annotation()).map(str::to_string),
-    })
+/// The release request in `meta`'s annotations (its time), if any and
+/// well-formed.
+pub fn release_request(meta: &ObjectMeta) -> Option<Timestamp> {
+    annotation(meta, &release_request_annotation())?
+        .parse()
+        .ok()
 }
 
 /// The last release request done, in `meta`'s annotations, if any.
@@ -496,8 +425,6 @@ impl Settings {
         WindowConfig {
             hold: self.hold_duration,
             max_hold: self.max_hold,
-            groups: Grouping::per_label(self.window_per_label.clone()),
-            group_holds: self.group_hold_durations.clone(),
         }
     }
 
@@ -539,12 +466,18 @@ mod tests {
         assert_eq!(serde_json::to_string(&settings).unwrap(), text);
     }
 
-    /// A record written with `--window-follows-work` or `--release-pace`
-    /// (removed) still loads, and the next save leaves the field out.
+    /// A record written with a removed flag (`--window-follows-work`,
+    /// `--release-pace`, `--window-per-label`, `--group-hold-duration`)
+    /// still loads, and the next save leaves the field out.
     #[test]
     fn settings_of_a_removed_flag_still_load() {
         let kept = r#"{"holdDuration":"20m","maxHold":"2h","holds":[],"nodeSelector":""}"#;
-        for field in [r#""windowFollowsWork":true"#, r#""releasePace":"10%/1m""#] {
+        for field in [
+            r#""windowFollowsWork":true"#,
+            r#""releasePace":"10%/1m""#,
+            r#""windowPerLabel":"karpenter.sh/nodepool""#,
+            r#""groupHoldDurations":{"gpu":"45m"}"#,
+        ] {
             let old = kept.replace('}', &format!(",{field}}}"));
             let settings: Settings = serde_json::from_str(&old).unwrap();
             assert_eq!(serde_json::to_string(&settings).unwrap(), kept, "{field}");
@@ -556,7 +489,6 @@ mod tests {
     #[test]
     fn the_record_remembers_the_newest_runs_that_fit() {
         let run = |minute: i64| LastRun {
-            group: "pool-07".into(),
             nodes: 10,
             pods: 10,
             minute,

@@ -17,11 +17,9 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use crate::cli::{Output, StatusArgs};
-use crate::core::grouping::{Grouping, UNLABELLED};
-use crate::core::groups::Windows;
 use crate::core::holds::{MARKED, held_keys, held_until_stamp};
 use crate::core::kept::KeptSummary;
-use crate::core::window::{ManualHold, Window, WindowConfig};
+use crate::core::window::ManualHold;
 use crate::state::lease::{self, Holder};
 use crate::state::record::{self, RecordStore, Settings};
 
@@ -53,14 +51,6 @@ pub struct Status {
     pub manual: Option<ManualHold>,
     /// A manual hold asked for that no leader has put in the window yet.
     pub manual_requested: Option<ManualHold>,
-    /// The group whose window the last release request closes (`release
-    /// --group`); `None`: every group's.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub release_group: Option<String>,
-    /// With `--window-per-label`: the windows of the labelled groups (the
-    /// fields above are the unlabelled group's).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<GroupStatus>,
     /// With `--launch-cost`: the nodes the schedule keeps, by name, and why.
     #[serde(skip_serializing_if = "KeptSummary::is_empty")]
     pub scheduled: KeptSummary,
@@ -131,22 +121,6 @@ fn overdue(held: &[HeldNode], after: std::time::Duration, now: Timestamp) -> Vec
         .collect()
 }
 
-/// One labelled group's window.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupStatus {
-    /// The label value.
-    pub group: String,
-    /// Held now, by its window or the manual hold.
-    pub open: bool,
-    pub opened_at: Option<Timestamp>,
-    pub deadline: Option<Timestamp>,
-    pub cap: Option<Timestamp>,
-    pub closed_through: Option<Timestamp>,
-    /// Its nodes that carry node-holder's hold.
-    pub held_nodes: usize,
-}
-
 /// A release that is not finished.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase", tag = "state")]
@@ -165,10 +139,6 @@ pub struct HeldNode {
     /// The hold keys node-holder added.
     pub holds: Vec<String>,
     pub created: Option<Timestamp>,
-    /// With `--window-per-label`: the group whose window it counts in (`""`:
-    /// the unlabelled group).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
     /// Its `node-holder.dev/held-until`: held at least until then.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_until: Option<Timestamp>,
@@ -185,38 +155,24 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         .context("listing held nodes")?;
 
     let cfg = record.settings.as_ref().map(Settings::window_config);
-    let grouping = cfg
-        .as_ref()
-        .map(|cfg| cfg.groups.clone())
-        .unwrap_or_default();
-    let windows = &record.window;
-    let unlabelled = group_status(windows, UNLABELLED, cfg.as_ref(), now);
-    let held_nodes = held_nodes(marked.items, &grouping);
-    let manual = windows
-        .manual()
-        .filter(|manual| now < manual.until)
-        .cloned();
+    let window = &record.window;
+    let open = window.open().copied();
+    let held_nodes = held_nodes(marked.items);
+    let manual = window.manual().filter(|manual| now < manual.until).cloned();
     let manual_requested = record.pending_hold.filter(|hold| now < hold.until);
-    let groups = windows
-        .iter()
-        .filter(|&(group, _)| group != UNLABELLED)
-        .map(|(group, _)| group_status(windows, group, cfg.as_ref(), now))
-        .map(|group| group.counting(&held_nodes))
-        .collect();
-    let release_request = record.release_request.clone();
     let warms = match record.settings.as_ref().and_then(|s| s.launch_cost) {
         Some(_) => warms::read(client, namespace, now).await?,
         None => Vec::new(),
     };
     let mut status = Status {
-        open: unlabelled.open,
-        opened_at: unlabelled.opened_at,
-        deadline: unlabelled.deadline,
-        cap: unlabelled.cap,
-        closed_through: unlabelled.closed_through,
-        release_requested_at: release_request.as_ref().map(|r| r.at),
-        release_group: release_request.and_then(|r| r.group),
-        groups,
+        open: window.holds(now),
+        opened_at: open.map(|o| o.opened_at),
+        deadline: window.deadline(),
+        cap: open
+            .zip(cfg)
+            .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
+        closed_through: window.closed_through(),
+        release_requested_at: record.release_request,
         nodepool_budgets: record.budgets.keys().cloned().collect(),
         scheduled: record.schedule,
         warms,
@@ -234,8 +190,8 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
     Ok(status)
 }
 
-/// The held nodes, by name, each with its group when windows are grouped.
-fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<HeldNode> {
+/// The held nodes, by name.
+fn held_nodes(marked: Vec<PartialObjectMeta<Node>>) -> Vec<HeldNode> {
     let mut held: Vec<HeldNode> = marked
         .into_iter()
         .map(|node| HeldNode {
@@ -243,9 +199,6 @@ fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<
                 .into_iter()
                 .map(str::to_string)
                 .collect(),
-            group: grouping
-                .key()
-                .map(|_| grouping.group_of(&node.metadata).to_string()),
             held_until: held_until_stamp(&node.metadata),
             created: node.metadata.creation_timestamp.map(|t| t.0),
             name: node.metadata.name.unwrap_or_default(),
@@ -253,39 +206,6 @@ fn held_nodes(marked: Vec<PartialObjectMeta<Node>>, grouping: &Grouping) -> Vec<
         .collect();
     held.sort_by(|a, b| a.name.cmp(&b.name));
     held
-}
-
-impl GroupStatus {
-    /// With its held nodes counted, of `held`.
-    fn counting(mut self, held: &[HeldNode]) -> Self {
-        self.held_nodes = held
-            .iter()
-            .filter(|n| n.group.as_deref() == Some(self.group.as_str()))
-            .count();
-        self
-    }
-}
-
-/// One group's window as the record keeps it (its nodes not counted yet).
-fn group_status(
-    windows: &Windows,
-    group: &str,
-    cfg: Option<&WindowConfig>,
-    now: Timestamp,
-) -> GroupStatus {
-    let window = windows.window(group);
-    let open = window.and_then(Window::open).copied();
-    GroupStatus {
-        group: group.to_string(),
-        open: windows.holds(group, now),
-        opened_at: open.map(|o| o.opened_at),
-        deadline: windows.deadline(group),
-        cap: open
-            .zip(cfg)
-            .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
-        closed_through: window.and_then(Window::closed_through),
-        held_nodes: 0,
-    }
 }
 
 /// Whether a held node is newer than every window the record knows (after
@@ -318,14 +238,7 @@ fn release(status: &Status) -> Option<Release> {
         return Some(Release::Releasing { left, of });
     }
     let requested_at = status.release_requested_at?;
-    let (closed_through, opened_at) = match &status.release_group {
-        Some(group) => status
-            .groups
-            .iter()
-            .find(|g| &g.group == group)
-            .map_or((None, None), |g| (g.closed_through, g.opened_at)),
-        None => (status.closed_through, status.opened_at),
-    };
+    let (closed_through, opened_at) = (status.closed_through, status.opened_at);
     let pending = record::release_pending(requested_at, status.release_done_at, closed_through);
     // A window opened since supersedes it: its nodes are held anew.
     let superseded = opened_at.is_some_and(|o| o > requested_at);
@@ -376,10 +289,8 @@ mod tests {
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
-            window_per_label: None,
             hold_mechanism: Mechanism::Annotation,
             nodepool_selector: String::new(),
-            group_hold_durations: Default::default(),
             launch_cost: None,
         }
     }
@@ -408,8 +319,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            release_group: None,
-            groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
@@ -420,7 +329,6 @@ mod tests {
 
     pub(super) fn held(name: &str, created: &str) -> HeldNode {
         HeldNode {
-            group: None,
             name: name.into(),
             holds: vec!["karpenter.sh/do-not-disrupt".into()],
             created: Some(at(created)),

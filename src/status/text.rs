@@ -1,12 +1,10 @@
-//! The readable form of `node-holder status`: the window (or the groups'
-//! windows), the manual hold, the schedule, the release, the leader, then a
+//! The readable form of `node-holder status`: the window, the manual hold, the schedule, the release, the leader, then a
 //! table of the held nodes.
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::{GroupStatus, Orphaned, Release, Status};
+use super::{Orphaned, Release, Status};
 use crate::core::budget::Mechanism;
-use crate::core::grouping::{self, UNLABELLED};
 use crate::core::holds::HELD_UNTIL_ANNOTATION;
 use crate::core::kept::Nodes;
 
@@ -46,11 +44,7 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("{label:<13}{value}\n"));
     };
-    if grouped_by(status).is_some() {
-        group_lines(&mut line, status, now);
-    } else {
-        window_lines(&mut line, status, now);
-    }
+    window_lines(&mut line, status, now);
     manual_lines(&mut line, status, now);
     scheduled_lines(&mut line, status, now);
     warm_lines(&mut line, status, now);
@@ -96,14 +90,7 @@ fn settings_text(status: &Status) -> String {
             });
             // The selector as the user wrote it: label values are
             // case-sensitive.
-            let mut per = s
-                .window_per_label
-                .as_ref()
-                .map_or_else(String::new, |key| format!(", one window per {key}"));
-            for (group, hold) in &s.group_hold_durations {
-                let hold = humantime::format_duration(*hold);
-                per.push_str(&format!(", {} holds {hold}", grouping::display(group)));
-            }
+            let mut per = String::new();
             if let Some(cost) = s.launch_cost {
                 let cost = humantime::format_duration(cost);
                 per.push_str(&format!(", holds for CronJob runs due within {cost}"));
@@ -162,54 +149,6 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
                 );
             }
         }
-    }
-}
-
-/// The label whose values group windows, if they are grouped.
-fn grouped_by(status: &Status) -> Option<&str> {
-    status.settings.as_ref()?.window_per_label.as_deref()
-}
-
-/// With `--window-per-label`: the settings, then a table of the groups'
-/// windows, the unlabelled group's first.
-fn group_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
-    line("Windows:", settings_text(status));
-    let unlabelled = GroupStatus {
-        group: UNLABELLED.to_string(),
-        open: status.open,
-        opened_at: status.opened_at,
-        deadline: status.deadline,
-        cap: status.cap,
-        closed_through: status.closed_through,
-        held_nodes: status
-            .held_nodes
-            .iter()
-            .filter(|n| n.group.as_deref() == Some(UNLABELLED))
-            .count(),
-    };
-    let rows: Vec<&GroupStatus> = std::iter::once(&unlabelled).chain(&status.groups).collect();
-    let width = rows
-        .iter()
-        .map(|g| grouping::display(&g.group).len())
-        .max()
-        .unwrap_or(0)
-        .max("GROUP".len());
-    line("", format!("{:<width$}  {:<5}  WINDOW", "GROUP", "HELD"));
-    for group in rows {
-        let window = match (group.open, group.deadline) {
-            (true, Some(deadline)) => {
-                format!("open until {deadline} ({})", relative(deadline, now))
-            }
-            _ => "closed".to_string(),
-        };
-        line(
-            "",
-            format!(
-                "{:<width$}  {:<5}  {window}",
-                grouping::display(&group.group),
-                group.held_nodes
-            ),
-        );
     }
 }
 
@@ -433,7 +372,7 @@ mod tests {
     use crate::core::window::ManualHold;
     use crate::state::lease::Holder;
     use crate::status::HeldNode;
-    use crate::status::tests::{at, closed, held, render_text, settings};
+    use crate::status::tests::{at, closed, render_text, settings};
 
     /// `--warm-before-runs`: a line per warm under way, with its run, its
     /// pods' nodes and their node-seconds so far.
@@ -522,8 +461,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            release_group: None,
-            groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
@@ -538,14 +475,12 @@ mod tests {
             overdue: Vec::new(),
             held_nodes: vec![
                 HeldNode {
-                    group: None,
                     name: "ip-10-0-1-7".into(),
                     holds: vec!["karpenter.sh/do-not-disrupt".into()],
                     created: Some(at("2026-11-22T12:04:30Z")),
                     held_until: None,
                 },
                 HeldNode {
-                    group: None,
                     name: "n2".into(),
                     holds: vec![],
                     created: None,
@@ -586,8 +521,6 @@ mod tests {
             }),
             manual: None,
             manual_requested: None,
-            release_group: None,
-            groups: Vec::new(),
             nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
@@ -677,54 +610,5 @@ mod tests {
         ] {
             assert_eq!(thousands(n), text);
         }
-    }
-
-    #[test]
-    fn grouped_windows_read_as_a_table_of_groups() {
-        let now = at("2026-11-22T12:10:00Z");
-        let mut status = closed("2026-11-22T10:00:00Z");
-        let settings = status.settings.as_mut().unwrap();
-        settings.window_per_label = Some("karpenter.sh/nodepool".into());
-        let mut gpu = held("gpu-1", "2026-11-22T12:05:00Z");
-        gpu.group = Some("gpu".into());
-        let mut plain = held("plain", "2026-11-22T09:00:00Z");
-        plain.group = Some(String::new());
-        status.held_nodes = vec![gpu, plain];
-        status.groups = vec![
-            GroupStatus {
-                group: "general-purpose".into(),
-                open: false,
-                opened_at: None,
-                deadline: None,
-                cap: None,
-                closed_through: Some(at("2026-11-22T11:00:00Z")),
-                held_nodes: 0,
-            },
-            GroupStatus {
-                group: "gpu".into(),
-                open: true,
-                opened_at: Some(at("2026-11-22T12:05:00Z")),
-                deadline: Some(at("2026-11-22T12:25:00Z")),
-                cap: None,
-                closed_through: None,
-                held_nodes: 1,
-            },
-        ];
-        let text = render_text(&status, now);
-        assert!(
-            text.starts_with(
-                "Windows:     all nodes, hold 20m, max 2h, one window per karpenter.sh/nodepool\n\
-                 \x20            GROUP            HELD   WINDOW\n\
-                 \x20            (no label)       1      closed\n\
-                 \x20            general-purpose  0      closed\n\
-                 \x20            gpu              1      open until 2026-11-22T12:25:00Z (in 15m)\n\
-                 Leader:"
-            ),
-            "{text}"
-        );
-        let json = serde_json::to_value(&status).unwrap();
-        assert_eq!(json["groups"][1]["group"], "gpu");
-        assert_eq!(json["groups"][1]["heldNodes"], 1);
-        assert_eq!(json["heldNodes"][0]["group"], "gpu");
     }
 }

@@ -130,7 +130,7 @@ impl KarpenterCluster {
     }
 
     /// Adds a second NodePool `name`, like the first but with `disruption`
-    /// and a taint only the pods of [`filler_pod_in`] tolerate: a pool of
+    /// and a taint only the pods [`in_pool`] pins tolerate: a pool of
     /// its own (GPU nodes, say) that other pods never land on.
     pub async fn add_node_pool(&self, name: &str, disruption: &Disruption) -> Result<()> {
         let taint = json!([{"key": POOL_TAINT, "value": name, "effect": "NoSchedule"}]);
@@ -630,20 +630,6 @@ pub fn in_pool(spec: &mut Value, pool: &str) {
     spec["nodeSelector"] = json!({"karpenter.sh/nodepool": pool});
     spec["tolerations"] =
         json!([{"key": POOL_TAINT, "operator": "Equal", "value": pool, "effect": "NoSchedule"}]);
-}
-
-/// A bare pod named `name` in `default` that fills one node of the NodePool
-/// `pool` that [`KarpenterCluster::add_node_pool`] added.
-pub fn filler_pod_in(name: &str, pool: &str) -> k8s_openapi::api::core::v1::Pod {
-    let mut spec = filler_spec();
-    in_pool(&mut spec, pool);
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": spec
-    }))
-    .expect("a valid Pod")
 }
 
 /// A bare pod named `name` in `default` that fills one node.

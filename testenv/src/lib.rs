@@ -51,7 +51,7 @@ pub use binaries::{
 pub use binaries::{ensure_actionlint_built, ensure_crane_built};
 pub use karpenter::{
     Autoscaler, ClusterOptions, Disruption, INSTANCE_TYPE, KarpenterCluster, NODE_CLASS, NODE_POOL,
-    POD_CPU, filler_cronjob, filler_deployment, filler_job, filler_pod, filler_pod_in, in_pool,
+    POD_CPU, filler_cronjob, filler_deployment, filler_job, filler_pod, in_pool,
     install_karpenter_crds, node_claims, node_pool_object, node_pools,
 };
 pub use kubelet::{REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode, SANDBOX_IMAGE};

@@ -65,13 +65,6 @@ impl Autoscaled {
         self.wave_of(wave, count, testenv::filler_pod).await
     }
 
-    /// [`Autoscaled::wave`] on the nodes of NodePool `pool`, one that
-    /// `KarpenterCluster::add_node_pool` added.
-    pub async fn wave_in(&mut self, pool: &str, wave: &str, count: usize) -> BTreeSet<String> {
-        self.wave_of(wave, count, |name| testenv::filler_pod_in(name, pool))
-            .await
-    }
-
     async fn wave_of(
         &mut self,
         wave: &str,

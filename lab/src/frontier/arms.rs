@@ -156,37 +156,23 @@ impl Arm {
     }
 }
 
-/// The arms of each node-holder configuration (holding for schedules or
-/// not, warming or not), for a cluster each: two installs in one
-/// cluster would strip each other's holds. Karpenter's own arms join the first of
-/// them (node-holder's selector leaves their pools alone), or make a
-/// cluster of their own when no node-holder arm plays.
+/// A cluster for each node-holder arm: one install holds every node in its
+/// scope with one window, and two installs in one cluster would strip each
+/// other's holds. Karpenter's own arms join the first of them
+/// (node-holder's selector leaves their pools alone), or make a cluster of
+/// their own when no node-holder arm plays.
 pub fn by_cluster(arms: &[Arm]) -> Vec<Vec<Arm>> {
     let karpenter: Vec<Arm> = arms.iter().filter(|a| a.hold.is_none()).cloned().collect();
-    let configuration = |a: &Arm| (a.launch_cost.is_some(), a.warm.is_some());
-    let mut configurations: Vec<(bool, bool)> = arms
+    let mut clusters: Vec<Vec<Arm>> = arms
         .iter()
         .filter(|a| a.hold.is_some())
-        .map(configuration)
+        .map(|a| vec![a.clone()])
         .collect();
-    configurations.sort_unstable();
-    configurations.dedup();
-    let mut clusters: Vec<Vec<Arm>> = configurations
-        .iter()
-        .map(|&c| {
-            arms.iter()
-                .filter(|a| a.hold.is_some() && configuration(a) == c)
-                .cloned()
-                .collect()
-        })
-        .collect();
-    if clusters.is_empty() {
-        clusters.push(Vec::new());
+    match clusters.first_mut() {
+        Some(first) => first.splice(0..0, karpenter).for_each(drop),
+        None if !karpenter.is_empty() => clusters.push(karpenter),
+        None => {}
     }
-    if let Some(first) = clusters.first_mut() {
-        first.splice(0..0, karpenter);
-    }
-    clusters.retain(|part| !part.is_empty());
     clusters
 }
 
@@ -199,35 +185,20 @@ fn knob(seconds: u64) -> String {
     }
 }
 
-/// The flags of one `node-holder serve` for every node-holder arm of
-/// `arms`: a window per pool (`--window-per-label karpenter.sh/nodepool`),
-/// each with the arm's hold (`--group-hold-duration`), only those pools in
-/// scope, holding for schedules and warming if they do.
-pub fn serve_args(arms: &[Arm]) -> Vec<String> {
-    let pools: Vec<&str> = arms
-        .iter()
-        .filter(|a| a.hold.is_some())
-        .map(|a| a.name.as_str())
-        .collect();
-    let fixed: Vec<String> = arms
-        .iter()
-        .filter_map(|a| Some(format!("{}={}s", a.name, a.hold?)))
-        .collect();
+/// The flags of the `node-holder serve` of `arm`, a node-holder arm: its
+/// pool in scope, its hold, holding for schedules and warming if it does.
+pub fn serve_args(arm: &Arm) -> Vec<String> {
     let mut args = vec![
-        format!(
-            "--node-selector=karpenter.sh/nodepool in ({})",
-            pools.join(",")
-        ),
-        "--window-per-label=karpenter.sh/nodepool".to_string(),
+        format!("--node-selector=karpenter.sh/nodepool={}", arm.name),
         "--max-hold=4h".to_string(),
     ];
-    if !fixed.is_empty() {
-        args.push(format!("--group-hold-duration={}", fixed.join(",")));
+    if let Some(hold) = arm.hold {
+        args.push(format!("--hold-duration={hold}s"));
     }
-    if let Some(launch) = arms.iter().find_map(|a| a.launch_cost) {
+    if let Some(launch) = arm.launch_cost {
         args.push(format!("--launch-cost={launch}s"));
     }
-    if let Some(lead) = arms.iter().find_map(|a| a.warm) {
+    if let Some(lead) = arm.warm {
         args.push(format!("--warm-before-runs={lead}s"));
     }
     args
@@ -256,19 +227,16 @@ mod tests {
         let clusters = by_cluster(&named(&["kaw-", "nh-"]));
         assert_eq!(
             names(&clusters),
-            [[
-                "kaw-0s", "kaw-30s", "kaw-2m", "kaw-5m", "nh-2m", "nh-5m", "nh-10m"
-            ]]
+            [
+                vec!["kaw-0s", "kaw-30s", "kaw-2m", "kaw-5m", "nh-2m"],
+                vec!["nh-5m"],
+                vec!["nh-10m"]
+            ]
         );
         let all = by_cluster(&Arm::all());
-        assert_eq!(all.len(), 3, "{:?}", names(&all));
-        assert!(all[0].iter().take(14).all(|a| a.hold.is_none()));
-        let names = names(&all);
-        assert!(
-            names.contains(&vec!["ns-5m", "nsw-5m"]) && names.contains(&vec!["nsx-5m"]),
-            "the schedule hold apart, and with warms apart again: {names:?}"
-        );
-        assert!(all[1..].iter().flatten().all(|a| a.hold.is_some()));
+        let holders = Arm::all().iter().filter(|a| a.hold.is_some()).count();
+        assert_eq!(all.len(), holders, "{:?}", names(&all));
+        assert!(all[1..].iter().all(|c| c.len() == 1 && c[0].hold.is_some()));
     }
 
     #[test]
@@ -280,24 +248,20 @@ mod tests {
     }
 
     #[test]
-    fn node_holder_selects_only_its_own_pools() {
-        let args = serve_args(&named(&["kaw-", "nh-"]));
-        assert_eq!(
-            args[0],
-            "--node-selector=karpenter.sh/nodepool in (nh-2m,nh-5m,nh-10m)"
-        );
-        assert!(
-            args.contains(&"--group-hold-duration=nh-2m=120s,nh-5m=300s,nh-10m=600s".to_string())
-        );
+    fn node_holder_selects_only_its_own_pool() {
+        let arm = |name: &str| Arm::all().into_iter().find(|a| a.name == name).unwrap();
+        let args = serve_args(&arm("nh-10m"));
+        assert_eq!(args[0], "--node-selector=karpenter.sh/nodepool=nh-10m");
+        assert!(args.contains(&"--hold-duration=600s".to_string()));
         assert!(!args.iter().any(|a| a.starts_with("--launch-cost")));
-        let scheduled = serve_args(&named(&["ns-"]));
+        let scheduled = serve_args(&arm("ns-5m"));
         assert!(scheduled.contains(&"--launch-cost=300s".to_string()));
         assert!(
             !scheduled
                 .iter()
                 .any(|a| a.starts_with("--warm-before-runs"))
         );
-        let warmed = serve_args(&named(&["nsx-"]));
+        let warmed = serve_args(&arm("nsx-5m"));
         assert!(warmed.contains(&"--warm-before-runs=90s".to_string()));
     }
 
