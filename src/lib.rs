@@ -13,7 +13,6 @@ pub mod cli;
 pub mod cluster;
 pub mod controller;
 pub mod core;
-pub mod explain;
 pub mod hold;
 pub mod metrics;
 pub mod release;
@@ -47,7 +46,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(*args).await,
         Command::Status(args) => status::run(&args).await,
-        Command::Explain(args) => explain::run(&args).await,
         Command::Release(args) => release::run(&args).await,
         Command::Hold(args) => hold::run(&args).await,
         Command::Uninstall(args) => uninstall::run(&args).await,

@@ -1,5 +1,5 @@
 #![forbid(unsafe_code)]
-//! `kubectl node-holder status|explain|release|hold`: node-holder's commands as a kubectl
+//! `kubectl node-holder status|release|hold`: node-holder's commands as a kubectl
 //! plugin. kubectl runs the first `kubectl-node_holder` on `PATH` with the
 //! arguments after `node-holder`; `--kubeconfig` and `--context` choose the
 //! cluster as they do for kubectl, and `KUBECONFIG` is honoured.
@@ -21,10 +21,10 @@ async fn main() -> ExitCode {
     };
     if !matches!(
         cli.command,
-        Command::Status(_) | Command::Explain(_) | Command::Release(_) | Command::Hold(_)
+        Command::Status(_) | Command::Release(_) | Command::Hold(_)
     ) {
         eprintln!(
-            "error: kubectl node-holder runs `status`, `explain`, `release` and `hold`; run node-holder itself for the rest"
+            "error: kubectl node-holder runs `status`, `release` and `hold`; run node-holder itself for the rest"
         );
         return ExitCode::from(2);
     }

@@ -1,4 +1,4 @@
-//! The flags of the commands run by hand: `status`, `explain`, `release`,
+//! The flags of the commands run by hand: `status`, `release`,
 //! `hold`, `uninstall` and `self-check`.
 
 use std::time::Duration;
@@ -93,22 +93,6 @@ pub struct ReleaseArgs {
     /// How long to wait for the leader to finish the release.
     #[arg(long, env = "NODE_HOLDER_RELEASE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-}
-
-#[derive(Debug, Args)]
-pub struct ExplainArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
-
-    #[command(flatten)]
-    pub record: RecordArgs,
-
-    /// The node.
-    pub node: String,
-
-    /// Output format.
-    #[arg(short, long, env = "NODE_HOLDER_OUTPUT", value_enum, default_value_t = Output::Text)]
-    pub output: Output,
 }
 
 #[derive(Debug, Args)]

@@ -48,9 +48,6 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Show the hold window, its leader and the held nodes.
     Status(StatusArgs),
-    /// Say why one node is held, by whom, until when, and what was last
-    /// said about it (node-holder's and Karpenter's Events).
-    Explain(ExplainArgs),
     /// Ask the leader to close the hold window now and strip node-holder's
     /// holds (with no live leader: `uninstall` strips them).
     Release(ReleaseArgs),
