@@ -1,8 +1,8 @@
 //! Kubernetes Events on nodes, so `kubectl describe node` says why a node is
-//! held and when that ends, and on the window record for a manual hold. Events are best effort and must never slow the
-//! bulk patching: they queue (bounded) and a task of their own publishes them
-//! at a modest rate; when the queue is full an event is dropped and counted in
-//! the log.
+//! held and when that ends, and on the window record for a manual hold. Events
+//! are best effort and must never slow the bulk patching: they queue (bounded)
+//! and a task of their own publishes them at a modest rate; when the queue is
+//! full an event is dropped and counted in the log.
 
 use std::time::Duration;
 

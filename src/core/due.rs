@@ -130,12 +130,13 @@ pub struct NodeView<'a> {
     pub marked: bool,
 }
 
-/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
-/// yet `explained` (every node a known CronJob's pods have run on, as the
-/// caller remembers them), and the idle explained ones the runs due within
-/// the launch cost will use (held ones first, then the newest). A node no CronJob's pods ran on is never kept for a run: it may
-/// run other work (a Deployment's pods, which node-holder does not read),
-/// so it is no free node for the run; the window holds it.
+/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not yet
+/// `explained` (every node a known CronJob's pods have run on, as the caller
+/// remembers them), and the idle explained ones the runs due within the launch
+/// cost will use (held ones first, then the newest). A node no CronJob's pods
+/// ran on is never kept for a run: it may run other work (a Deployment's pods,
+/// which node-holder does not read), so it is no free node for the run; the
+/// window holds it.
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,

@@ -1,14 +1,15 @@
-//! The scheduled work the cluster knows (`--launch-cost`): each CronJob's
-//! next run and how many nodes its last run occupied, read from the CronJobs and their Jobs' pods as the leader last
-//! saw them. Pure: the caller watches, this reads.
+//! The scheduled work the cluster knows (`--launch-cost`): each CronJob's next
+//! run and how many nodes its last run occupied, read from the CronJobs and
+//! their Jobs' pods as the leader last saw them. Pure: the caller watches, this
+//! reads.
 //!
-//! A Job belongs to the CronJob whose name it carries: the CronJob
-//! controller names each Job `<cronjob>-<scheduled minute since the epoch>`
-//! (and a pod carries its Job's name in `batch.kubernetes.io/job-name`), so
-//! no Job needs to be read. A node that runs a known CronJob's pods (and no
-//! other Job's) is *explained*: the schedule says when its work comes back,
-//! so it opens no hold window. A CronJob whose schedule cannot be predicted
-//! is not known: its pods are other work, which the window holds.
+//! A Job belongs to the CronJob whose name it carries: the CronJob controller
+//! names each Job `<cronjob>-<scheduled minute since the epoch>` (and a pod
+//! carries its Job's name in `batch.kubernetes.io/job-name`), so no Job needs
+//! to be read. A node that runs a known CronJob's pods (and no other Job's) is
+//! *explained*: the schedule says when its work comes back, so it opens no hold
+//! window. A CronJob whose schedule cannot be predicted is not known: its pods
+//! are other work, which the window holds.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,12 +152,12 @@ struct Seen<'a> {
 }
 
 /// Reads the scheduled work: each CronJob's first run after `from` (the
-/// caller's now less the grace a started run's pods get to land);
-/// `in_scope` says whether a node is still there and in scope. A CronJob whose runs' nodes are all gone counts with its
-/// last run as `remembered`.
+/// caller's now less the grace a started run's pods get to land); `in_scope`
+/// says whether a node is still there and in scope. A CronJob whose runs' nodes
+/// are all gone counts with its last run as `remembered`.
 ///
-/// At 50,000 nodes a pass reads this every time: what it builds per pod
-/// borrows (no allocation per pod), and its lookups hash.
+/// At 50,000 nodes a pass reads this every time: what it builds per pod borrows
+/// (no allocation per pod), and its lookups hash.
 pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
     cronjobs: &[C],
     pods: impl IntoIterator<Item = JobPod<'a>>,

@@ -1,5 +1,5 @@
-//! The readable form of `node-holder status`: the window, the manual hold, the schedule, the release, the leader, then a
-//! table of the held nodes.
+//! The readable form of `node-holder status`: the window, the manual hold, the
+//! schedule, the release, the leader, then a table of the held nodes.
 
 use jiff::{SignedDuration, Timestamp};
 
