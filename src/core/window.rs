@@ -251,12 +251,6 @@ impl Window {
         outcome
     }
 
-    /// Whether a window or a manual hold is there, ended or not: what a
-    /// `tick` would close.
-    pub fn is_held(&self) -> bool {
-        self.open.is_some() || self.manual.is_some()
-    }
-
     /// The manual hold, if any (it may have ended until `tick`).
     pub fn manual(&self) -> Option<&ManualHold> {
         self.manual.as_ref()
