@@ -17,8 +17,7 @@ use crate::state::{lease, record};
 /// What an operator asks of the leader through the record.
 #[derive(Debug, Clone, Copy)]
 pub enum Request {
-    /// `release`: close the windows now (and end a manual hold), or one
-    /// group's window.
+    /// `release`: close the window now (and end a manual hold).
     Release,
     /// `hold`: hold every node in scope until the hold's end.
     Hold,

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Admission, LONGEST_HOLD, ServeArgs};
 use crate::controller;
 use crate::controller::WindowMetrics;
-
 use crate::core::holds::Holding;
 use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};

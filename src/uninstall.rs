@@ -192,7 +192,7 @@ fn leader_config(
         namespace: namespace.to_string(),
         identity,
         lease_duration: COMMAND_LEASE,
-        // The release ends the windows outright: nothing is kept for runs.
+        // The release ends the window outright: nothing is kept for runs.
         schedule: None,
         warm_lead: None,
         qps: defaults.patching.api_qps,

@@ -123,8 +123,7 @@ fn every_flag_reads_an_environment_variable() {
     for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
         for arg in command.get_arguments() {
             let id = arg.get_id().as_str();
-            if !matches!(id, "help" | "version") && !arg.is_positional() && arg.get_env().is_none()
-            {
+            if !matches!(id, "help" | "version") && arg.get_env().is_none() {
                 missing.push(format!("{} --{id}", command.get_name()));
             }
         }

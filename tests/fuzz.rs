@@ -168,6 +168,8 @@ fn config_map(texts: [Option<String>; 3], annotations: BTreeMap<String, String>)
 fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
     let key = prop_oneof![
         Just("node-holder.dev/release-requested-at"),
+        // `release --group`'s, removed: a stale key the parser ignores.
+        Just("node-holder.dev/release-group"),
         Just("node-holder.dev/release-done-at"),
         Just("node-holder.dev/releasing"),
         Just("node-holder.dev/hold-requested"),

@@ -6,9 +6,9 @@
 //! plays the same day of batch work against every choice side by side and
 //! prices each against the clairvoyant optimum of that day:
 //! - **arms**: Karpenter alone at `consolidateAfter` 0s (its default), 30s,
-//!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window per
-//!   pool, the pool at Karpenter's defaults) with fixed holds of 2m, 5m and
-//!   10m (`nh-*`); with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s,
+//!   1m, 2m, 5m and 10m (`ka-*`); node-holder (a webhook and a window, the
+//!   pool at Karpenter's defaults) with fixed holds of 2m, 5m and 10m
+//!   (`nh-*`); with the pool at `WhenEmpty`, Karpenter alone at 0s, 30s,
 //!   2m and 5m (`kaw-*`) and at `Balanced` (`kab-*`); node-holder's schedule
 //!   hold (`--launch-cost=5m`, `ns-5m`; its pool at `WhenEmpty`, `nsw-5m`;
 //!   and with `--warm-before-runs=90s`, `nsx-5m`). The per-node and learned
@@ -17,9 +17,9 @@
 //!   removed with their modes; their figures stay in lab/REPORT.md.
 //!   `NODE_HOLDER_BENCH_ARMS=ka-,nh-` plays only the arms so named.
 //!   Every arm is a NodePool of its own, its pods pinned to it; each
-//!   node-holder configuration has a cluster of its own (one install per
-//!   cluster), Karpenter's own arms share the first (`nh`'s, or that of the
-//!   first configuration that plays), and all play on one clock, so every
+//!   node-holder arm has a cluster of its own (one install per cluster),
+//!   Karpenter's own arms share the first (that of the first node-holder arm
+//!   that plays), and all play on one clock, so every
 //!   arm sees exactly the same work at the same instants on the same machine
 //!   load. The knobs are the same fixed grid on every day, tuned on none.
 //! - **days**: `compressed` (8 waves 30-200 s apart), `cron` (a Job every 5
@@ -221,7 +221,7 @@ impl Prepared {
     }
 }
 
-/// node-holder's record as it is now: what its windows ended the day with.
+/// node-holder's record as it is now: what its window ended the day with.
 async fn node_holder_record(
     admin: &kube::Client,
 ) -> Result<Option<std::collections::BTreeMap<String, String>>> {

@@ -343,7 +343,7 @@ mod tests {
     }
 
     #[test]
-    fn each_cronjob_runs_next_in_the_in_scope_its_last_runs_nodes() {
+    fn each_cronjob_runs_next_on_its_last_runs_nodes_in_scope() {
         let cronjobs = [
             cronjob("team/report", "*/10 * * * *"),
             cronjob("team/nightly", "0 2 * * *"),

@@ -706,4 +706,19 @@ mod tests {
         assert_eq!(loaded, w);
         assert_eq!(serde_json::to_string(&loaded).unwrap(), kept);
     }
+
+    /// A window record written with `--window-per-label` (removed) loads as
+    /// its top-level window, the nodes without the label's; the labelled
+    /// groups' windows are dropped, and the next save leaves them out.
+    #[test]
+    fn a_window_record_of_per_label_windows_loads_as_its_top_window() {
+        let mut w = Window::default();
+        w.observe(t(0), t(0), &cluster(10, None));
+        let kept = serde_json::to_string(&w).unwrap();
+        let group = r#"{"open":{"openedAt":"2027-01-15T08:00:00Z","deadline":"2027-01-15T08:45:00Z","countedThrough":"2027-01-15T08:00:00Z"}}"#;
+        let old = kept.replacen('{', &format!(r#"{{"groups":{{"gpu":{group}}},"#), 1);
+        let loaded: Window = serde_json::from_str(&old).unwrap();
+        assert_eq!(loaded, w);
+        assert_eq!(serde_json::to_string(&loaded).unwrap(), kept);
+    }
 }

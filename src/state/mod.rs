@@ -1,7 +1,7 @@
 //! The state node-holder keeps in the cluster, which the leader's loop and
 //! the operator's commands (`status`, `release`, `hold`, `uninstall`,
 //! `self-check`) share: the record (ConfigMap `node-holder-window`: the
-//! windows, the settings, the requests) and the Lease beside it. Neither
+//! window, the settings, the requests) and the Lease beside it. Neither
 //! runs a loop; both are read and written through the API.
 
 pub mod lease;

@@ -484,6 +484,20 @@ mod tests {
         }
     }
 
+    /// A CronJob's last run as records with per-label windows (removed) kept
+    /// it, with its group, loads; the next save leaves the group out.
+    #[test]
+    fn a_last_run_with_a_group_still_loads() {
+        let old = r#"{"team/report":{"group":"pool-07","nodes":3,"pods":6,"minute":5}}"#;
+        let loaded: BTreeMap<String, LastRun> = serde_json::from_str(old).unwrap();
+        let run = &loaded["team/report"];
+        assert_eq!((run.nodes, run.pods, run.minute), (3, 6, 5));
+        assert_eq!(
+            remembered_runs(&loaded).unwrap(),
+            r#"{"team/report":{"nodes":3,"pods":6,"minute":5}}"#
+        );
+    }
+
     /// Past its budget the record remembers the most recent runs, as many as
     /// fit; within it, every run.
     #[test]

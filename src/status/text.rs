@@ -80,6 +80,8 @@ fn settings_text(status: &Status) -> String {
     status.settings.as_ref().map_or_else(
         || "no leader has run yet".to_string(),
         |s| {
+            // The selector as the user wrote it: label values are
+            // case-sensitive.
             let nodes = if s.node_selector.is_empty() {
                 "all nodes".to_string()
             } else {
@@ -88,18 +90,16 @@ fn settings_text(status: &Status) -> String {
             let cap = s.max_hold.map_or("no cap".to_string(), |m| {
                 format!("max {}", humantime::format_duration(m))
             });
-            // The selector as the user wrote it: label values are
-            // case-sensitive.
-            let mut per = String::new();
+            let mut modes = String::new();
             if let Some(cost) = s.launch_cost {
                 let cost = humantime::format_duration(cost);
-                per.push_str(&format!(", holds for CronJob runs due within {cost}"));
+                modes.push_str(&format!(", holds for CronJob runs due within {cost}"));
             }
             if s.hold_mechanism == Mechanism::Budget {
-                per.push_str(", held by NodePool budget");
+                modes.push_str(", held by NodePool budget");
             }
             format!(
-                "{nodes}, hold {}, {cap}{per}",
+                "{nodes}, hold {}, {cap}{modes}",
                 humantime::format_duration(s.hold_duration)
             )
         },

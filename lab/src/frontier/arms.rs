@@ -1,7 +1,7 @@
 //! The churn bench's arms: each a way of running the day (Karpenter alone
 //! at a `consolidateAfter`, or node-holder with a hold), the same grid on
-//! every day, and the `node-holder serve` flags of the arms one cluster
-//! holds.
+//! every day, the clusters they play in, and each node-holder arm's
+//! `node-holder serve` flags.
 
 use serde::Serialize;
 use serde_json::json;

@@ -48,7 +48,8 @@ pub struct Trace {
     pub end: f64,
     /// node-holder's record (ConfigMap `node-holder-window`'s data) as each
     /// cluster's install left it when its last node was gone, by the
-    /// cluster's arms (`nh-2m,nh-5m`): each group's window.
+    /// cluster's arms (`kaw-0s,…,nh-2m` or `nh-5m`; older traces name
+    /// several `nh` arms that shared one install).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub records: BTreeMap<String, BTreeMap<String, String>>,
     /// node-holder's log in each cluster, by the cluster's arms: saved
