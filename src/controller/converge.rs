@@ -55,8 +55,6 @@ impl WindowTask {
             self.record_released().await;
         }
         self.metrics.held_nodes.set(marked + held - released);
-        let hold = self.config.window.hold;
-        self.metrics.hold.set(hold.as_secs_f64());
         Ok(PassOutcome {
             wake: self.wake(
                 hold_failures + stamp_failures + release_failures,

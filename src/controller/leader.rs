@@ -71,6 +71,8 @@ async fn lead_while_leader(
 ) -> Result<Option<Result<()>>> {
     tracing::info!(identity = %config.identity, "leading the hold window");
     metrics.leader.set(1);
+    // The hold is the configuration's: shown once, not at every pass.
+    metrics.hold.set(config.window.hold.as_secs_f64());
     let mut task = WindowTask::new(
         client.clone(),
         config.clone(),

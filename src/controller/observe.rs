@@ -9,7 +9,7 @@ impl WindowTask {
     /// each new node of an open window (once per leader), a line when it
     /// closes.
     pub(super) fn observe(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
-        let cfg = &self.config.window.clone();
+        let cfg = self.config.window;
         let in_scope: Vec<&NodeMeta> = snapshot
             .iter()
             .filter(|node| node.in_scope() && self.counts_in_window(node, now))
@@ -17,7 +17,7 @@ impl WindowTask {
             .collect();
         let open_before = self.window.open().is_some();
         let counted: Vec<Timestamp> = in_scope.iter().map(|n| self.counted_at(n)).collect();
-        let observed = self.window.observe_all(counted, now, cfg);
+        let observed = self.window.observe_all(counted, now, &cfg);
         for (node, observed) in in_scope.into_iter().zip(observed) {
             self.observed(node, observed, now);
         }

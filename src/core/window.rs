@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::plus;
 
 /// How long holds last.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
     /// How long each new node holds the window open.
     pub hold: Duration,
