@@ -115,7 +115,7 @@ fn no_leader(request: Request) -> String {
     let recorded = "no live leader: the request is recorded, and the next leader carries it out when it starts";
     match request {
         Request::Release => format!(
-            "{recorded}. To strip every hold and budget entry of node-holder's now, without a leader, run `node-holder uninstall` (without --deployment and --webhook-configuration it leaves the installation in place)"
+            "{recorded}. To strip every hold of node-holder's now, without a leader, run `node-holder uninstall` (without --deployment and --webhook-configuration it leaves the installation in place)"
         ),
         Request::Hold => format!("{recorded}; until then no node is held by it"),
     }

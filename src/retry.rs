@@ -49,10 +49,6 @@ pub const LEASE_HANDOVER: Duration = Duration::from_secs(5);
 /// [`pass_backoff`]).
 pub const ONCE_ATTEMPTS: u32 = 5;
 
-/// Attempts at one NodePool write while others keep writing the pool (each
-/// reads it again at once).
-pub const POOL_WRITE_ATTEMPTS: u32 = 5;
-
 /// How often a command waiting for the leader checks the Lease is still
 /// held.
 pub const LEADER_POLL: Duration = Duration::from_secs(1);

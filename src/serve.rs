@@ -52,7 +52,6 @@ fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::C
     Ok(controller::Config {
         window: args.window.window_config(),
         holding,
-        pools: args.holding.pools()?,
         namespace: args.record.namespace.clone(),
         identity: controller::default_identity(),
         lease_duration: args.leader.lease_duration,

@@ -4,7 +4,7 @@
 //!    admission policy and its binding): no new node is held at its CREATE;
 //! 2. the Deployment is scaled to 0 and the Lease waited for: no replica
 //!    holds a node late any more;
-//! 3. every hold and budget entry comes off, by the leader's own pass run
+//! 3. every hold comes off, by the leader's own pass run
 //!    here once, under the Lease (the one command that acts without a
 //!    leader);
 //! 4. the record ConfigMap and the Lease are deleted;
@@ -61,9 +61,7 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
     )
     .await?;
     delete_placeholders(&client, namespace).await?;
-    println!(
-        "uninstalled: no hold, budget entry, record, Lease or placeholder of node-holder's is left"
-    );
+    println!("uninstalled: no hold, record, Lease or placeholder of node-holder's is left");
     Ok(())
 }
 
@@ -126,8 +124,7 @@ async fn stop_replicas(
         })?
 }
 
-/// Closes every window, ends a manual hold and strips every hold and
-/// budget entry, here: the leader's own pass, run once under the Lease so
+/// Closes every window, ends a manual hold and strips every hold, here: the leader's own pass, run once under the Lease so
 /// that no replica starting meanwhile races it. The one path that acts
 /// without a leader; `release` and `hold` only ask one.
 async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
@@ -173,22 +170,13 @@ fn leader_config(
     identity: String,
 ) -> Result<controller::Config> {
     let defaults = crate::cli::serve_defaults()?;
-    let (window, holding, pools) = match settings {
-        Some(settings) => (
-            settings.window_config(),
-            settings.holding()?,
-            settings.pools()?,
-        ),
-        None => (
-            defaults.window.window_config(),
-            defaults.holding.holding()?,
-            defaults.holding.pools()?,
-        ),
+    let (window, holding) = match settings {
+        Some(settings) => (settings.window_config(), settings.holding()?),
+        None => (defaults.window.window_config(), defaults.holding.holding()?),
     };
     Ok(controller::Config {
         window,
         holding,
-        pools,
         namespace: namespace.to_string(),
         identity,
         lease_duration: COMMAND_LEASE,

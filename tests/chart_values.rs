@@ -939,7 +939,7 @@ fn notes_say_what_is_configured() {
     assert!(!said.contains("Schedule hold"), "{said}");
     assert!(!said.contains("whole cluster"), "{said}");
 
-    // Policy mode, a scope, the budget mechanism and the schedule hold:
+    // Policy mode, a scope and the schedule hold:
     // each said as configured.
     let said = notes(&[
         "--set=admission.mode=policy",
@@ -947,7 +947,6 @@ fn notes_say_what_is_configured() {
         "--set=config.holdAnnotations.example\\.com/hold=yes",
         "--set=config.holdDuration=45m",
         "--set=config.maxHold=0",
-        "--set=config.holdMechanism=budget",
         "--set=config.launchCost=5m",
     ]);
     for line in [
@@ -956,7 +955,7 @@ fn notes_say_what_is_configured() {
         "held by the MutatingAdmissionPolicy node-holder",
         "The window: one for every node in scope",
         "for 45m, with no cap.",
-        "every Karpenter NodePool in scope carries a\ndisruption budget that stops consolidation; drift goes on.",
+        "every node in scope carries the hold",
         "Schedule hold (config.launchCost 5m)",
         "kubectl get mutatingadmissionpolicy,mutatingadmissionpolicybinding node-holder",
     ] {

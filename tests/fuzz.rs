@@ -16,7 +16,6 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use node_holder::core::budget::{AddedBudgets, Mechanism, add, self_ending_entry};
 use node_holder::core::window::{ManualHold, Window, WindowConfig};
 use node_holder::state::record::{Record, Settings};
 use proptest::collection::{btree_map, vec};
@@ -34,8 +33,7 @@ fn configured() -> WindowConfig {
 }
 
 /// What node-holder itself writes, made by its own code: a window open and
-/// a manual hold; the settings of [`configured`]; one NodePool's
-/// budget.
+/// a manual hold; the settings of [`configured`]; one CronJob's last run.
 fn written() -> (Value, Value, Value) {
     let cfg = configured();
     let t = |s: &str| s.parse::<Timestamp>().unwrap();
@@ -56,21 +54,11 @@ fn written() -> (Value, Value, Value) {
         max_hold: cfg.max_hold,
         holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
         node_selector: String::new(),
-        hold_mechanism: Mechanism::Budget,
-        nodepool_selector: String::new(),
         launch_cost: Some(Duration::from_secs(300)),
     };
-    let budgets: AddedBudgets = BTreeMap::from([(
-        "default".to_string(),
-        add(
-            &[],
-            self_ending_entry(t("2026-11-22T12:02:00Z"), t("2026-11-22T12:30:00Z")),
-        )
-        .1,
-    )]);
     (
         serde_json::to_value(&window).unwrap(),
-        serde_json::to_value(&budgets).unwrap(),
+        json!({"team/report": {"nodes": 3, "pods": 6, "minute": 5}}),
         serde_json::to_value(&settings).unwrap(),
     )
 }
@@ -148,7 +136,7 @@ fn stored(own: Value) -> impl Strategy<Value = Option<String>> {
 }
 
 fn config_map(texts: [Option<String>; 3], annotations: BTreeMap<String, String>) -> ConfigMap {
-    let data: BTreeMap<String, String> = ["window.json", "budgets.json", "settings.json"]
+    let data: BTreeMap<String, String> = ["window.json", "last-runs.json", "settings.json"]
         .into_iter()
         .zip(texts)
         .filter_map(|(key, text)| Some((key.to_string(), text?)))
@@ -206,7 +194,7 @@ proptest! {
     #[test]
     fn any_record_is_read_or_refused_by_name_and_never_panics_the_window_task(
         window in stored(written().0),
-        budgets in stored(written().1),
+        last_runs in stored(written().1),
         settings in stored(written().2),
         annotations in annotations(),
         now in prop_oneof![
@@ -215,7 +203,7 @@ proptest! {
             (0i64..=253_402_207_200).prop_map(|s| Timestamp::from_second(s).unwrap()),
         ],
     ) {
-        match Record::from_config_map(&config_map([window, budgets, settings], annotations)) {
+        match Record::from_config_map(&config_map([window, last_runs, settings], annotations)) {
             Ok(record) => run_the_arithmetic(&record, now),
             Err(err) => prop_assert!(
                 format!("{err:#}").contains("ConfigMap node-holder-window"),
@@ -230,12 +218,12 @@ proptest! {
 /// parser's first error.
 #[test]
 fn the_record_the_fuzzing_starts_from_is_read_whole() {
-    let (window, budgets, settings) = written();
-    let texts = [window, budgets, settings].map(|v| Some(v.to_string()));
+    let (window, last_runs, settings) = written();
+    let texts = [window, last_runs, settings].map(|v| Some(v.to_string()));
     let record = Record::from_config_map(&config_map(texts, BTreeMap::new())).unwrap();
     assert!(record.window.open().is_some());
     assert!(record.window.manual().is_some());
-    assert_eq!(record.budgets.len(), 1);
+    assert_eq!(record.last_runs["team/report"].nodes, 3);
     let settings = record.settings.expect("settings");
     assert!(settings.launch_cost.is_some());
 }

@@ -320,10 +320,6 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/tls/mode': value must be one of 'certManager', 'provided'",
         ),
         (
-            vec!["--set=config.holdMechanism=glue"],
-            "at '/config/holdMechanism': value must be one of 'annotation', 'budget'",
-        ),
-        (
             vec!["--set=config.holdDurration=1m"],
             "at '/config': additional properties 'holdDurration' not allowed",
         ),
@@ -333,8 +329,8 @@ fn helm_template_refuses_incomplete_or_unsafe_values() {
             "at '/config': additional properties 'releasePace' not allowed",
         ),
         (
-            vec!["--set=config.holdMechanism=budgets"],
-            "at '/config/holdMechanism': value must be one of 'annotation', 'budget'",
+            vec!["--set=config.holdMechanism=budget"],
+            "at '/config': additional properties 'holdMechanism' not allowed",
         ),
         (
             vec!["--set=config.windowPerLabel=karpenter.sh/nodepool"],
@@ -428,8 +424,6 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_HOLD_DURATION", "20m"),
         ("NODE_HOLDER_MAX_HOLD", "2h"),
         ("NODE_HOLDER_NODE_SELECTOR", ""),
-        ("NODE_HOLDER_HOLD_MECHANISM", "annotation"),
-        ("NODE_HOLDER_NODEPOOL_SELECTOR", ""),
         ("NODE_HOLDER_LEASE_DURATION", "15s"),
         ("NODE_HOLDER_API_QPS", "250"),
         ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
@@ -446,6 +440,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
     assert!(!env.contains_key("NODE_HOLDER_HOLD_PRESETS"));
     assert!(!env.contains_key("NODE_HOLDER_HOLD_ANNOTATIONS"));
     assert!(!env.contains_key("NODE_HOLDER_WINDOW_PER_LABEL"));
+    assert!(!env.contains_key("NODE_HOLDER_HOLD_MECHANISM"));
     assert!(
         !env.contains_key("NODE_HOLDER_LAUNCH_COST"),
         "the schedule hold is off"
@@ -633,9 +628,7 @@ fn the_charts_rbac_is_exactly_webhook_config_rbac() {
             .count();
         assert_eq!(rbac_kinds, 5, "{mode}");
     }
-    // The budget mechanism adds exactly webhook-config/rbac-nodepools.yaml,
-    // the schedule hold exactly webhook-config/rbac-schedules.yaml.
-    adds_exactly("--set=config.holdMechanism=budget", "nodepools");
+    // The schedule hold adds exactly webhook-config/rbac-schedules.yaml.
     adds_exactly("--set=config.launchCost=5m", "schedules");
     warms_add_exactly_their_rbac();
 }

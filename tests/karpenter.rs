@@ -12,9 +12,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use testenv::Disruption;
 
@@ -404,142 +403,6 @@ async fn a_manual_hold_pauses_consolidation_until_release_ends_it() {
     drop(served);
 }
 
-/// When node-holder's NodePool PATCHes that succeeded were made, by the API
-/// server's audit log, once it shows at least `expected` (an event is written
-/// after the response, so it can trail what the pool shows).
-async fn node_holder_pool_writes(a: &Autoscaled, expected: usize) -> Vec<Timestamp> {
-    let writes = || -> Vec<Timestamp> {
-        a.cp()
-            .audit_events()
-            .unwrap()
-            .iter()
-            .filter(|e| {
-                e["verb"] == "patch"
-                    && e["objectRef"]["resource"] == "nodepools"
-                    && e["user"]["username"] == testenv::NODE_HOLDER_USER
-                    && e["stage"] == "ResponseComplete"
-                    && e["responseStatus"]["code"] == 200
-            })
-            .filter_map(|e| e["stageTimestamp"].as_str()?.parse().ok())
-            .collect()
-    };
-    common::window::eventually(
-        &format!("{expected} NodePool writes in the audit log"),
-        Duration::from_secs(10),
-        || std::future::ready(writes().len() >= expected),
-    )
-    .await;
-    writes()
-}
-
-async fn pool_budgets(a: &Autoscaled) -> serde_json::Value {
-    testenv::node_pools(&a.client)
-        .get(testenv::NODE_POOL)
-        .await
-        .unwrap()
-        .data["spec"]["disruption"]["budgets"]
-        .clone()
-}
-
-#[tokio::test]
-async fn the_budget_mechanism_stops_consolidation_lets_drift_through_and_leaves_the_owners_budgets_intact()
- {
-    // The owner's budgets: everything at once, drift two at a time.
-    let owner = json!([{"nodes": "100%"}, {"nodes": "2", "reasons": ["Drifted"]}]);
-    let mut a = Autoscaled::start(&Disruption {
-        budgets: owner.clone(),
-        ..Disruption::default()
-    })
-    .await;
-    common::install_rbac_for(a.cp(), "nodepools").await;
-    let served =
-        install_node_holder(&a, &["--hold-duration=120s", "--hold-mechanism=budget"]).await;
-    let records = records(&a);
-    let before = pool_budgets(&a).await;
-    assert_eq!(before, owner);
-
-    // Each new node comes out of the webhook held; once the pool carries
-    // node-holder's budget, their annotations come off: one write for the
-    // pool instead of one per node.
-    let busy = a.deployment("busy", 1).await;
-    let idle = a.wave("idle", 2).await;
-    created_held(a.cp(), &busy);
-    created_held(a.cp(), &idle);
-    a.until(
-        "the pool's budget instead of the nodes' annotations",
-        KARPENTER_ROUND,
-        async |a| {
-            common::split_budgets(&pool_budgets(a).await) == (owner.clone(), 1)
-                && common::window::marked(&a.nodes).await.is_empty()
-        },
-    )
-    .await;
-    assert_eq!(node_holder_pool_writes(&a, 1).await.len(), 1);
-
-    // The idle nodes' consolidateAfter runs out; Karpenter looks twice and
-    // finds none it may disrupt.
-    a.end_wave("idle").await;
-    a.until(
-        "the idle nodes consolidatable",
-        KARPENTER_ROUND,
-        async |a| a.consolidatable_or_gone(&idle).await,
-    )
-    .await;
-    a.karpenter_passes(2.0).await;
-    assert!(a.nodes_deleted().is_empty(), "{:?}", a.nodes_deleted());
-
-    // Someone changes the pool's template: every node has drifted, and
-    // Karpenter replaces the busy one while the window is open.
-    drift_the_pool(&a).await;
-    let drifted = busy.iter().next().unwrap().clone();
-    a.until(
-        "the drifted busy node replaced",
-        KARPENTER_ROUND * 2,
-        async |a| a.nodes_deleted().contains_key(&drifted),
-    )
-    .await;
-    let replacement = replaced_for_drift(&mut a, &drifted).await;
-
-    // The batch ends; the replacement, empty, waits for the window (which it
-    // extended), then Karpenter consolidates it.
-    let deployments: Api<Deployment> = Api::namespaced(a.client.clone(), "default");
-    deployments
-        .delete("busy", &DeleteParams::background())
-        .await
-        .unwrap();
-    let deadline = at(&window(&records).await, "/open/deadline").expect("an open window");
-    a.until(
-        "the replacement consolidated after the window",
-        KARPENTER_ROUND * 3,
-        async |a| a.nodes_deleted().contains_key(&replacement),
-    )
-    .await;
-    let deleted = a.nodes_deleted()[&replacement];
-    assert!(
-        deleted >= deadline,
-        "{replacement} deleted at {deleted} < {deadline}"
-    );
-
-    // node-holder's entry came off: the owner's budgets are as they were,
-    // byte for byte, and node-holder wrote the pool twice in all.
-    a.until("node-holder's budget off", KARPENTER_ROUND, async |a| {
-        pool_budgets(a).await == before
-    })
-    .await;
-    assert_eq!(
-        serde_json::to_string(&pool_budgets(&a).await).unwrap(),
-        serde_json::to_string(&owner).unwrap()
-    );
-    // The entry on; renewed once if the replacement moved the deadline past
-    // the entry's own end; off once the window closed, after the drifted
-    // node was replaced.
-    let writes = node_holder_pool_writes(&a, 2).await;
-    assert!((2..=3).contains(&writes.len()), "{writes:?}");
-    let last = *writes.last().unwrap();
-    assert!(a.nodes_deleted()[&drifted] < last, "{writes:?}");
-    drop(served);
-}
-
 /// Policy mode (`admission.mode: policy`): with no node-holder process at
 /// all, every node Karpenter launches is held at its CREATE by the API server
 /// itself, and Karpenter keeps the empty nodes past `consolidateAfter`; once
@@ -577,53 +440,4 @@ async fn in_policy_mode_karpenters_nodes_are_held_at_create_with_node_holder_dow
     )
     .await;
     drop(served);
-}
-
-/// The budget mechanism's entry ends by itself (Karpenter's own `schedule`
-/// and `duration`): with node-holder killed mid-window and nothing left to
-/// take the entry off, Karpenter keeps the empty nodes until the window's
-/// deadline and consolidates them once the entry's time is up.
-#[tokio::test]
-async fn with_node_holder_killed_mid_window_the_budget_entry_ends_by_itself() {
-    let mut a = Autoscaled::start(&Disruption::default()).await;
-    let owner = pool_budgets(&a).await;
-    common::install_rbac_for(a.cp(), "nodepools").await;
-    // The budget alone (no webhook): no node carries an annotation that
-    // would outlive node-holder.
-    let mut served = serve(
-        a.cp(),
-        &[
-            "--hold-duration=60s",
-            "--hold-mechanism=budget",
-            "--lease-duration=3s",
-        ],
-    )
-    .await;
-    let wave = a.wave("wave", 2).await;
-    a.until(
-        "node-holder's entry on the pool",
-        KARPENTER_ROUND,
-        async |a| common::split_budgets(&pool_budgets(a).await) == (owner.clone(), 1),
-    )
-    .await;
-    let deadline = at(&window(&records(&a)).await, "/open/deadline").expect("an open window");
-    common::window::sigkill(&mut served);
-
-    a.end_wave("wave").await;
-    a.until(
-        "the wave's nodes consolidated without node-holder",
-        KARPENTER_ROUND * 4,
-        async |a| wave.iter().all(|n| a.nodes_deleted().contains_key(n)),
-    )
-    .await;
-    let deleted = a.nodes_deleted();
-    for node in &wave {
-        assert!(
-            deleted[node] >= deadline,
-            "{node} deleted at {} < {deadline}",
-            deleted[node]
-        );
-    }
-    // Nobody took the entry off: it ended by itself.
-    assert_eq!(common::split_budgets(&pool_budgets(&a).await), (owner, 1));
 }

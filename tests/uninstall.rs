@@ -4,7 +4,7 @@
 //! command impersonates), against the real API server. The release's
 //! Deployment is a real object; no kubelet runs its pods, so the test plays
 //! the kubelet: it stops the running `serve` (SIGTERM) once the Deployment
-//! is scaled to 0. In both hold mechanisms it leaves no hold, no budget entry,
+//! is scaled to 0. It leaves no hold,
 //! no record, no Lease and no admission registration, and a person's own
 //! hold stays. (The hook's Job itself is a container this cluster cannot
 //! run; tests/install.rs-style rendering checks cover its spec.)
@@ -24,9 +24,9 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use serde_json::{Value, json};
-use testenv::{ControlPlane, Disruption};
+use testenv::ControlPlane;
 
 const HOOK_USER: &str = "system:serviceaccount:node-holder:node-holder-uninstall";
 /// What a cluster with cert-manager serves (the default TLS mode's
@@ -211,58 +211,6 @@ async fn uninstall_during_an_open_window_leaves_no_hold_record_lease_or_webhook(
     assert!(!carries_anything_of_node_holders(&later));
 }
 
-#[tokio::test]
-async fn uninstall_with_the_budget_mechanism_takes_node_holders_entry_off_and_keeps_the_owners() {
-    let c = Cluster::start().await;
-    testenv::install_karpenter_crds(&c.cp).await.unwrap();
-    let admin = c.cp.admin_client().await.unwrap();
-    let pools = testenv::node_pools(&admin);
-    let owners = json!([{"nodes": "10%"}]);
-    let pool = testenv::node_pool_object(
-        "general",
-        &Disruption {
-            budgets: owners.clone(),
-            ..Disruption::default()
-        },
-    );
-    testenv::apply_objects(&admin, &[pool]).await.unwrap();
-    common::install_rbac_for(&c.cp, "nodepools").await;
-    let args = fast("10m", &["--hold-mechanism=budget"]);
-    let served = serve(&c.cp, &strs(&args)).await;
-    deployment(&c.cp).await;
-    let hook = hook_rbac(&["--set", "config.holdMechanism=budget"]);
-    testenv::apply_objects(&admin, &hook).await.unwrap();
-    create(
-        &c.nodes,
-        "new-1",
-        &[("karpenter.sh/nodepool", "general")],
-        &[],
-    )
-    .await;
-    let budgets = async |pools: &Api<DynamicObject>| {
-        pools.get("general").await.unwrap().data["spec"]["disruption"]["budgets"].clone()
-    };
-    eventually_logging(
-        "node-holder's budget on",
-        Duration::from_secs(30),
-        &served,
-        async || {
-            budgets(&pools)
-                .await
-                .as_array()
-                .is_some_and(|b| b.len() == 2)
-        },
-    )
-    .await;
-
-    let child = uninstall(&c.cp, &["--deployment=node-holder"]);
-    stop_when_scaled_down(&c.cp, &served).await;
-    let output = finished(child).await;
-
-    assert_eq!(budgets(&pools).await, owners, "{output}");
-    no_record_or_lease(&c.cp).await;
-}
-
 /// The hook as the chart renders it: a pre-delete Job running `uninstall`
 /// with the release's names for the mode, its identity and rights hooks too
 /// (gone once it succeeded); `uninstall.cleanup=false` renders none of it.
@@ -308,13 +256,9 @@ fn the_hook_runs_uninstall_with_the_releases_names_for_each_mode() {
         assert_eq!(job_spec["serviceAccountName"], "node-holder-uninstall");
         assert_eq!(job_spec["securityContext"]["runAsNonRoot"], true);
     }
-    // NodePools only with the budget mechanism.
-    let rules = |values: &[&str]| {
-        let objects = render(values);
-        testsupport::install::one(&objects, "ClusterRole")["rules"].to_string()
-    };
-    assert!(!rules(&[]).contains("nodepools"));
-    assert!(rules(&["--set", "config.holdMechanism=budget"]).contains("nodepools"));
+    // No NodePools: node-holder never writes one.
+    let rules = testsupport::install::one(&render(&[]), "ClusterRole")["rules"].to_string();
+    assert!(!rules.contains("nodepools"), "{rules}");
     let none = testsupport::install::try_template(&[
         "--show-only",
         "templates/uninstall-hook.yaml",

@@ -1,19 +1,16 @@
 //! The scale benches' fleets: many Nodes named and labelled as a cloud's
 //! nodes are (metadata only, no spec or status), created from the admin's
-//! client several at a time, and the NodePools they belong to.
+//! client several at a time.
 
 use std::fmt::Debug;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, PostParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
-use testenv::Disruption;
 
 const INSTANCE_TYPES: [&str; 4] = ["m6i.large", "m6i.2xlarge", "c6i.4xlarge", "r6i.xlarge"];
 const ZONES: [&str; 3] = ["eu-west-1a", "eu-west-1b", "eu-west-1c"];
@@ -86,25 +83,4 @@ where
         result.context("creating one of the fleet's objects")?;
     }
     Ok(())
-}
-
-/// Creates NodePool `name` with Karpenter's default budget (`nodes: 10%`),
-/// trying again while its CRD is not served yet.
-pub async fn create_pool(pools: &Api<DynamicObject>, name: &str) -> Result<()> {
-    let pool = testenv::node_pool_object(
-        name,
-        &Disruption {
-            budgets: json!([{"nodes": "10%"}]),
-            ..Disruption::default()
-        },
-    );
-    let pool: DynamicObject = serde_json::from_value(pool)?;
-    // The CRD may take a moment to serve.
-    for _ in 0..100 {
-        match pools.create(&PostParams::default(), &pool).await {
-            Ok(_) => return Ok(()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    bail!("NodePool {name} could not be created")
 }

@@ -56,7 +56,7 @@ pub enum Command {
     Hold(HoldArgs),
     /// Remove everything node-holder left in the cluster, as its chart's
     /// pre-delete hook does: stop new holds, stop its replicas, strip every
-    /// hold and budget entry, delete the record and the Lease.
+    /// hold, delete the record and the Lease.
     Uninstall(UninstallArgs),
     /// Check that node-holder works in the cluster, as the chart's `helm
     /// test` does: a Node created as a server-side dry run comes back with

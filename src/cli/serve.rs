@@ -8,7 +8,6 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, FromArgMatches as _, ValueEnum};
 
-use crate::core::budget::Mechanism;
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, Preset};
 use crate::core::selector::NodeScope;
@@ -137,21 +136,6 @@ pub struct HoldingArgs {
     /// Label selector of the nodes in scope (kubectl syntax); empty means all.
     #[arg(long, env = "NODE_HOLDER_NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
-
-    /// `annotation`: hold every node in scope with the hold annotation (one
-    /// PATCH a node; stops consolidation and drift). `budget`: while a window
-    /// is open, add a disruption budget `{nodes: "0", reasons: [Underutilized,
-    /// Empty]}` to every Karpenter NodePool in scope (one PATCH a pool; stops
-    /// consolidation, lets drift go on) and take exactly that entry off when
-    /// it closes; the webhook still holds each new node until its pool
-    /// carries the budget.
-    #[arg(long, env = "NODE_HOLDER_HOLD_MECHANISM", value_enum, default_value_t = Mechanism::Annotation)]
-    pub hold_mechanism: Mechanism,
-
-    /// With `--hold-mechanism budget`: label selector of the NodePools held
-    /// by budget (kubectl syntax); empty means all.
-    #[arg(long, env = "NODE_HOLDER_NODEPOOL_SELECTOR", default_value = "")]
-    pub nodepool_selector: String,
 }
 
 /// How long holds last.
@@ -220,14 +204,6 @@ pub fn serve_defaults() -> anyhow::Result<ServeArgs> {
 }
 
 impl HoldingArgs {
-    /// The NodePools held by budget (`--hold-mechanism budget`), or an
-    /// error naming the flag; `None` for the annotation mechanism.
-    pub fn pools(&self) -> anyhow::Result<Option<NodeScope>> {
-        self.hold_mechanism
-            .pools(&self.nodepool_selector)
-            .map_err(|e| anyhow::anyhow!("--nodepool-selector: {e}"))
-    }
-
     /// The admission policy the flags describe, or an error naming the flag.
     pub fn holding(&self) -> anyhow::Result<Holding> {
         Ok(Holding {
@@ -263,25 +239,8 @@ impl WindowArgs {
     }
 }
 
-// The core's enums as flag values: their words and help live here, so that
-// the pure core does not depend on clap.
-
-impl ValueEnum for Mechanism {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Mechanism::Annotation, Mechanism::Budget]
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        use clap::builder::PossibleValue;
-        Some(match self {
-            Mechanism::Annotation => PossibleValue::new("annotation")
-                .help("The hold annotation on every node in scope (one PATCH a node)"),
-            Mechanism::Budget => PossibleValue::new("budget").help(
-                "A budget on every NodePool in scope that stops its consolidation (one PATCH a pool); drift goes on. The webhook still holds each new node until its pool carries the budget",
-            ),
-        })
-    }
-}
+// The core's presets as flag values: their words and help live here, so
+// that the pure core does not depend on clap.
 
 impl ValueEnum for Preset {
     fn value_variants<'a>() -> &'a [Self] {
@@ -316,19 +275,9 @@ mod value_tests {
         assert_eq!(defaults.patching.api_qps, 250);
     }
 
-    /// Each core enum's flag word parses back to it and is the word its
-    /// `Display` and the record (serde) use.
+    /// Each preset's flag word parses back to it.
     #[test]
-    fn the_core_enums_flag_words_round_trip() {
-        for mechanism in Mechanism::value_variants() {
-            let word = mechanism
-                .to_possible_value()
-                .unwrap()
-                .get_name()
-                .to_string();
-            assert_eq!(word, mechanism.to_string());
-            assert_eq!(Mechanism::from_str(&word, false), Ok(*mechanism));
-        }
+    fn the_preset_flag_words_round_trip() {
         for preset in Preset::value_variants() {
             let word = preset.to_possible_value().unwrap().get_name().to_string();
             assert_eq!(Preset::from_str(&word, false), Ok(*preset));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// a window's deadline counts from creation times, so this delays only the
 /// pass that holds the rest of the cluster once a window opens (it is part of
 /// the hold time measured at 5,000 and 50,000 nodes, 21 s and 201 s at 250
-/// PATCHes a second, and most of the budget mechanism's 1.17 s) and the late
+/// PATCHes a second) and the late
 /// hold of a node the webhook missed. Half of Karpenter's batch idle time
 /// (1 s): a scale-up's nodes register over seconds anyway, so a shorter
 /// quiet time costs a few more passes, not more patches (a pass patches

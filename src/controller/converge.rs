@@ -10,7 +10,6 @@ impl WindowTask {
         &mut self,
         snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
-        pool_budgets: Option<&BTreeSet<String>>,
     ) -> Result<PassOutcome> {
         let drifted = self.drifted();
         let planner = &Planner {
@@ -19,7 +18,6 @@ impl WindowTask {
             now,
             kept: self.config.schedule.map(|_| &self.kept),
             explained: self.config.schedule.map(|_| &self.explained),
-            pool_budgets,
             drifted: &drifted,
         };
         let metas = || snapshot.iter().map(|node| &**node);

@@ -18,8 +18,8 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::budgets::watch_refused;
 use super::compact::{Compact, watch_compact};
+use super::watches::watch_refused;
 use crate::retry::optional_api_backoff;
 
 /// The watch and what it has seen; dropping it stops the watch.

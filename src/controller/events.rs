@@ -113,13 +113,13 @@ impl HoldEvent {
 
     /// node-holder removed its hold from the node.
     fn released(patch: &NodePatch) -> Self {
-        let why = match (&patch.pool_budget, patch.drifted) {
-            (Some(pool), _) => format!("NodePool {pool}'s budget holds it instead"),
-            (None, true) => "Karpenter marked it drifted: node-holder does not hold a rollout, \
-                             only `node-holder hold` does"
-                .to_string(),
-            (None, false) => "node-holder's hold window closed".to_string(),
-        };
+        let why = if patch.drifted {
+            "Karpenter marked it drifted: node-holder does not hold a rollout, \
+             only `node-holder hold` does"
+        } else {
+            "node-holder's hold window closed"
+        }
+        .to_string();
         let mut note = if patch.keys.is_empty() {
             why
         } else {
@@ -407,7 +407,6 @@ mod tests {
             keys: vec!["karpenter.sh/do-not-disrupt".to_string()],
             left: Vec::new(),
             until: None,
-            pool_budget: None,
             drifted: false,
         }
     }

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
 
-use super::budgets::watch_refused;
 use super::compact::{Compact, Watched, watch_compact};
+use super::watches::watch_refused;
 use crate::core::known::JobPod;
 use crate::core::warm::{WARM_LABEL, is_placeholder};
 

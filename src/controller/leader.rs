@@ -115,7 +115,7 @@ use crate::retry::ONCE_ATTEMPTS;
 /// Carries out the release requested at `request` with the leader's own pass, once, as
 /// `config.identity`, which must hold the Lease: what `uninstall` does
 /// after the replicas stopped. The pass puts the request in the window
-/// record, takes node-holder's holds and budget entries off as a leader
+/// record, takes node-holder's holds off as a leader
 /// would, and records the request as done. A pass whose patches failed runs
 /// again from a fresh list, a few times.
 pub async fn release_once(

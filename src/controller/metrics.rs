@@ -55,8 +55,6 @@ pub struct WindowMetrics {
     /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
     pub pass_duration: Histogram,
-    /// `--hold-mechanism budget`: NodePools carrying node-holder's budget.
-    pub pools_held: Gauge<i64, AtomicI64>,
     pub schedule: ScheduleMetrics,
 }
 
@@ -186,7 +184,6 @@ impl WindowMetrics {
             leader: Gauge::default(),
             // 1 ms .. ~65 s
             pass_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-            pools_held: Gauge::default(),
             schedule: ScheduleMetrics::register(registry),
         };
 
@@ -245,17 +242,12 @@ impl WindowMetrics {
         );
     }
 
-    /// The metrics of the hold's length and `--hold-mechanism budget`.
+    /// The metric of the hold's length.
     fn register_hold(&self, registry: &mut Registry) {
         registry.register(
             "window_hold_seconds",
             "The hold the window counts new nodes with: --hold-duration",
             self.hold.clone(),
-        );
-        registry.register(
-            "nodepools_held",
-            "With --hold-mechanism budget: NodePools carrying node-holder's budget",
-            self.pools_held.clone(),
         );
     }
 

@@ -4,7 +4,6 @@
 //! every pass starts from the watched state and the record, so running it
 //! again, or after a crash, changes nothing more.
 
-mod budgets;
 mod coalesce;
 mod compact;
 mod converge;
@@ -27,7 +26,7 @@ use converge::seconds;
 pub use error::FailureKind;
 use error::PassError;
 pub use leader::{default_identity, release_once, run};
-use watches::{nodes_seen, pool_changed, sleep_until, watch_changed, watch_pools, watch_record};
+use watches::{nodes_seen, sleep_until, watch_changed, watch_record};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -39,20 +38,18 @@ use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::budget::{AddedBudgets, Mechanism, NODEPOOL_LABEL};
 use crate::core::due::Terms;
 use crate::core::holds::is_marked;
 use crate::core::holds::{Holding, Preset};
 use crate::core::node::NodeMeta;
 use crate::core::plan::{Action, NodePatch, Planner};
-use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use crate::state::lease;
 use crate::state::record::{self, RecordStore, Settings};
@@ -69,9 +66,6 @@ use scheduled::{ScheduledWatch, watch_scheduled};
 pub struct Config {
     pub window: WindowConfig,
     pub holding: Holding,
-    /// `--hold-mechanism budget`: the NodePools held by a budget (a label
-    /// selector); `None`: nodes are held by annotation.
-    pub pools: Option<NodeScope>,
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
@@ -89,11 +83,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// What the node store keeps of each node: besides the marker, with
-    /// budgets the NodePool's label.
+    /// What the node store keeps of each node.
     fn keep(&self) -> nodes::Keep {
-        let pools = self.pools.as_ref().map(|_| NODEPOOL_LABEL.to_string());
-        nodes::Keep::new(&self.holding, pools.into_iter().collect())
+        nodes::Keep::new(&self.holding)
     }
 
     /// What the record keeps of this configuration, for `status` and `release`.
@@ -104,15 +96,6 @@ impl Config {
             holds: self.holding.holds.iter().map(ToString::to_string).collect(),
             node_selector: self.holding.scope.text().to_string(),
             launch_cost: self.schedule.map(|terms| terms.launch_cost),
-            hold_mechanism: if self.pools.is_some() {
-                Mechanism::Budget
-            } else {
-                Mechanism::Annotation
-            },
-            nodepool_selector: self
-                .pools
-                .as_ref()
-                .map_or_else(String::new, |pools| pools.text().to_string()),
         }
     }
 }
@@ -121,7 +104,6 @@ impl Config {
 #[derive(Debug, Clone, PartialEq)]
 struct Saved {
     window: Window,
-    budgets: AddedBudgets,
     kept: crate::core::kept::KeptSummary,
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
 }
@@ -134,14 +116,9 @@ struct WindowTask {
     events: EventSink,
     store: RecordStore,
     patcher: Patcher,
-    /// The window, the NodePool budgets and the schedule's nodes as last
-    /// saved.
+    /// The window and the schedule's nodes as last saved.
     saved: Option<Saved>,
     window: Window,
-    /// `--hold-mechanism budget`: the NodePools.
-    pools: Option<budgets::Pools>,
-    /// What node-holder added to which NodePool's budgets.
-    added: AddedBudgets,
     /// `--launch-cost`: the CronJobs and their pods, while leading.
     scheduled: Option<ScheduledWatch>,
     /// With Karpenter v1's hold: the NodeClaims Karpenter marked drifted,
@@ -208,10 +185,6 @@ impl WindowTask {
         metrics: WindowMetrics,
         events: EventSink,
     ) -> Self {
-        let pools = config
-            .pools
-            .clone()
-            .map(|scope| budgets::Pools::new(client.clone(), scope));
         WindowTask {
             store: RecordStore::new(client.clone(), &config.namespace),
             patcher: Patcher::new(client.clone(), config.qps),
@@ -221,8 +194,6 @@ impl WindowTask {
             events,
             saved: None,
             window: Window::default(),
-            pools,
-            added: AddedBudgets::new(),
             scheduled: None,
             drift: None,
             explained: HashSet::default(),
@@ -253,7 +224,6 @@ impl WindowTask {
         } = watch_nodes(self.client.clone(), self.config.keep(), watch_backoff());
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
-        let mut pool_changes = watch_pools(self.pools.as_ref());
         self.scheduled = self
             .config
             .schedule
@@ -293,7 +263,6 @@ impl WindowTask {
                     Ok(None) => bail!("the record watch ended"),
                     Err(err) => tracing::warn!(error = %err, "record watch failed; retrying"),
                 },
-                change = pool_changes.try_next() => pool_changed(&mut next, change)?,
                 () = watch_changed(&mut schedule_changes) => next.change(Instant::now()),
                 () = watch_changed(&mut drift_changes) => next.change(Instant::now()),
                 () = sleep_until(due, synced) => {
@@ -311,12 +280,10 @@ impl WindowTask {
     /// read (after a restart with other flags).
     fn restore(&mut self, record: record::Record) {
         self.window = record.window.clone();
-        self.added = record.budgets.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
         self.last_runs = record.last_runs.clone();
         self.saved = (record.exists && settings_current).then_some(Saved {
             window: record.window,
-            budgets: record.budgets,
             kept: record.schedule,
             last_runs: record.last_runs,
         });
@@ -377,8 +344,7 @@ impl WindowTask {
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;
-        let pool_budgets = self.hold_pools(now).await?;
-        let mut outcome = self.converge(&snapshot, now, pool_budgets.as_ref()).await?;
+        let mut outcome = self.converge(&snapshot, now).await?;
         if let Some(known) = known {
             self.warm_for_runs(&known, &snapshot, now).await;
             let warm_wake = self.warming.wake.and_then(|at| {
@@ -395,7 +361,6 @@ impl WindowTask {
     async fn save_record(&mut self) -> Result<()> {
         let now = Saved {
             window: self.window.clone(),
-            budgets: self.added.clone(),
             kept: crate::core::kept::KeptSummary::of(&self.kept),
             last_runs: self.last_runs.clone(),
         };
@@ -403,7 +368,6 @@ impl WindowTask {
             self.store
                 .save(
                     &now.window,
-                    &now.budgets,
                     &now.kept,
                     &now.last_runs,
                     &self.config.settings(),

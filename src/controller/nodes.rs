@@ -95,22 +95,18 @@ fn sorted(mut listed: Vec<Arc<NodeMeta>>) -> Vec<Arc<NodeMeta>> {
 pub struct Keep {
     holds: Holds,
     scope: NodeScope,
-    /// Labels kept beside node-holder's marker: the NodePool's, with
-    /// budgets.
-    also: Vec<String>,
 }
 
 impl Keep {
-    pub fn new(holding: &Holding, also: Vec<String>) -> Self {
+    pub fn new(holding: &Holding) -> Self {
         Keep {
             holds: holding.holds.clone(),
             scope: holding.scope.clone(),
-            also,
         }
     }
 
     fn node(&self, node: &PartialObjectMeta<Node>) -> Option<Arc<NodeMeta>> {
-        let kept = keep_what_patches_read(&node.metadata, &self.holds, &self.scope, &self.also);
+        let kept = keep_what_patches_read(&node.metadata, &self.holds, &self.scope);
         kept.map(Arc::new)
     }
 }
@@ -290,7 +286,6 @@ mod tests {
         let keep = Keep {
             holds: Holds::new(&[Preset::KarpenterV1], &[]).unwrap(),
             scope: NodeScope::parse("zone=a").unwrap(),
-            also: vec!["pool".to_string()],
         };
         Writer {
             store: NodeStore::default(),
@@ -336,7 +331,9 @@ mod tests {
         let snapshot = w.store.snapshot();
         let a = &snapshot[0];
         assert!(a.in_scope() && !snapshot[1].in_scope());
-        assert_eq!((a.label("pool"), a.label("x")), (Some("gpu"), None));
+        // Of the labels, only node-holder's marker is kept.
+        assert_eq!((a.label("pool"), a.label("x")), (None, None));
+        assert!(a.label("node-holder.dev/held").is_some());
         assert!(a.has_annotations() && a.annotation("other").is_none());
         w.apply(&Event::Apply(node("a", json!({"zone": "b"}))));
         assert!(!w.store.snapshot()[0].in_scope(), "replaced");

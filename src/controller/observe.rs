@@ -56,9 +56,7 @@ impl WindowTask {
     fn announce(&mut self, node: &NodeMeta, observed: Observed, until: Option<Timestamp>) {
         let key = node.uid().unwrap_or(node.name());
         if self.announced.insert(key.to_string()) {
-            if self.config.pools.is_none() {
-                self.metrics.new_node(is_marked(node));
-            }
+            self.metrics.new_node(is_marked(node));
             self.events.send(HoldEvent::counted(node, observed, until));
         }
     }

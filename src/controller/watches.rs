@@ -1,5 +1,5 @@
-//! What wakes the leader's loop: the record's, the NodePools' and the
-//! schedule's watches, the node feed, and the coalesced deadline.
+//! What wakes the leader's loop: the record's and the schedule's watches,
+//! the node feed, and the coalesced deadline.
 
 use super::*;
 
@@ -15,42 +15,6 @@ pub(super) fn watch_record(
     )
     .backoff(watch_backoff())
     .applied_objects()
-}
-
-/// With `--hold-mechanism budget`, the NodePools' changes; else nothing, ever.
-pub(super) fn watch_pools(
-    pools: Option<&budgets::Pools>,
-) -> futures::stream::BoxStream<'static, Result<PartialObjectMeta<DynamicObject>, watcher::Error>> {
-    match pools {
-        Some(pools) => pools.changes().boxed(),
-        None => futures::stream::pending().boxed(),
-    }
-}
-
-/// What the NodePool watch's `change` asks of the next pass: to run soon
-/// after a pool appears or someone edits it. A watch failure is retried;
-/// one for want of Karpenter's API is left to the pass to report.
-pub(super) fn pool_changed(
-    next: &mut Coalesce,
-    change: Result<Option<PartialObjectMeta<DynamicObject>>, watcher::Error>,
-) -> Result<()> {
-    match change {
-        Ok(Some(pool)) => {
-            let meta = &pool.metadata;
-            tracing::debug!(
-                pool = meta.name,
-                generation = meta.generation,
-                "NodePool changed"
-            );
-            next.change(Instant::now());
-        }
-        Ok(None) => bail!("the NodePool watch ended"),
-        Err(err) if budgets::api_missing(&err) => {
-            tracing::debug!(error = %err, "NodePool watch failed; retrying");
-        }
-        Err(err) => tracing::warn!(error = %err, "NodePool watch failed; retrying"),
-    }
-    Ok(())
 }
 
 /// What the node watch's progress from `seen` to `now` asks of the next
@@ -82,5 +46,14 @@ pub(super) async fn sleep_until(due: Due, synced: bool) {
         Due::Now if synced => {}
         Due::At(at) if synced => tokio::time::sleep_until(at.into()).await,
         _ => std::future::pending().await,
+    }
+}
+
+/// The HTTP status the API server refused a watch's list or start with.
+pub(super) fn watch_refused(err: &watcher::Error) -> Option<u16> {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
     }
 }

@@ -3,7 +3,6 @@
 //! plan that brings nodes to it. No I/O happens here.
 
 pub mod admission;
-pub mod budget;
 pub mod due;
 pub mod holds;
 pub mod kept;

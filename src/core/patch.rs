@@ -170,8 +170,8 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
 
 /// What a store of thousands of nodes keeps of `meta`: what the patches and
 /// the plan read. Of the annotations, the configured holds, node-holder's
-/// hold-keys list and the keys in it; of the labels, node-holder's marker
-/// and those in `also` (the NodePool's, which the budgets read); and
+/// hold-keys list and the keys in it; of the labels, node-holder's marker;
+/// and
 /// whether the node selector selects the node, decided on the whole labels.
 /// A map left empty is kept (empty, not absent): it still exists on the
 /// node, so holds are added into it, never as a whole new map that would
@@ -182,7 +182,6 @@ pub fn keep_what_patches_read(
     meta: &ObjectMeta,
     holds: &Holds,
     scope: &NodeScope,
-    also: &[String],
 ) -> Option<NodeMeta> {
     let listed: Vec<&str> = meta
         .annotation(HELD_KEYS_ANNOTATION)
@@ -190,7 +189,7 @@ pub fn keep_what_patches_read(
     NodeMeta::read(
         meta,
         scope.matches(labels(meta)),
-        |key| key == MARKER_LABEL || also.iter().any(|a| a == key),
+        |key| key == MARKER_LABEL,
         |key| {
             key == HELD_KEYS_ANNOTATION
                 || key == HELD_UNTIL_ANNOTATION
@@ -583,15 +582,13 @@ mod tests {
         ] {
             let whole = meta(original);
             for scope in &scopes {
-                let trimmed =
-                    keep_what_patches_read(&whole, &holds, scope, &["pool".to_string()]).unwrap();
+                let trimmed = keep_what_patches_read(&whole, &holds, scope).unwrap();
                 assert!(trimmed.annotation("a/b").is_none() && trimmed.annotation("big").is_none());
                 assert!(trimmed.label("kubernetes.io/hostname").is_none());
                 // A map that existed still exists, however little is left.
                 assert_eq!(trimmed.has_labels(), whole.labels.is_some());
                 assert_eq!(trimmed.has_annotations(), whole.annotations.is_some());
                 assert_eq!(trimmed.in_scope(), scope.matches(labels(&whole)), "{scope}");
-                assert_eq!(trimmed.label("pool"), whole.label("pool"));
                 assert_eq!(
                     hold_existing(&trimmed, &holds),
                     hold_existing(&whole, &holds)

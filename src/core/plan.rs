@@ -14,7 +14,6 @@ use foldhash::HashSet;
 use jiff::Timestamp;
 use json_patch::Patch;
 
-use super::budget::NODEPOOL_LABEL;
 use super::due::Kept;
 use super::holds::{Holds, held_until_stamp, is_marked};
 use super::node::{NodeFields, NodeMeta};
@@ -35,9 +34,6 @@ pub struct NodePatch {
     /// Hold only: until when the node is held, as far as known now (`None`
     /// for a busy node the schedule keeps until its run ends).
     pub until: Option<Timestamp>,
-    /// Release only: the NodePool whose budget holds the node instead
-    /// (`--hold-mechanism budget`), if that is why.
-    pub pool_budget: Option<String>,
     /// Release only: Karpenter marked the node drifted, and only a manual
     /// hold holds a drifted node.
     pub drifted: bool,
@@ -98,11 +94,6 @@ pub struct Planner<'a> {
     /// hold), so another workload's scale-up does not hold a CronJob's idle
     /// nodes for a whole window.
     pub explained: Option<&'a HashSet<String>>,
-    /// `--hold-mechanism budget`: the NodePools whose budget holds their
-    /// nodes now. Their nodes carry no hold annotation, nor do nodes of no
-    /// NodePool; a pool whose budget could not be written is held by
-    /// annotation as before. `None`: every node is held by annotation.
-    pub pool_budgets: Option<&'a BTreeSet<String>>,
     /// The nodes whose NodeClaim Karpenter marked `Drifted`. A drift is a
     /// change the operator made (a new image, a changed NodePool), not
     /// churn: neither the window nor the schedule holds a drifted node, so
@@ -115,7 +106,7 @@ impl Planner<'_> {
     /// Whether the node should carry the holds now, and until when its
     /// window (or the manual hold) holds it.
     fn wanted(&self, node: &NodeMeta) -> (bool, Option<Timestamp>) {
-        if !node.in_scope() || self.budget_holds(node).is_some() {
+        if !node.in_scope() {
             return (false, None);
         }
         if self.drifted.contains(node.name()) {
@@ -134,17 +125,6 @@ impl Planner<'_> {
         }
     }
 
-    /// With budgets, why the node needs no hold annotation: `Some(pool)`
-    /// when its NodePool's budget holds it, `Some("")` when it belongs to no
-    /// NodePool; `None` when it is held by annotation.
-    fn budget_holds<'m>(&self, node: &'m NodeMeta) -> Option<&'m str> {
-        let covered = self.pool_budgets?;
-        match node.label(NODEPOOL_LABEL) {
-            None => Some(""),
-            Some(pool) => covered.contains(pool).then_some(pool),
-        }
-    }
-
     /// The patch that brings this node to its desired state; `None` when it
     /// is already there.
     pub fn node(&self, node: &NodeMeta) -> Option<(Action, NodePatch)> {
@@ -155,7 +135,6 @@ impl Planner<'_> {
             keys,
             left,
             until,
-            pool_budget: None,
             drifted: false,
         };
         let (wanted, until) = self.wanted(node);
@@ -178,10 +157,6 @@ impl Planner<'_> {
             let release = release_holds(node, self.holds);
             (!release.patch.0.is_empty()).then(|| {
                 let mut patch = node_patch(release.patch, release.removed, release.left, None);
-                patch.pool_budget = self
-                    .budget_holds(node)
-                    .filter(|pool| !pool.is_empty())
-                    .map(str::to_string);
                 patch.drifted = self.drifted.contains(node.name());
                 (Action::Release, patch)
             })
@@ -356,7 +331,6 @@ mod tests {
             now,
             kept: None,
             explained: None,
-            pool_budgets: None,
             drifted: &BTreeSet::new(),
         };
         plan_all(&planner, &nodes)
@@ -595,7 +569,6 @@ mod tests {
             now: t(0),
             kept: Some(&kept),
             explained: None,
-            pool_budgets: None,
             drifted: &BTreeSet::new(),
         };
         let plan = plan_all(&planner, &nodes);
@@ -626,7 +599,6 @@ mod tests {
                 now: t(1),
                 kept: Some(&kept),
                 explained: Some(&explained),
-                pool_budgets: None,
                 drifted: &BTreeSet::new(),
             };
             plan_all(&planner, &nodes)
@@ -672,7 +644,6 @@ mod tests {
                 now: t(1),
                 kept: Some(&kept),
                 explained: None,
-                pool_budgets: None,
                 drifted: &drifted,
             };
             plan_all(&planner, &nodes)
@@ -715,50 +686,5 @@ mod tests {
         let second = plan(&w, &NodeScope::default(), &holds(), &nodes, t(1));
         assert_eq!(first, second);
         assert_eq!(names(&first.hold), ["a", "b", "c"]);
-    }
-
-    #[test]
-    fn with_pool_budgets_only_nodes_of_pools_without_one_carry_the_annotation() {
-        let cfg = cfg();
-        let window = open_window(&cfg, 0);
-        let karpenter = |name: &str, pool: &str, marked: bool| {
-            let mut meta = if marked {
-                held(name, 0)
-            } else {
-                node(name, -100, json!({}), json!({}))
-            };
-            meta.labels
-                .get_or_insert_default()
-                .insert(NODEPOOL_LABEL.into(), pool.into());
-            meta
-        };
-        let nodes = [
-            karpenter("a-new", "general", true),
-            karpenter("b-old", "general", false),
-            karpenter("c-gpu", "gpu", false),
-            held("d-not-karpenters", 0),
-            node("e-not-karpenters", -100, json!({}), json!({})),
-        ];
-        let covered = BTreeSet::from(["general".to_string()]);
-        let nodes = stored(&nodes, &NodeScope::default());
-        let mut planner = Planner {
-            window: &window,
-            holds: &holds(),
-            now: t(1),
-            kept: None,
-            explained: None,
-            pool_budgets: Some(&covered),
-            drifted: &BTreeSet::new(),
-        };
-        let plan = plan_all(&planner, &nodes);
-        // gpu's budget could not be written: its node is held by annotation.
-        assert_eq!(names(&plan.hold), ["c-gpu"]);
-        assert_eq!(names(&plan.release), ["a-new", "d-not-karpenters"]);
-        assert_eq!(plan.release[0].pool_budget.as_deref(), Some("general"));
-        assert_eq!(plan.release[1].pool_budget, None);
-        // Without budgets, every node in scope carries the annotation.
-        planner.pool_budgets = None;
-        let plan = plan_all(&planner, &nodes);
-        assert_eq!(names(&plan.hold), ["b-old", "c-gpu", "e-not-karpenters"]);
     }
 }

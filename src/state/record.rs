@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 
-use crate::core::budget::{AddedBudgets, Mechanism};
 use crate::core::holds::Holding;
 use crate::core::holds::{Hold, Holds, PREFIX};
 use crate::core::kept::KeptSummary;
@@ -31,7 +30,6 @@ const RELEASE_FIELD_MANAGER: &str = "node-holder-release";
 const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
-const BUDGETS_KEY: &str = "budgets.json";
 /// `--launch-cost`: what the schedule keeps, summed up, for `status`.
 const SCHEDULE_KEY: &str = "schedule.json";
 /// `--launch-cost`: each CronJob's last run, for a new leader to warm for
@@ -85,12 +83,6 @@ pub struct Settings {
     pub holds: Vec<String>,
     /// The node selector, kubectl syntax; empty for every node.
     pub node_selector: String,
-    /// `--hold-mechanism`; absent: `annotation`.
-    #[serde(default, skip_serializing_if = "is_annotation")]
-    pub hold_mechanism: Mechanism,
-    /// `--nodepool-selector` (kubectl syntax); empty for every NodePool.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub nodepool_selector: String,
     /// `--launch-cost`; absent: the schedule keeps nothing.
     #[serde(
         default,
@@ -100,16 +92,10 @@ pub struct Settings {
     pub launch_cost: Option<std::time::Duration>,
 }
 
-fn is_annotation(mechanism: &Mechanism) -> bool {
-    *mechanism == Mechanism::Annotation
-}
-
 /// What the record's ConfigMap holds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Record {
     pub window: Window,
-    /// What node-holder added to which NodePool's budgets.
-    pub budgets: AddedBudgets,
     /// What the schedule keeps, summed up.
     pub schedule: KeptSummary,
     /// Each CronJob's last run (`namespace/name`).
@@ -192,7 +178,6 @@ impl RecordStore {
     pub async fn save(
         &self,
         window: &Window,
-        budgets: &AddedBudgets,
         schedule: &KeptSummary,
         last_runs: &BTreeMap<String, LastRun>,
         settings: &Settings,
@@ -207,12 +192,6 @@ impl RecordStore {
                 serde_json::to_string(settings).context("serialising the settings")?,
             ),
         ]);
-        if !budgets.is_empty() {
-            data.insert(
-                BUDGETS_KEY.to_string(),
-                serde_json::to_string(budgets).context("serialising the NodePool budgets")?,
-            );
-        }
         if !schedule.is_empty() {
             data.insert(
                 SCHEDULE_KEY.to_string(),
@@ -346,12 +325,6 @@ impl Record {
                 .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
             None => Window::default(),
         };
-        let budgets = match data.get(BUDGETS_KEY) {
-            Some(text) => serde_json::from_str(text).with_context(|| {
-                format!("ConfigMap {NAME}: {BUDGETS_KEY} is not node-holder's NodePool budgets")
-            })?,
-            None => AddedBudgets::new(),
-        };
         let schedule = match data.get(SCHEDULE_KEY) {
             Some(text) => serde_json::from_str(text).with_context(|| {
                 format!("ConfigMap {NAME}: {SCHEDULE_KEY} is not what the schedule keeps")
@@ -372,7 +345,6 @@ impl Record {
         };
         Ok(Record {
             window,
-            budgets,
             schedule,
             last_runs,
             settings,
@@ -428,13 +400,6 @@ impl Settings {
         }
     }
 
-    /// The NodePools held by budget, with `--hold-mechanism budget`.
-    pub fn pools(&self) -> Result<Option<NodeScope>> {
-        self.hold_mechanism
-            .pools(&self.nodepool_selector)
-            .map_err(|e| anyhow!("ConfigMap {NAME}: nodepoolSelector: {e}"))
-    }
-
     /// The holds and node scope these settings describe.
     pub fn holding(&self) -> Result<Holding> {
         let explicit = self
@@ -467,7 +432,8 @@ mod tests {
     }
 
     /// A record written with a removed flag (`--window-follows-work`,
-    /// `--release-pace`, `--window-per-label`, `--group-hold-duration`)
+    /// `--release-pace`, `--window-per-label`, `--group-hold-duration`,
+    /// `--hold-mechanism`)
     /// still loads, and the next save leaves the field out.
     #[test]
     fn settings_of_a_removed_flag_still_load() {
@@ -477,6 +443,7 @@ mod tests {
             r#""releasePace":"10%/1m""#,
             r#""windowPerLabel":"karpenter.sh/nodepool""#,
             r#""groupHoldDurations":{"gpu":"45m"}"#,
+            r#""holdMechanism":"budget","nodepoolSelector":"team=a""#,
         ] {
             let old = kept.replace('}', &format!(",{field}}}"));
             let settings: Settings = serde_json::from_str(&old).unwrap();

@@ -57,10 +57,6 @@ pub struct Status {
     /// With `--launch-cost`: the warms under way (`--warm-before-runs`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warms: Vec<WarmShown>,
-    /// With `--hold-mechanism budget`: the NodePools the record says carry
-    /// node-holder's budget.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub nodepool_budgets: Vec<String>,
     /// node-holder's holds with no live leader for longer than
     /// `--orphaned-after` (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,26 +75,20 @@ pub struct Orphaned {
     /// When the last leader's Lease ran out; `None`: no leader ever held it.
     pub since: Option<Timestamp>,
     pub held_nodes: usize,
-    pub nodepool_budgets: usize,
 }
 
 impl Status {
-    /// Marks the holds orphaned when nodes or NodePools carry node-holder's
-    /// and no leader has been live for `after` (at once when no leader ever
+    /// Marks the holds orphaned when nodes carry node-holder's and no leader has been live for `after` (at once when no leader ever
     /// held the Lease).
     pub fn orphaned_after(mut self, after: std::time::Duration, now: Timestamp) -> Self {
-        let (held_nodes, nodepool_budgets) = (self.held_nodes.len(), self.nodepool_budgets.len());
+        let held_nodes = self.held_nodes.len();
         let live = self.leader.as_ref().is_some_and(|l| !l.expired);
         let since = self.leader.as_ref().and_then(|l| l.live_until);
         let long_enough = since.is_none_or(|since| {
             SignedDuration::try_from(after).is_ok_and(|after| now.duration_since(since) >= after)
         });
         self.orphaned =
-            (held_nodes + nodepool_budgets > 0 && !live && long_enough).then_some(Orphaned {
-                since,
-                held_nodes,
-                nodepool_budgets,
-            });
+            (held_nodes > 0 && !live && long_enough).then_some(Orphaned { since, held_nodes });
         self.overdue = if live {
             overdue(&self.held_nodes, after, now)
         } else {
@@ -174,7 +164,6 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
             .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
         closed_through: window.closed_through(),
         release_requested_at: record.release_request,
-        nodepool_budgets: record.budgets.keys().cloned().collect(),
         scheduled: record.schedule,
         warms,
         release_done_at: record.release_done_at,
@@ -272,7 +261,6 @@ pub fn yaml(value: &impl Serialize) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::budget::Mechanism;
     use std::time::Duration;
 
     /// The readable form with every held node.
@@ -290,8 +278,6 @@ mod tests {
             max_hold: Some(Duration::from_secs(7200)),
             holds: vec!["karpenter.sh/do-not-disrupt=true".into()],
             node_selector: String::new(),
-            hold_mechanism: Mechanism::Annotation,
-            nodepool_selector: String::new(),
             launch_cost: None,
         }
     }
@@ -320,7 +306,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
             orphaned: None,
@@ -402,8 +387,8 @@ mod tests {
     }
 
     /// A status whose leader's Lease ran out at `lease_ended` (`None`: no
-    /// Lease ever), with `nodes` held nodes and `pools` NodePool budgets.
-    fn leaderless(lease_ended: Option<&str>, nodes: usize, pools: usize) -> Status {
+    /// Lease ever), with `nodes` held nodes.
+    fn leaderless(lease_ended: Option<&str>, nodes: usize) -> Status {
         let mut status = closed("2026-11-22T10:00:00Z");
         status.leader = lease_ended.map(|ended| Holder {
             identity: "gone".into(),
@@ -414,7 +399,6 @@ mod tests {
         status.held_nodes = (0..nodes)
             .map(|i| held(&format!("n{i}"), "2026-11-22T09:00:00Z"))
             .collect();
-        status.nodepool_budgets = (0..pools).map(|i| format!("pool-{i}")).collect();
         status
     }
 
@@ -422,19 +406,18 @@ mod tests {
     fn holds_with_no_live_leader_for_longer_than_orphaned_after_are_called_orphaned() {
         let now = at("2026-11-22T12:10:00Z");
         let five = Duration::from_secs(300);
-        let status = leaderless(Some("2026-11-22T11:45:00Z"), 3, 1).orphaned_after(five, now);
+        let status = leaderless(Some("2026-11-22T11:45:00Z"), 3).orphaned_after(five, now);
         assert_eq!(
             status.orphaned,
             Some(Orphaned {
                 since: Some(at("2026-11-22T11:45:00Z")),
                 held_nodes: 3,
-                nodepool_budgets: 1
             })
         );
         let text = render_text(&status, now);
         assert!(
             text.contains(
-                "Orphaned:    3 node(s) and 1 NodePool budget(s) of node-holder's, no live leader since 2026-11-22T11:45:00Z (25m ago): nothing will release them"
+                "Orphaned:    3 node(s) of node-holder's, no live leader since 2026-11-22T11:45:00Z (25m ago): nothing will release them"
             ),
             "{text}"
         );
@@ -442,7 +425,7 @@ mod tests {
         assert_eq!(json["orphaned"]["heldNodes"], 3, "{json}");
 
         // No Lease at all: orphaned at once.
-        let never = leaderless(None, 1, 0).orphaned_after(five, now);
+        let never = leaderless(None, 1).orphaned_after(five, now);
         assert!(render_text(&never, now).contains("no leader has ever run"));
         assert_eq!(never.orphaned.map(|o| o.since), Some(None));
     }
@@ -454,7 +437,7 @@ mod tests {
     fn held_nodes_long_past_their_held_until_under_a_live_leader_are_overdue() {
         let now = at("2026-11-22T12:10:00Z");
         let five = Duration::from_secs(300);
-        let mut status = leaderless(Some("2026-11-22T12:20:00Z"), 0, 0);
+        let mut status = leaderless(Some("2026-11-22T12:20:00Z"), 0);
         if let Some(leader) = status.leader.as_mut() {
             leader.expired = false;
         }
@@ -488,11 +471,11 @@ mod tests {
     fn a_short_gap_a_live_leader_or_nothing_held_is_not_orphaned() {
         let now = at("2026-11-22T12:10:00Z");
         let five = Duration::from_secs(300);
-        let recent = leaderless(Some("2026-11-22T12:06:00Z"), 3, 0).orphaned_after(five, now);
+        let recent = leaderless(Some("2026-11-22T12:06:00Z"), 3).orphaned_after(five, now);
         assert_eq!(recent.orphaned, None, "lease ran out 4m ago");
-        let nothing = leaderless(Some("2026-11-22T11:00:00Z"), 0, 0).orphaned_after(five, now);
+        let nothing = leaderless(Some("2026-11-22T11:00:00Z"), 0).orphaned_after(five, now);
         assert_eq!(nothing.orphaned, None, "nothing held");
-        let mut live = leaderless(Some("2026-11-22T11:00:00Z"), 3, 0);
+        let mut live = leaderless(Some("2026-11-22T11:00:00Z"), 3);
         if let Some(leader) = live.leader.as_mut() {
             leader.expired = false;
         }
@@ -501,6 +484,6 @@ mod tests {
             None,
             "a live leader"
         );
-        assert!(!render_text(&leaderless(None, 0, 0), now).contains("Orphaned"));
+        assert!(!render_text(&leaderless(None, 0), now).contains("Orphaned"));
     }
 }

@@ -4,7 +4,6 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::{Orphaned, Release, Status};
-use crate::core::budget::Mechanism;
 use crate::core::holds::HELD_UNTIL_ANNOTATION;
 use crate::core::kept::Nodes;
 
@@ -48,18 +47,6 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
     manual_lines(&mut line, status, now);
     scheduled_lines(&mut line, status, now);
     warm_lines(&mut line, status, now);
-    if status
-        .settings
-        .as_ref()
-        .is_some_and(|s| s.hold_mechanism == Mechanism::Budget)
-    {
-        let pools = if status.nodepool_budgets.is_empty() {
-            "none".to_string()
-        } else {
-            status.nodepool_budgets.join(", ")
-        };
-        line("Budget on:", format!("NodePool(s) {pools}"));
-    }
     if let Some(text) = release_text(status.release.as_ref(), now) {
         line("Release:", text);
     }
@@ -94,9 +81,6 @@ fn settings_text(status: &Status) -> String {
             if let Some(cost) = s.launch_cost {
                 let cost = humantime::format_duration(cost);
                 modes.push_str(&format!(", holds for CronJob runs due within {cost}"));
-            }
-            if s.hold_mechanism == Mechanism::Budget {
-                modes.push_str(", held by NodePool budget");
             }
             format!(
                 "{nodes}, hold {}, {cap}{modes}",
@@ -308,20 +292,13 @@ fn overdue_text(overdue: &[String]) -> String {
 
 /// What is orphaned, since when, and what to do.
 fn orphaned_text(orphaned: &Orphaned, now: Timestamp) -> String {
-    let mut what = Vec::new();
-    if orphaned.held_nodes > 0 {
-        what.push(format!("{} node(s)", thousands(orphaned.held_nodes as u64)));
-    }
-    if orphaned.nodepool_budgets > 0 {
-        what.push(format!("{} NodePool budget(s)", orphaned.nodepool_budgets));
-    }
     let since = orphaned.since.map_or_else(
         || "no leader has ever run".to_string(),
         |since| format!("no live leader since {since} ({})", relative(since, now)),
     );
     format!(
-        "{} of node-holder's, {since}: nothing will release them; check node-holder's pods, or run `node-holder release`",
-        what.join(" and ")
+        "{} node(s) of node-holder's, {since}: nothing will release them; check node-holder's pods, or run `node-holder release`",
+        thousands(orphaned.held_nodes as u64)
     )
 }
 
@@ -461,7 +438,6 @@ mod tests {
             release: None,
             manual: None,
             manual_requested: None,
-            nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
             settings: Some(settings()),
@@ -521,7 +497,6 @@ mod tests {
             }),
             manual: None,
             manual_requested: None,
-            nodepool_budgets: Vec::new(),
             scheduled: KeptSummary::default(),
             warms: Vec::new(),
             settings: None,

@@ -13,7 +13,7 @@ pub struct AuditPatch {
     pub at: Timestamp,
     /// When its answer completed (`stageTimestamp`).
     pub completed: Option<Timestamp>,
-    /// The resource patched (`nodes`, `nodepools`).
+    /// The resource patched (`nodes`).
     pub resource: String,
     /// The object patched.
     pub name: String,

@@ -565,8 +565,8 @@ pub async fn install_node_holder_rbac(cp: &ControlPlane) {
     cp.install_node_holder_rbac().await.unwrap();
 }
 
-/// `webhook-config/rbac-{what}.yaml` (`nodepools` for `--hold-mechanism
-/// budget`, `schedules` for `--launch-cost`, `warm` for `--warm-before-runs`):
+/// `webhook-config/rbac-{what}.yaml` (`schedules` for `--launch-cost`,
+/// `warm` for `--warm-before-runs`):
 /// what a mode needs beside `rbac.yaml`, bound to node-holder's restricted
 /// identity.
 pub async fn install_rbac_for(cp: &ControlPlane, what: &str) {
@@ -604,28 +604,6 @@ pub fn fuzz_cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-/// Whether a NodePool budget is node-holder's self-ending entry: nodes 0 for
-/// consolidation, with Karpenter's own schedule and duration.
-pub fn is_node_holders_budget(budget: &serde_json::Value) -> bool {
-    budget["nodes"] == "0"
-        && budget["reasons"] == serde_json::json!(["Underutilized", "Empty"])
-        && budget["schedule"].is_string()
-        && budget["duration"]
-            .as_str()
-            .is_some_and(|d| d.ends_with('m'))
-}
-
-/// A NodePool's budgets split into the others' (in order) and how many of
-/// node-holder's self-ending entries it carries.
-pub fn split_budgets(budgets: &serde_json::Value) -> (serde_json::Value, usize) {
-    let all = budgets.as_array().cloned().unwrap_or_default();
-    let ours = all.iter().filter(|b| is_node_holders_budget(b)).count();
-    let others: Vec<_> = all
-        .into_iter()
-        .filter(|b| !is_node_holders_budget(b))
-        .collect();
-    (serde_json::Value::Array(others), ours)
-}
 
 /// A command's standard output and error, one after the other.
 pub fn output_text(out: &std::process::Output) -> String {
