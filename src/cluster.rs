@@ -39,12 +39,9 @@ async fn infer() -> Result<kube::Config> {
 }
 
 /// The client of `config`, its requests saying who sends them (the audit
-/// log's `userAgent`): `node-holder/<version>`, and for a command run by
-/// hand its name, `node-holder/<version> (release)`.
-///
-/// kube's own retry layer is off: it would retry a 429, 503 or 504 up to 15
-/// times, minutes with the server's `Retry-After`, where no log, metric or
-/// backoff of node-holder's sees it. Every retry is [`crate::retry`]'s.
+/// log's `userAgent`). kube's own retry layer is off: it would retry a 429,
+/// 503 or 504 up to 15 times, minutes with the server's `Retry-After`,
+/// unseen by node-holder's logs and metrics. Every retry is [`crate::retry`]'s.
 fn build(mut config: kube::Config, command: Option<&str>) -> Result<kube::Client> {
     let agent = HeaderValue::from_str(&user_agent(command)).context("the User-Agent header")?;
     config.headers.push((USER_AGENT, agent));

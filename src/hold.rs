@@ -11,9 +11,7 @@ use kube::api::{Api, PostParams};
 
 use crate::cli::HoldArgs;
 use crate::core::window::ManualHold;
-use crate::request::{self, Handled, Request};
-use crate::state::record::{self, RecordStore};
-use crate::status;
+use crate::request::{self, Request};
 
 /// The `hold` subcommand.
 pub async fn run(args: &HoldArgs) -> Result<()> {
@@ -28,41 +26,17 @@ pub async fn run(args: &HoldArgs) -> Result<()> {
         by: who_am_i(&client).await,
         reason: args.reason.clone(),
     };
-    let before = status::read(&client, namespace, now).await?;
-    RecordStore::new(client.clone(), namespace)
-        .request_hold(&hold)
-        .await?;
-    println!(
-        "manual hold requested by {}: every node in scope held until {} ({})",
-        hold.by, hold.until, hold.reason
-    );
-    let requested = hold.requested_at;
-    let done = move |meta: &_| record::hold_done_at(meta).is_some_and(|done| done >= requested);
-    let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
-    let handled = request::await_leader(
-        &client,
-        namespace,
-        Request::Hold,
-        done,
-        leader_alive,
-        args.timeout,
-    )
-    .await?;
-    report(&client, namespace, &hold, handled).await
-}
-
-/// What the hold did, and the manual hold in force now (a longer one asked
-/// for before stays).
-async fn report(
-    client: &kube::Client,
-    namespace: &str,
-    hold: &ManualHold,
-    handled: Handled,
-) -> Result<()> {
-    let Handled { leader, took } = handled;
-    println!("handled by {leader} in {took:.1?}");
-    let status = status::read(client, namespace, Timestamp::now()).await?;
-    match status.manual {
+    let requested = |_: &_| {
+        println!(
+            "manual hold requested by {}: every node in scope held until {} ({})",
+            hold.by, hold.until, hold.reason
+        )
+    };
+    let asked = Request::Hold(&hold);
+    let handled = request::ask(&client, namespace, asked, args.timeout, requested).await?;
+    println!("handled by {} in {:.1?}", handled.leader, handled.took);
+    // The manual hold in force now: a longer one asked for before stays.
+    match handled.status.manual {
         Some(current) if current.requested_at != hold.requested_at => println!(
             "a manual hold asked for earlier lasts longer and stays: until {} by {} ({})",
             current.until, current.by, current.reason
@@ -71,7 +45,7 @@ async fn report(
     }
     println!(
         "{} node(s) carry node-holder's hold",
-        status.held_nodes.len()
+        handled.status.held_nodes.len()
     );
     Ok(())
 }

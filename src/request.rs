@@ -7,47 +7,65 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::wait::await_condition;
 
-use crate::state::{lease, record};
+use crate::core::window::ManualHold;
+use crate::state::record::{self, RecordStore};
+use crate::state::{lease, record::NAME};
+use crate::status::{self, Status};
 
 /// What an operator asks of the leader through the record.
 #[derive(Debug, Clone, Copy)]
-pub enum Request {
-    /// `release`: close the window now (and end a manual hold).
-    Release,
+pub enum Request<'a> {
+    /// `release`, asked at this time: close the window now (and end a
+    /// manual hold).
+    Release(Timestamp),
     /// `hold`: hold every node in scope until the hold's end.
-    Hold,
+    Hold(&'a ManualHold),
 }
 
-/// Who carried out a request, and how long it took.
+/// Who carried out a request, how long it took, and the status after.
 pub struct Handled {
     pub leader: String,
     pub took: Duration,
+    pub status: Status,
 }
 
-/// Waits for the live leader to carry out `request` (until `done` says so
-/// of the record). An error, saying what to do, when no leader lives (at
-/// the start, per `leader_alive`, or because it died meanwhile, and no
-/// standby took over) or when it has not done it within `timeout`.
-pub async fn await_leader(
+/// Reads the status, writes `request` into the record, says so (`requested`,
+/// given the status before) and waits for the live leader to carry it out
+/// (to mark it done in the record). An error, saying what to do, when no
+/// leader lives (at the start, or because it died meanwhile, and no standby
+/// took over) or when it has not done it within `timeout`.
+pub async fn ask(
     client: &kube::Client,
     namespace: &str,
-    request: Request,
-    done: impl Fn(&ObjectMeta) -> bool + Send + 'static,
-    leader_alive: bool,
+    request: Request<'_>,
     timeout: Duration,
+    requested: impl FnOnce(&Status),
 ) -> Result<Handled> {
+    let store = RecordStore::new(client.clone(), namespace);
+    let (at, done_at): (_, fn(&_) -> _) = match request {
+        Request::Release(at) => (at, record::release_done_at),
+        Request::Hold(hold) => (hold.requested_at, record::hold_done_at),
+    };
+    let before = status::read(client, namespace, at).await?;
+    match request {
+        Request::Release(at) => store.request_release(at).await?,
+        Request::Hold(hold) => store.request_hold(hold).await?,
+    }
+    requested(&before);
+    let leader_alive = before.leader.is_some_and(|leader| !leader.expired);
     if !leader_alive && !leader_after_failover(client, namespace).await? {
         bail!("{}", no_leader(request));
     }
     let started = Instant::now();
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let finished = await_condition(records, record::NAME, move |cm: Option<&ConfigMap>| {
-        cm.is_some_and(|cm| done(&cm.metadata))
+    let finished = await_condition(records, NAME, move |cm: Option<&ConfigMap>| {
+        cm.and_then(|cm| done_at(&cm.metadata))
+            .is_some_and(|done| done >= at)
     });
     tokio::pin!(finished);
     let deadline = tokio::time::sleep(timeout);
@@ -74,6 +92,7 @@ pub async fn await_leader(
     Ok(Handled {
         leader: leader.map_or("the leader".into(), |l| l.identity),
         took: started.elapsed(),
+        status: status::read(client, namespace, Timestamp::now()).await?,
     })
 }
 
@@ -114,10 +133,10 @@ const FAILOVER_SLACK: Duration = Duration::from_secs(10);
 fn no_leader(request: Request) -> String {
     let recorded = "no live leader: the request is recorded, and the next leader carries it out when it starts";
     match request {
-        Request::Release => format!(
+        Request::Release(_) => format!(
             "{recorded}. To strip every hold of node-holder's now, without a leader, run `node-holder uninstall` (without --deployment and --webhook-configuration it leaves the installation in place)"
         ),
-        Request::Hold => format!("{recorded}; until then no node is held by it"),
+        Request::Hold(_) => format!("{recorded}; until then no node is held by it"),
     }
 }
 

@@ -7,17 +7,15 @@ use std::time::Duration;
 
 use kube::runtime::watcher;
 
-/// Retry delays of node-holder's watches: from half a second, doubling, to
-/// at most five. kube's default (0.8 s to 30 s, reset after 2 minutes)
-/// would leave the window task blind for up to 30 s after an API server
-/// restart; the window waits for the watch, so the reconnect must be quick.
+/// Retry delays of node-holder's watches. kube's default (0.8 s to 30 s,
+/// reset after 2 minutes) would leave the window task blind for up to 30 s
+/// after an API server restart; the window waits for the watch.
 pub fn watch_backoff() -> watcher::ExponentialBackoff {
     backoff_up_to(Duration::from_secs(5))
 }
 
 /// Retry delays of a watch of an API the cluster may not serve at all
-/// (Karpenter's NodeClaims): up to a minute, so that a cluster without it
-/// is asked once a minute, not every few seconds.
+/// (Karpenter's NodeClaims): a cluster without it is asked once a minute.
 pub fn optional_api_backoff() -> watcher::ExponentialBackoff {
     backoff_up_to(Duration::from_secs(60))
 }
@@ -32,8 +30,7 @@ fn backoff_up_to(max: Duration) -> watcher::ExponentialBackoff {
         .into()
 }
 
-/// The wait before the next pass after `failures` failed passes in a row:
-/// half a second, doubling, at most 30 s.
+/// The wait before the next pass after `failures` failed passes in a row.
 pub fn pass_backoff(failures: u32) -> Duration {
     Duration::from_millis(500 * 2u64.pow(failures.min(6))).min(Duration::from_secs(30))
 }

@@ -36,15 +36,14 @@ pub async fn run(args: &SelfCheckArgs) -> Result<()> {
     let node = test_node(node_labels(&args.node_label)?);
     let client = crate::cluster::command_client("self-check", &args.client).await?;
     let namespace = args.record.namespace.as_str();
-    let deadline = Instant::now() + args.timeout;
-    println!(
-        "{}",
-        until(deadline, POLL, || held_at_create(&client, &node, &holds)).await?
-    );
-    println!(
-        "{}",
-        until(deadline, POLL, || live_leader(&client, namespace)).await?
-    );
+    let deadline = Instant::now().checked_add(args.timeout);
+    let deadline = deadline.context("--timeout is too long")?;
+    let held = until(deadline, POLL, || held_at_create(&client, &node, &holds)).await?;
+    println!("{held}");
+    let leading = until(deadline, POLL, async || {
+        verdict_on_leader(lease::read_holder(&client, namespace).await?, namespace)
+    });
+    println!("{}", leading.await?);
     Ok(())
 }
 
@@ -129,11 +128,6 @@ fn verdict_on_holds(
     }
     let held: Vec<String> = holds.iter().map(ToString::to_string).collect();
     Ok(format!("held: a new Node gets {}", held.join(", ")))
-}
-
-/// Whether a replica holds the Lease in `namespace`, live.
-async fn live_leader(client: &kube::Client, namespace: &str) -> Result<String> {
-    verdict_on_leader(lease::read_holder(client, namespace).await?, namespace)
 }
 
 /// The Lease's `holder`, in words: an error unless it is live.

@@ -24,26 +24,12 @@ use crate::server::{
 
 /// Every metric of the process: each subsystem registers its own in one
 /// registry, which `/metrics` exposes.
-struct ProcessMetrics {
-    pub webhook: WebhookMetrics,
-    pub tls: TlsMetrics,
-    pub window: WindowMetrics,
-    pub exposition: Exposition,
-}
-
-impl ProcessMetrics {
-    fn register() -> Self {
-        let mut registry = crate::metrics::registry();
-        let webhook = WebhookMetrics::register(&mut registry);
-        let tls = TlsMetrics::register(&mut registry);
-        let window = WindowMetrics::register(&mut registry);
-        ProcessMetrics {
-            webhook,
-            tls,
-            window,
-            exposition: Exposition::from(registry),
-        }
-    }
+fn process_metrics() -> (WebhookMetrics, TlsMetrics, WindowMetrics, Exposition) {
+    let mut registry = crate::metrics::registry();
+    let webhook = WebhookMetrics::register(&mut registry);
+    let tls = TlsMetrics::register(&mut registry);
+    let window = WindowMetrics::register(&mut registry);
+    (webhook, tls, window, Exposition::from(registry))
 }
 
 /// The window task's configuration the flags describe.
@@ -94,8 +80,17 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
 pub async fn run(args: ServeArgs) -> Result<()> {
     let holding = args.holding.holding()?;
     let controller_config = controller_config(&args, holding.clone())?;
+    // `--admission webhook`: the webhook's TLS and its bound port.
     let webhook = match args.admission {
-        Admission::Webhook => Some(Webhook::bind(&args).await?),
+        Admission::Webhook => Some((
+            ReloadingTls::load(
+                &args.tls_cert_file,
+                &args.tls_key_file,
+                args.client_ca_file(),
+            )?,
+            listen(args.webhook_addr, WEBHOOK_BACKLOG)
+                .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?,
+        )),
         Admission::Policy => None,
     };
     let client = crate::cluster::client().await?;
@@ -104,20 +99,24 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("binding the admin port {}", args.admin_addr))?;
     let readiness = Arc::new(Readiness::default());
     spawn_api_probe(client.clone(), Arc::clone(&readiness));
-    log_start(&args, &holding, webhook.as_ref(), &admin_listener)?;
-    let ProcessMetrics {
-        webhook: webhook_metrics,
-        tls,
-        window,
-        exposition,
-    } = ProcessMetrics::register();
+    let webhook_listener = webhook.as_ref().map(|(_, listener)| listener);
+    log_start(&args, &holding, webhook_listener, &admin_listener)?;
+    let (metrics, tls_metrics, window, exposition) = process_metrics();
     let state = Arc::new(WebhookState {
         holding,
-        metrics: webhook_metrics,
+        metrics,
         exposition,
     });
     let window = Task::spawn(|stop| controller::run(client, controller_config, window, stop));
-    let webhook = webhook.map(|webhook| webhook.serve(&args, Arc::clone(&state), tls));
+    let webhook = webhook.map(|(tls, listener)| {
+        serve_webhook(
+            &args,
+            Arc::new(tls),
+            listener,
+            Arc::clone(&state),
+            tls_metrics,
+        )
+    });
     let admin = Task::spawn(|stop| {
         serve_admin(
             admin_listener,
@@ -150,79 +149,49 @@ pub async fn run(args: ServeArgs) -> Result<()> {
 fn log_start(
     args: &ServeArgs,
     holding: &Holding,
-    webhook: Option<&Webhook>,
+    webhook: Option<&TcpListener>,
     admin: &TcpListener,
 ) -> Result<()> {
     let holds: Vec<String> = holding.holds.iter().map(ToString::to_string).collect();
-    let webhook_addr = webhook
-        .map(|w| w.listener.local_addr())
-        .transpose()?
-        .map_or_else(|| "none (admission policy)".to_string(), |a| a.to_string());
-    let client_certificates = match webhook {
-        Some(_) if args.client_ca_file().is_some() => "required",
-        _ => "off",
+    let webhook_addr = match webhook {
+        Some(listener) => listener.local_addr()?.to_string(),
+        None => "none (admission policy)".to_string(),
     };
+    let client_certificates = webhook.is_some() && args.client_ca_file().is_some();
     tracing::info!(
-        admission = match args.admission {
-            Admission::Webhook => "webhook",
-            Admission::Policy => "policy",
-        },
+        admission = if webhook.is_some() { "webhook" } else { "policy" },
         webhook = %webhook_addr,
         admin = %admin.local_addr()?,
         holds = %holds.join(","),
         scope = %holding.scope,
-        client_certificates,
+        client_certificates = if client_certificates { "required" } else { "off" },
         "node-holder serving"
     );
     Ok(())
 }
 
-/// `--admission webhook`: the webhook's TLS and its bound port.
-struct Webhook {
+/// Keeps the webhook's TLS configuration current and serves the webhook.
+fn serve_webhook(
+    args: &ServeArgs,
     tls: Arc<ReloadingTls>,
     listener: TcpListener,
-}
-
-impl Webhook {
-    async fn bind(args: &ServeArgs) -> Result<Self> {
-        let tls = ReloadingTls::load(
-            &args.tls_cert_file,
-            &args.tls_key_file,
-            args.client_ca_file(),
-        )?;
-        let listener = listen(args.webhook_addr, WEBHOOK_BACKLOG)
-            .with_context(|| format!("binding the webhook port {}", args.webhook_addr))?;
-        Ok(Webhook {
-            tls: Arc::new(tls),
-            listener,
-        })
-    }
-
-    /// Keeps the TLS configuration current and serves the webhook.
-    fn serve(self, args: &ServeArgs, state: Arc<WebhookState>, metrics: TlsMetrics) -> Task {
-        self.tls
-            .spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
-        let limits = Limits {
-            request_timeout: args.request_timeout,
-            max_concurrent: MAX_CONCURRENT_REQUESTS,
-        };
-        let serving = TlsServing {
-            drain: drain_time(args.request_timeout),
-            max_connections: args.max_connections,
-            max_per_source: per_source(args.max_connections),
-            idle_timeout: args.idle_timeout,
-            metrics,
-        };
-        Task::spawn(|stop| {
-            serve_tls(
-                self.listener,
-                self.tls,
-                webhook_router(state, limits),
-                stop,
-                serving,
-            )
-        })
-    }
+    state: Arc<WebhookState>,
+    metrics: TlsMetrics,
+) -> Task {
+    tls.spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
+    let limits = Limits {
+        request_timeout: args.request_timeout,
+        max_concurrent: MAX_CONCURRENT_REQUESTS,
+    };
+    let serving = TlsServing {
+        drain: drain_time(args.request_timeout),
+        max_connections: args.max_connections,
+        max_per_source: per_source(args.max_connections),
+        idle_timeout: args.idle_timeout,
+        metrics,
+    };
+    let router = webhook_router(state, limits);
+    Task::spawn(|stop| serve_tls(listener, tls, router, stop, serving))
 }
 
 /// A task of the process and the token that stops it.
@@ -299,7 +268,7 @@ mod tests {
     /// node-holder knows in advance is exposed at 0 before its first event.
     #[test]
     fn labelled_counters_show_their_known_label_values_at_zero_from_the_start() {
-        let metrics = ProcessMetrics::register().exposition.encode().unwrap();
+        let metrics = process_metrics().3.encode().unwrap();
         let mut zeros: Vec<String> = Vec::new();
         for code in [200, 400, 408, 413, 415, 500, 503] {
             zeros.push(format!(

@@ -1,16 +1,6 @@
 //! `node-holder uninstall`: what the chart's pre-delete hook runs, so that
-//! nothing of node-holder's outlives it. In order, each step safe to repeat:
-//! 1. the admission registration goes (the webhook configuration, or the
-//!    admission policy and its binding): no new node is held at its CREATE;
-//! 2. the Deployment is scaled to 0 and the Lease waited for: no replica
-//!    holds a node late any more;
-//! 3. every hold comes off, by the leader's own pass run
-//!    here once, under the Lease (the one command that acts without a
-//!    leader);
-//! 4. the record ConfigMap and the Lease are deleted;
-//! 5. `--warm-before-runs`' placeholder Jobs and their PriorityClass are
-//!    deleted (without the permission, which only warms grant, there are
-//!    none: said and skipped).
+//! nothing of node-holder's outlives it; each step (see [`run`]) is safe to
+//! repeat, and stripping the holds is the one release without a leader.
 
 use std::time::Duration;
 
@@ -35,7 +25,9 @@ use crate::request;
 use crate::state::lease;
 use crate::state::record::{self, RecordStore, Settings};
 
-/// The `uninstall` subcommand.
+/// The `uninstall` subcommand. The order matters: admission goes first, so
+/// no new node is held at its CREATE; the replicas stop next, so none holds
+/// a node late; then the holds come off, and the record and Lease go last.
 pub async fn run(args: &UninstallArgs) -> Result<()> {
     let client = crate::cluster::command_client("uninstall", &args.request.client).await?;
     let namespace = &args.request.record.namespace;
@@ -50,16 +42,10 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
             "{left} node(s) still carry node-holder's marker after the release; run uninstall again"
         );
     }
-    delete(
-        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
-        record::NAME,
-    )
-    .await?;
-    delete(
-        &Api::<Lease>::namespaced(client.clone(), namespace),
-        record::NAME,
-    )
-    .await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    delete(&config_maps, record::NAME).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    delete(&leases, record::NAME).await?;
     delete_placeholders(&client, namespace).await?;
     println!("uninstalled: no hold, record, Lease or placeholder of node-holder's is left");
     Ok(())
@@ -68,11 +54,8 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
 /// Deletes the admission registration the flags name.
 async fn stop_admission(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
     if let Some(name) = &args.webhook_configuration {
-        delete(
-            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            name,
-        )
-        .await?;
+        let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+        delete(&webhooks, name).await?;
     }
     if let Some(name) = &args.admission_policy {
         for (kind, plural) in [
@@ -84,11 +67,8 @@ async fn stop_admission(client: &kube::Client, args: &UninstallArgs) -> Result<(
         ] {
             let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
             let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
-            delete(
-                &Api::<DynamicObject>::all_with(client.clone(), &resource),
-                name,
-            )
-            .await?;
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            delete(&api, name).await?;
         }
     }
     Ok(())

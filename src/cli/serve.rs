@@ -197,10 +197,9 @@ pub struct PatchingArgs {
 /// acts with when no leader has recorded its settings.
 pub fn serve_defaults() -> anyhow::Result<ServeArgs> {
     let command = ServeArgs::augment_args(clap::Command::new("serve"));
-    let matches = command
-        .try_get_matches_from(["serve"])
-        .map_err(|e| anyhow::anyhow!("serve's defaults: {e}"))?;
-    ServeArgs::from_arg_matches(&matches).map_err(|e| anyhow::anyhow!("serve's defaults: {e}"))
+    let matches = command.try_get_matches_from(["serve"]);
+    let defaults = matches.and_then(|matches| ServeArgs::from_arg_matches(&matches));
+    defaults.map_err(|e| anyhow::anyhow!("serve's defaults: {e}"))
 }
 
 impl HoldingArgs {

@@ -6,34 +6,24 @@
 use std::time::{Duration, Instant};
 
 /// A burst of node changes is handled in one pass once this long passes
-/// without another change. The webhook holds each new node at its CREATE and
-/// a window's deadline counts from creation times, so this delays only the
-/// pass that holds the rest of the cluster once a window opens (it is part of
-/// the hold time measured at 5,000 and 50,000 nodes, 21 s and 201 s at 250
-/// PATCHes a second) and the late
-/// hold of a node the webhook missed. Half of Karpenter's batch idle time
-/// (1 s): a scale-up's nodes register over seconds anyway, so a shorter
-/// quiet time costs a few more passes, not more patches (a pass patches
-/// only the nodes whose state changes).
-pub const IDLE: Duration = Duration::from_millis(500);
+/// without another change: half of Karpenter's batch idle time (1 s). Why
+/// it only delays the pass that holds the rest of the cluster once a window
+/// opens is in `docs/architecture.md`.
+const IDLE: Duration = Duration::from_millis(500);
 
-/// ...or this long after the burst's first change, whichever comes first. In
-/// a large cluster node updates keep the watch busy, so passes run about this
-/// often: each an in-memory plan over the stored nodes that patches nothing
-/// when nothing changes state. Half of Karpenter's batch limit (10 s).
-pub const MAX: Duration = Duration::from_secs(5);
+/// ...or this long after the burst's first change, whichever comes first:
+/// half of Karpenter's batch limit (10 s).
+const MAX: Duration = Duration::from_secs(5);
 
 /// What is waiting for a pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Pending {
+    #[default]
     Nothing,
     /// Run a pass at once.
     Now,
     /// Changes since `first`, the latest at `last`.
-    Burst {
-        first: Instant,
-        last: Instant,
-    },
+    Burst { first: Instant, last: Instant },
 }
 
 /// When the next pass is due.
@@ -56,23 +46,13 @@ impl Due {
     }
 }
 
-/// The coalescing rule and what is pending.
-#[derive(Debug, Clone)]
+/// What is pending, under the coalescing rule.
+#[derive(Debug, Clone, Default)]
 pub struct Coalesce {
-    idle: Duration,
-    max: Duration,
     pending: Pending,
 }
 
 impl Coalesce {
-    pub fn new(idle: Duration, max: Duration) -> Self {
-        Coalesce {
-            idle,
-            max,
-            pending: Pending::Nothing,
-        }
-    }
-
     /// A node changed at `at`.
     pub fn change(&mut self, at: Instant) {
         self.pending = match self.pending {
@@ -99,7 +79,7 @@ impl Coalesce {
         match self.pending {
             Pending::Nothing => Due::Never,
             Pending::Now => Due::Now,
-            Pending::Burst { first, last } => Due::At((last + self.idle).min(first + self.max)),
+            Pending::Burst { first, last } => Due::At((last + IDLE).min(first + MAX)),
         }
     }
 }
@@ -108,17 +88,15 @@ impl Coalesce {
 mod tests {
     use super::*;
 
-    const S: Duration = Duration::from_secs(1);
-
     #[test]
     fn a_burst_runs_after_idle_or_max_whichever_is_first() {
         let t0 = Instant::now();
-        let mut c = Coalesce::new(S, 10 * S);
+        let mut c = Coalesce::default();
         assert_eq!(c.due(), Due::Never);
         c.change(t0);
-        assert_eq!(c.due(), Due::At(t0 + S));
-        c.change(t0 + 9 * S + S / 2);
-        assert_eq!(c.due(), Due::At(t0 + 10 * S), "max from the first change");
+        assert_eq!(c.due(), Due::At(t0 + IDLE));
+        c.change(t0 + MAX - IDLE / 2);
+        assert_eq!(c.due(), Due::At(t0 + MAX), "max from the first change");
         c.ran();
         assert_eq!(c.due(), Due::Never);
     }
@@ -126,10 +104,10 @@ mod tests {
     #[test]
     fn run_now_wins_over_a_burst_and_stays_until_the_pass() {
         let t0 = Instant::now();
-        let mut c = Coalesce::new(S, 10 * S);
+        let mut c = Coalesce::default();
         c.change(t0);
         c.run_now();
-        c.change(t0 + S);
+        c.change(t0 + IDLE);
         assert_eq!(c.due(), Due::Now);
         assert_eq!(c.due().or_at(Some(t0)), Due::Now);
     }

@@ -1,12 +1,9 @@
 //! A watched kind in a store of node-holder's own: of each object only what
-//! a pass reads (a `V` made from it as it arrives), not kube's whole object.
-//! kube's reflector keeps every object whole (a Pod is 2.4 KiB before its
-//! strings, a CronJob with its template more); at 50,000 Jobs' pods and
-//! 5,000 CronJobs that was most of the process's memory.
-//!
-//! The store follows kube's watcher events as its reflector does: a
-//! (re)list fills a new map that replaces the old one once complete, and
-//! each change after it replaces or removes one object.
+//! a pass reads (a `V` made from it as it arrives), not the whole object
+//! kube's reflector keeps (`docs/benchmarks.md` has the memory it cost). It
+//! follows kube's watcher events as the reflector does: a (re)list replaces
+//! the store once complete, and each change after it replaces or removes one
+//! object.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

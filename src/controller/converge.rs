@@ -10,7 +10,7 @@ impl WindowTask {
         &mut self,
         snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
-    ) -> Result<PassOutcome> {
+    ) -> Result<Option<Instant>> {
         let drifted = self.drifted();
         let planner = &Planner {
             window: &self.window,
@@ -24,27 +24,30 @@ impl WindowTask {
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
-        let ByAction {
-            hold,
-            release,
-            stamp,
-        } = by_action(planner, metas());
+        let (mut hold, mut release, mut stamp) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, node) in metas().enumerate() {
+            match planner.node(node).map(|(action, _)| action) {
+                Some(Action::Hold) => hold.push(i),
+                Some(Action::Release) => release.push(i),
+                Some(Action::Stamp) => stamp.push(i),
+                None => {}
+            }
+        }
         let patches = |indices: Vec<usize>| {
-            indices
+            let patches = indices
                 .into_iter()
-                .filter_map(move |i| planner.node(&snapshot[i]))
-                .map(|(_, patch)| patch)
+                .filter_map(|i| planner.node(&snapshot[i]));
+            patches.map(|(_, patch)| patch)
         };
-        let marked = metas().filter(|node| is_marked(*node)).count() as i64;
+        let marked = metas().filter(|node| is_marked(*node)).count();
         let wake_at = planner.wake(metas());
-        let (hold_total, release_total, stamp_total) = (hold.len(), release.len(), stamp.len());
-        let (held, hold_failures) = self.apply(Action::Hold, patches(hold), hold_total).await;
-        let (_, stamp_failures) = self.apply(Action::Stamp, patches(stamp), stamp_total).await;
-        if release_total > 0 {
-            self.releasing |= record_releasing(&self.store, release_total).await;
+        let (held, hold_failures) = self.apply(Action::Hold, hold.len(), patches(hold)).await;
+        let (_, stamp_failures) = self.apply(Action::Stamp, stamp.len(), patches(stamp)).await;
+        if !release.is_empty() {
+            self.releasing |= self.record_releasing(release.len()).await;
         }
         let (released, release_failures) = self
-            .apply(Action::Release, patches(release), release_total)
+            .apply(Action::Release, release.len(), patches(release))
             .await;
         if hold_failures == 0 {
             self.record_held().await;
@@ -52,14 +55,12 @@ impl WindowTask {
         if release_failures == 0 {
             self.record_released().await;
         }
-        self.metrics.held_nodes.set(marked + held - released);
-        Ok(PassOutcome {
-            wake: self.wake(
-                hold_failures + stamp_failures + release_failures,
-                wake_at,
-                now,
-            ),
-        })
+        let held_now = marked.saturating_add(held).saturating_sub(released);
+        self.metrics
+            .held_nodes
+            .set(i64::try_from(held_now).unwrap_or(i64::MAX));
+        let failures = hold_failures + stamp_failures + release_failures;
+        Ok(self.wake(failures, wake_at, now))
     }
 
     /// When the next pass must run: after a backoff when patches failed,
@@ -89,6 +90,18 @@ impl WindowTask {
                 .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
             report.released.push(patch.name.clone());
         }
+    }
+
+    /// Before a closed window's holds come off, the record says how many
+    /// nodes the release starts with, for `status`. A failed write costs
+    /// only that line of `status`: logged, not retried. Whether it was
+    /// written.
+    async fn record_releasing(&self, total: usize) -> bool {
+        let written = self.store.release_progress(Some(total), None).await;
+        if let Err(err) = &written {
+            tracing::warn!(error = %err, "recording the release progress failed");
+        }
+        written.is_ok()
     }
 
     /// After a pass that removed every hold it had to: no release under way,
@@ -125,21 +138,17 @@ impl WindowTask {
     pub(super) async fn apply(
         &self,
         action: Action,
-        patches: impl IntoIterator<Item = NodePatch, IntoIter: Send>,
         total: usize,
-    ) -> (i64, usize) {
+        patches: impl IntoIterator<Item = NodePatch, IntoIter: Send>,
+    ) -> (usize, usize) {
         if total == 0 {
             return (0, 0);
         }
         let action_label = action.label();
         tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
-        let (mut applied, mut changed, mut failed) = (0i64, 0usize, 0usize);
-        let mut events = PassEvents::new(
-            action,
-            &self.config.namespace,
-            self.config.node_events_per_pass,
-        );
+        let (mut applied, mut changed, mut failed) = (0usize, 0usize, 0usize);
+        let limit = self.config.node_events_per_pass;
         let results = self.patcher.apply(patches, total);
         futures::pin_mut!(results);
         while let Some((patch, result)) = results.next().await {
@@ -148,7 +157,8 @@ impl WindowTask {
                 PatchResult::Applied => {
                     applied += 1;
                     self.metrics.applied(action).inc();
-                    if let Some(event) = events.applied(&patch) {
+                    // Past the bound, one Event on the record sums the pass up.
+                    if let Some(event) = HoldEvent::applied(action, &patch, applied, limit) {
                         self.events.send(event);
                     }
                     self.note(action, &patch);
@@ -164,7 +174,8 @@ impl WindowTask {
                 }
             }
         }
-        if let Some(summary) = events.finish() {
+        let namespace = &self.config.namespace;
+        if let Some(summary) = HoldEvent::pass(namespace, action, applied, limit) {
             self.events.send(summary);
         }
         tracing::info!(
@@ -177,41 +188,6 @@ impl WindowTask {
             "nodes patched"
         );
         (applied, changed + failed)
-    }
-}
-
-/// The nodes (by index) each kind of patch changes.
-#[derive(Default)]
-struct ByAction {
-    hold: Vec<usize>,
-    release: Vec<usize>,
-    stamp: Vec<usize>,
-}
-
-/// Sorts `nodes` by the patch the plan gives each.
-fn by_action<'a>(planner: &Planner<'_>, nodes: impl Iterator<Item = &'a NodeMeta>) -> ByAction {
-    let mut sorted = ByAction::default();
-    for (i, meta) in nodes.enumerate() {
-        match planner.node(meta).map(|(action, _)| action) {
-            Some(Action::Hold) => sorted.hold.push(i),
-            Some(Action::Release) => sorted.release.push(i),
-            Some(Action::Stamp) => sorted.stamp.push(i),
-            None => {}
-        }
-    }
-    sorted
-}
-
-/// Before a closed window's holds come off, the record says how many nodes
-/// the release starts with, for `status`; whether it does. A failed write
-/// costs only that line of `status`: logged, not retried.
-async fn record_releasing(store: &RecordStore, total: usize) -> bool {
-    match store.release_progress(Some(total), None).await {
-        Ok(()) => true,
-        Err(err) => {
-            tracing::warn!(error = %err, "recording the release progress failed");
-            false
-        }
     }
 }
 

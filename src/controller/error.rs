@@ -1,9 +1,7 @@
-//! Why a pass of the window task failed: the typed error at the task's
-//! boundary. Inside a pass errors carry context as `anyhow` chains; where the
-//! pass ends they are told apart once, here, by what they mean for the
-//! operator (the metric's `kind`) rather than by their text.
-
-use std::fmt;
+//! Why a pass of the window task failed. Inside a pass errors carry context
+//! as `anyhow` chains; where the pass ends they are told apart once, here, by
+//! what they mean for the operator (the metric's `kind`) rather than by their
+//! text.
 
 use crate::state::lease::NotLeading;
 
@@ -54,67 +52,36 @@ impl FailureKind {
     }
 }
 
-/// A failed pass: its kind and the whole chain of what went wrong.
-#[derive(Debug)]
-pub struct PassError {
-    kind: FailureKind,
-    error: anyhow::Error,
+/// The kind of a failed pass: that of the first error in the chain that
+/// says one (this replica not leading, or a Kubernetes API error).
+pub fn kind(error: &anyhow::Error) -> FailureKind {
+    let kind = |e: &(dyn std::error::Error + 'static)| {
+        if e.is::<NotLeading>() {
+            Some(FailureKind::NotLeading)
+        } else {
+            e.downcast_ref::<kube::Error>().map(FailureKind::of_kube)
+        }
+    };
+    error.chain().find_map(kind).unwrap_or(FailureKind::Other)
 }
-
-impl PassError {
-    pub fn kind(&self) -> FailureKind {
-        self.kind
-    }
-}
-
-/// Tells the kind by the first error in the chain that says one: this
-/// replica not leading, or a Kubernetes API error.
-impl From<anyhow::Error> for PassError {
-    fn from(error: anyhow::Error) -> PassError {
-        let kind = error
-            .chain()
-            .find_map(|e| {
-                if e.is::<NotLeading>() {
-                    Some(FailureKind::NotLeading)
-                } else {
-                    e.downcast_ref::<kube::Error>().map(FailureKind::of_kube)
-                }
-            })
-            .unwrap_or(FailureKind::Other);
-        PassError { kind, error }
-    }
-}
-
-/// The whole chain, `a: b: c`.
-impl fmt::Display for PassError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#}", self.error)
-    }
-}
-
-/// Its display is the whole chain already: no source, so that a caller's
-/// `{:#}` does not print the chain twice.
-impl std::error::Error for PassError {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn api(code: u16) -> PassError {
+    fn api(code: u16) -> anyhow::Error {
         let status = kube::core::Status::failure("injected", "Injected").with_code(code);
-        anyhow::Error::new(kube::Error::Api(Box::new(status)))
-            .context("writing something")
-            .into()
+        anyhow::Error::new(kube::Error::Api(Box::new(status))).context("writing something")
     }
 
     #[test]
     fn a_failed_pass_is_told_by_its_api_status_or_the_lease() {
-        assert_eq!(api(409).kind(), FailureKind::Conflict);
-        assert_eq!(api(422).kind(), FailureKind::Conflict);
-        assert_eq!(api(429).kind(), FailureKind::Throttled);
-        assert_eq!(api(403).kind(), FailureKind::Forbidden);
-        assert_eq!(api(404).kind(), FailureKind::Refused);
-        assert_eq!(api(503).kind(), FailureKind::Server);
+        assert_eq!(kind(&api(409)), FailureKind::Conflict);
+        assert_eq!(kind(&api(422)), FailureKind::Conflict);
+        assert_eq!(kind(&api(429)), FailureKind::Throttled);
+        assert_eq!(kind(&api(403)), FailureKind::Forbidden);
+        assert_eq!(kind(&api(404)), FailureKind::Refused);
+        assert_eq!(kind(&api(503)), FailureKind::Server);
         let not_leading = anyhow::Error::new(NotLeading {
             lease: "ns/node-holder-window".into(),
             holder: "b".into(),
@@ -122,16 +89,15 @@ mod tests {
             identity: "a".into(),
         })
         .context("a pass");
-        let not_leading = PassError::from(not_leading);
-        assert_eq!(not_leading.kind(), FailureKind::NotLeading);
+        assert_eq!(kind(&not_leading), FailureKind::NotLeading);
         assert_eq!(
-            not_leading.to_string(),
+            format!("{not_leading:#}"),
             "a pass: not acting: the Lease ns/node-holder-window is held by b (renewed never), not by a"
         );
-        let other = PassError::from(anyhow::anyhow!("the node watch ended"));
-        assert_eq!(other.kind(), FailureKind::Other);
+        let other = anyhow::anyhow!("the node watch ended");
+        assert_eq!(kind(&other), FailureKind::Other);
         // As `release` run by hand prints a failed pass: the chain once.
-        let printed = format!("{:#}", anyhow::Error::from(api(503)).context("release"));
+        let printed = format!("{:#}", api(503).context("release"));
         assert!(
             printed.starts_with("release: writing something: "),
             "{printed}"

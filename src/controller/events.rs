@@ -1,8 +1,7 @@
 //! Kubernetes Events on nodes, so `kubectl describe node` says why a node is
-//! held and when that ends, and on the window record for a manual hold. Events
-//! are best effort and must never slow the bulk patching: they queue (bounded)
-//! and a task of their own publishes them at a modest rate; when the queue is
-//! full an event is dropped and counted in the log.
+//! held and when that ends, and on the window record for a manual hold. Best
+//! effort, never slowing the bulk patching: they queue (bounded) and a task
+//! of their own publishes them at a modest rate; a full queue drops them.
 
 use std::time::Duration;
 
@@ -25,10 +24,8 @@ const QUEUE: usize = 10_000;
 const PER_SECOND: u32 = 20;
 
 /// Nodes of one pass that get an Event each way (held, released); a pass
-/// that patches more sums them up in one Event on the record. Holding and
-/// releasing 50,000 nodes then wrote 1,005 Events, where one Event per node
-/// queued 100,003 and the bounded queue dropped 85 % of them, so which nodes
-/// had one was chance. 500 take 25 s to publish at 20 a second.
+/// that patches more sums them up in one Event on the record
+/// (`docs/comparison.md` has the figures).
 pub const NODE_EVENTS_PER_PASS: usize = 500;
 /// `reportingController` of node-holder's Events.
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
@@ -60,11 +57,6 @@ fn reference<K: Resource<DynamicType = ()>>(
     }
 }
 
-/// The record's ConfigMap, in node-holder's namespace.
-fn record(namespace: &str) -> ObjectReference {
-    reference::<ConfigMap>(Some(namespace), crate::state::record::NAME, None)
-}
-
 fn until(deadline: Option<Timestamp>) -> String {
     deadline.map_or_else(
         || "while the schedule keeps it".to_string(),
@@ -72,7 +64,37 @@ fn until(deadline: Option<Timestamp>) -> String {
     )
 }
 
+/// The node named `name`.
+fn node_ref(name: &str, uid: Option<&str>) -> ObjectReference {
+    reference::<Node>(None, name, uid)
+}
+
+/// The record's ConfigMap, in node-holder's namespace.
+fn record_ref(namespace: &str) -> ObjectReference {
+    reference::<ConfigMap>(Some(namespace), crate::state::record::NAME, None)
+}
+
+/// A CronJob, by `namespace/name`.
+fn cronjob_ref(cronjob: &str, uid: Option<&str>) -> ObjectReference {
+    let (namespace, name) = cronjob.split_once('/').unwrap_or(("default", cronjob));
+    reference::<CronJob>(Some(namespace), name, uid)
+}
+
 impl HoldEvent {
+    fn new(
+        regarding: ObjectReference,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) -> Self {
+        HoldEvent {
+            regarding,
+            reason,
+            action,
+            note,
+        }
+    }
+
     /// A new node in scope opened or extended the window.
     pub fn counted(node: &NodeMeta, observed: Observed, deadline: Option<Timestamp>) -> Self {
         let (reason, what) = match observed {
@@ -80,35 +102,47 @@ impl HoldEvent {
             Observed::Extended => ("HoldWindowExtended", "extended node-holder's hold window"),
             _ => ("HeldWithWindow", "joined node-holder's open hold window"),
         };
-        HoldEvent {
-            regarding: reference::<Node>(None, node.name(), node.uid()),
-            reason,
-            action: "Hold",
-            note: format!(
-                "new node (created {}) {what}: held {}{}",
-                node.created(),
-                until(deadline),
-                if is_marked(node) {
-                    " (carried the hold from its CREATE)"
-                } else {
-                    ""
-                }
-            ),
+        let carried = if is_marked(node) {
+            " (carried the hold from its CREATE)"
+        } else {
+            ""
+        };
+        let note = format!(
+            "new node (created {}) {what}: held {}{carried}",
+            node.created(),
+            until(deadline),
+        );
+        HoldEvent::new(node_ref(node.name(), node.uid()), reason, "Hold", note)
+    }
+
+    /// The Event of the pass's `applied`th applied patch of `action`: none
+    /// past `limit` (the pass's summary covers those) or for a rewritten
+    /// deadline, which changes no hold.
+    pub fn applied(
+        action: Action,
+        patch: &NodePatch,
+        applied: usize,
+        limit: usize,
+    ) -> Option<Self> {
+        if applied > limit {
+            return None;
+        }
+        match action {
+            Action::Hold => Some(HoldEvent::held(patch)),
+            Action::Release => Some(HoldEvent::released(patch)),
+            Action::Stamp => None,
         }
     }
 
     /// node-holder put its hold on the node.
     fn held(patch: &NodePatch) -> Self {
-        HoldEvent {
-            regarding: reference::<Node>(None, &patch.name, patch.uid.as_deref()),
-            reason: "HoldApplied",
-            action: "Hold",
-            note: format!(
-                "node-holder added {} {}",
-                patch.keys.join(", "),
-                until(patch.until)
-            ),
-        }
+        let note = format!(
+            "node-holder added {} {}",
+            patch.keys.join(", "),
+            until(patch.until)
+        );
+        let uid = patch.uid.as_deref();
+        HoldEvent::new(node_ref(&patch.name, uid), "HoldApplied", "Hold", note)
     }
 
     /// node-holder removed its hold from the node.
@@ -131,24 +165,44 @@ impl HoldEvent {
                 patch.left.join(", ")
             ));
         }
-        HoldEvent {
-            regarding: reference::<Node>(None, &patch.name, patch.uid.as_deref()),
-            reason: "HoldReleased",
-            action: "Release",
-            note,
-        }
+        let uid = patch.uid.as_deref();
+        HoldEvent::new(node_ref(&patch.name, uid), "HoldReleased", "Release", note)
     }
-}
 
-impl HoldEvent {
+    /// After a pass's patches of `action`: the Event on the record that sums
+    /// them up, when more nodes were patched (`applied`) than got their own
+    /// Event (`limit`).
+    pub fn pass(namespace: &str, action: Action, applied: usize, limit: usize) -> Option<Self> {
+        if applied <= limit {
+            return None;
+        }
+        let (reason, action, did) = match action {
+            Action::Hold => ("NodesHeld", "Hold", "put its hold on"),
+            Action::Release => ("NodesReleased", "Release", "removed its hold from"),
+            Action::Stamp => return None,
+        };
+        let note = format!(
+            "node-holder {did} {applied} nodes in one pass; the first {limit} have an Event of \
+             their own"
+        );
+        Some(HoldEvent::new(record_ref(namespace), reason, action, note))
+    }
+
     /// `--launch-cost`: the node is kept for a scheduled run.
     pub fn kept_for_run(node: &NodeMeta, until: Timestamp, why: String) -> Self {
-        HoldEvent {
-            regarding: reference::<Node>(None, node.name(), node.uid()),
-            reason: "HeldForScheduledRun",
-            action: "Hold",
-            note: format!("held until {until}: {why}"),
-        }
+        let note = format!("held until {until}: {why}");
+        HoldEvent::new(
+            node_ref(node.name(), node.uid()),
+            "HeldForScheduledRun",
+            "Hold",
+            note,
+        )
+    }
+
+    /// `--launch-cost`: the schedule no longer keeps the node.
+    pub fn nothing_due(node: &NodeMeta, why: String) -> Self {
+        let regarding = node_ref(node.name(), node.uid());
+        HoldEvent::new(regarding, "ScheduledHoldEnded", "Release", why)
     }
 
     /// `--launch-cost`: a CronJob whose schedule node-holder cannot predict
@@ -157,101 +211,19 @@ impl HoldEvent {
         let note = format!(
             "{why}: node-holder keeps no node for its runs; their nodes are held by the hold window as other work"
         );
-        HoldEvent::on_cronjob(cronjob, uid, "UnpredictableSchedule", "Hold", note)
+        HoldEvent::new(
+            cronjob_ref(cronjob, uid),
+            "UnpredictableSchedule",
+            "Hold",
+            note,
+        )
     }
 
     /// `--warm-before-runs`: what a run's warm did, or why it was cut short.
     pub fn warm(cronjob: &str, uid: Option<&str>, reason: &'static str, note: String) -> Self {
-        HoldEvent::on_cronjob(cronjob, uid, reason, "Warm", note)
+        HoldEvent::new(cronjob_ref(cronjob, uid), reason, "Warm", note)
     }
 
-    /// An Event on a CronJob (`namespace/name`).
-    fn on_cronjob(
-        cronjob: &str,
-        uid: Option<&str>,
-        reason: &'static str,
-        action: &'static str,
-        note: String,
-    ) -> Self {
-        let (namespace, name) = cronjob.split_once('/').unwrap_or(("default", cronjob));
-        HoldEvent {
-            regarding: reference::<CronJob>(Some(namespace), name, uid),
-            reason,
-            action,
-            note,
-        }
-    }
-
-    /// `--launch-cost`: the schedule no longer keeps the node.
-    pub fn nothing_due(node: &NodeMeta, why: String) -> Self {
-        HoldEvent {
-            regarding: reference::<Node>(None, node.name(), node.uid()),
-            reason: "ScheduledHoldEnded",
-            action: "Release",
-            note: why,
-        }
-    }
-}
-
-/// The node Events of one pass's patches one way: each node its own Event
-/// up to a limit ([`NODE_EVENTS_PER_PASS`] for the leader), and past it one Event on the
-/// record that sums the pass up. A pass over a whole large cluster would
-/// otherwise queue an Event per node, far more than the API server should
-/// store or the publisher can send (20 a second).
-#[derive(Debug)]
-pub struct PassEvents {
-    action: Action,
-    namespace: String,
-    limit: usize,
-    applied: usize,
-}
-
-impl PassEvents {
-    pub fn new(action: Action, namespace: &str, limit: usize) -> Self {
-        PassEvents {
-            action,
-            namespace: namespace.to_string(),
-            limit,
-            applied: 0,
-        }
-    }
-
-    /// The Event of one applied patch: its own, while under the limit.
-    pub fn applied(&mut self, patch: &NodePatch) -> Option<HoldEvent> {
-        self.applied = self.applied.saturating_add(1);
-        match self.action {
-            Action::Hold => (self.applied <= self.limit).then(|| HoldEvent::held(patch)),
-            Action::Release => (self.applied <= self.limit).then(|| HoldEvent::released(patch)),
-            // A rewritten deadline changes no hold: no Event.
-            Action::Stamp => None,
-        }
-    }
-
-    /// After the pass: the Event on the record that sums it up, when more
-    /// nodes were patched than got their own Event.
-    pub fn finish(self) -> Option<HoldEvent> {
-        if self.applied <= self.limit {
-            return None;
-        }
-        let (reason, action, did) = match self.action {
-            Action::Hold => ("NodesHeld", "Hold", "put its hold on"),
-            Action::Release => ("NodesReleased", "Release", "removed its hold from"),
-            Action::Stamp => return None,
-        };
-        Some(HoldEvent {
-            regarding: record(&self.namespace),
-            reason,
-            action,
-            note: format!(
-                "node-holder {did} {} nodes in one pass; the first {} have an Event of \
-                 their own",
-                self.applied, self.limit
-            ),
-        })
-    }
-}
-
-impl HoldEvent {
     /// A manual hold request was handled: who asked, why, until when, and
     /// what it did (`current`: the manual hold in force afterwards).
     pub fn manual(
@@ -279,11 +251,42 @@ impl HoldEvent {
                 format!("{asked}; that time has passed"),
             ),
         };
-        HoldEvent {
-            regarding: record(namespace),
-            reason,
-            action: "Hold",
-            note,
+        HoldEvent::new(record_ref(namespace), reason, "Hold", note)
+    }
+
+    /// The name of what it regards.
+    fn name(&self) -> &str {
+        self.regarding.name.as_deref().unwrap_or_default()
+    }
+
+    /// The namespace of what it regards. Nodes are cluster-scoped: their
+    /// Events go to `default`.
+    fn namespace(&self) -> &str {
+        self.regarding.namespace.as_deref().unwrap_or("default")
+    }
+
+    /// The `events.k8s.io/v1` Event, in the namespace of what it regards,
+    /// named as kubectl and client-go name Events: object name, time.
+    fn to_k8s(&self, instance: &str) -> K8sEvent {
+        K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    truncate(self.name(), 230),
+                    Timestamp::now().as_nanosecond()
+                )),
+                namespace: Some(self.namespace().to_string()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(Timestamp::now())),
+            action: Some(self.action.to_string()),
+            reason: Some(self.reason.to_string()),
+            note: Some(self.note.clone()),
+            type_: Some("Normal".to_string()),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
+            reporting_instance: Some(instance.to_string()),
+            regarding: Some(self.regarding.clone()),
+            ..K8sEvent::default()
         }
     }
 }
@@ -301,7 +304,6 @@ impl EventSink {
     /// one node and one moment, so there is no series to build.
     pub fn spawn(client: kube::Client, instance: &str, stop: CancellationToken) -> Self {
         let (queue, mut events) = mpsc::channel::<HoldEvent>(QUEUE);
-        let client = client.clone();
         let instance = instance.to_string();
         tokio::spawn(async move {
             let mut pacer = tokio::time::interval(Duration::from_secs(1) / PER_SECOND);
@@ -346,44 +348,6 @@ impl EventSink {
     }
 }
 
-impl HoldEvent {
-    /// The name of what it regards.
-    fn name(&self) -> &str {
-        self.regarding.name.as_deref().unwrap_or_default()
-    }
-
-    /// The namespace of what it regards. Nodes are cluster-scoped: their
-    /// Events go to `default`.
-    fn namespace(&self) -> &str {
-        self.regarding.namespace.as_deref().unwrap_or("default")
-    }
-
-    /// The `events.k8s.io/v1` Event, in the namespace of what it regards,
-    /// named as kubectl and client-go name Events: object name, time.
-    fn to_k8s(&self, instance: &str) -> K8sEvent {
-        K8sEvent {
-            metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}.{:x}",
-                    truncate(self.name(), 230),
-                    Timestamp::now().as_nanosecond()
-                )),
-                namespace: Some(self.namespace().to_string()),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(Timestamp::now())),
-            action: Some(self.action.to_string()),
-            reason: Some(self.reason.to_string()),
-            note: Some(self.note.clone()),
-            type_: Some("Normal".to_string()),
-            reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
-            reporting_instance: Some(instance.to_string()),
-            regarding: Some(self.regarding.clone()),
-            ..K8sEvent::default()
-        }
-    }
-}
-
 /// At most `max` bytes of `name`, cut at a character boundary.
 fn truncate(name: &str, max: usize) -> &str {
     let mut end = name.len().min(max);
@@ -413,14 +377,11 @@ mod tests {
 
     #[test]
     fn a_pass_past_the_limit_is_summed_up_on_the_record() {
-        let mut events = PassEvents::new(Action::Hold, "ops", 2);
-        let sent: Vec<_> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|name| events.applied(&patch(name)))
-            .collect();
-        assert_eq!(sent[0], Some(HoldEvent::held(&patch("a"))));
-        assert!(sent[1].is_some() && sent[2].is_none() && sent[3].is_none());
-        let summary = events.finish().unwrap();
+        let held = HoldEvent::applied(Action::Hold, &patch("a"), 2, 2);
+        assert_eq!(held, Some(HoldEvent::held(&patch("a"))));
+        // Nodes past the limit get no Event of their own.
+        assert_eq!(HoldEvent::applied(Action::Hold, &patch("c"), 3, 2), None);
+        let summary = HoldEvent::pass("ops", Action::Hold, 4, 2).unwrap();
         assert_eq!(summary.name(), crate::state::record::NAME);
         assert_eq!(summary.namespace(), "ops");
         assert_eq!(summary.reason, "NodesHeld");
@@ -429,13 +390,12 @@ mod tests {
 
     #[test]
     fn a_pass_within_the_limit_has_only_node_events() {
-        let mut events = PassEvents::new(Action::Release, "ops", 2);
-        let sent = events.applied(&patch("a"));
-        assert_eq!(sent, Some(HoldEvent::released(&patch("a"))));
-        assert!(events.applied(&patch("b")).is_some());
-        assert_eq!(events.finish(), None);
-        let mut none = PassEvents::new(Action::Release, "ops", 0);
-        assert_eq!(none.applied(&patch("a")), None);
-        assert_eq!(none.finish().unwrap().reason, "NodesReleased");
+        let released = HoldEvent::applied(Action::Release, &patch("a"), 1, 2);
+        assert_eq!(released, Some(HoldEvent::released(&patch("a"))));
+        assert_eq!(HoldEvent::applied(Action::Stamp, &patch("a"), 1, 2), None);
+        assert_eq!(HoldEvent::pass("ops", Action::Release, 2, 2), None);
+        assert_eq!(HoldEvent::pass("ops", Action::Stamp, 9, 2), None);
+        let none = HoldEvent::pass("ops", Action::Release, 1, 0).unwrap();
+        assert_eq!(none.reason, "NodesReleased");
     }
 }

@@ -19,7 +19,7 @@ pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
 /// One Job's pod, as kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct StoredPod {
+pub struct StoredPod {
     namespace: Box<str>,
     job: Box<str>,
     node: Option<Box<str>>,
@@ -62,16 +62,13 @@ impl StoredPod {
     }
 }
 
-/// The Jobs' pods as last read. Cloning shares it: the watch task writes,
-/// passes read.
-#[derive(Debug, Clone, Default)]
-pub struct JobPods(Compact<StoredPod>);
+/// The Jobs' pods as last read.
+pub type JobPods = Compact<StoredPod>;
 
 impl JobPods {
     /// Calls `read` with every pod now.
-    pub fn read<T>(&self, read: impl FnOnce(&mut dyn Iterator<Item = JobPod<'_>>) -> T) -> T {
-        self.0
-            .read(|pods| read(&mut pods.values().map(StoredPod::view)))
+    pub fn pods<T>(&self, read: impl FnOnce(&mut dyn Iterator<Item = JobPod<'_>>) -> T) -> T {
+        self.read(|pods| read(&mut pods.values().map(StoredPod::view)))
     }
 }
 
@@ -87,14 +84,9 @@ pub fn watch_job_pods(
     let namespace = namespace.to_string();
     let config = watcher::Config::default().labels(JOB_NAME_LABEL);
     let read = move |pod: &Pod| StoredPod::read(pod, &namespace);
-    let watched = watch_compact(api, config, backoff, tick, read, |err, listed| {
+    watch_compact(api, config, backoff, tick, read, |err, listed| {
         watch_failed(err, "Pod", listed)
-    });
-    Watched {
-        store: JobPods(watched.store),
-        listed: watched.listed,
-        task: watched.task,
-    }
+    })
 }
 
 /// What a failed watch of the scheduled work says: once, that it may not

@@ -110,14 +110,12 @@ async fn hand_over(
     }
 }
 
-use crate::retry::ONCE_ATTEMPTS;
-
-/// Carries out the release requested at `request` with the leader's own pass, once, as
-/// `config.identity`, which must hold the Lease: what `uninstall` does
-/// after the replicas stopped. The pass puts the request in the window
-/// record, takes node-holder's holds off as a leader
-/// would, and records the request as done. A pass whose patches failed runs
-/// again from a fresh list, a few times.
+/// Carries out the release requested at `request` with the leader's own
+/// pass, once, as `config.identity`, which must hold the Lease: what
+/// `uninstall` does after the replicas stopped. The pass puts the request in
+/// the window record, takes node-holder's holds off as a leader would, and
+/// records the request as done. A pass whose patches failed runs again from
+/// a fresh list, a few times.
 pub async fn release_once(
     client: kube::Client,
     config: Config,
@@ -130,13 +128,13 @@ pub async fn release_once(
     task.restore(record);
     task.release_unconfirmed = Some(request);
     task.release_request = Some(request);
-    for attempt in 1..=ONCE_ATTEMPTS {
-        let nodes = list_nodes(&task.client, task.config.keep()).await?;
+    for attempt in 1..=retry::ONCE_ATTEMPTS {
+        let nodes = list_nodes(&task.client, task.config.holding.clone()).await?;
         task.pass(&nodes).await?;
         if task.failures == 0 {
             break;
         }
-        if attempt == ONCE_ATTEMPTS {
+        if attempt == retry::ONCE_ATTEMPTS {
             bail!("node patches still failed after {attempt} passes; run the command again");
         }
         tokio::time::sleep(task.backoff()).await;

@@ -141,25 +141,6 @@ impl ScheduleMetrics {
 }
 
 impl WindowMetrics {
-    /// Registers the counters of applied node patches, one per [`Action`].
-    fn register_patches(&self, registry: &mut Registry) {
-        registry.register(
-            "holds_applied",
-            "Holds node-holder's window task put on nodes",
-            self.holds_applied.clone(),
-        );
-        registry.register(
-            "holds_released",
-            "Holds node-holder's window task removed from nodes",
-            self.holds_released.clone(),
-        );
-        registry.register(
-            "held_until_stamps",
-            "held-until annotations node-holder's window task wrote in PATCHes of their own: first stamps of nodes held at CREATE, rewrites of stamps that passed or whose hold end moved earlier, removals with stamps off",
-            self.held_until_stamps.clone(),
-        );
-    }
-
     /// The counter of applied patches of `action`.
     pub fn applied(&self, action: Action) -> &Counter {
         match action {
@@ -169,7 +150,8 @@ impl WindowMetrics {
         }
     }
 
-    /// The hold window's metrics, registered in `registry`.
+    /// The hold window's metrics, registered in `registry`; the counters by
+    /// label show their known label values from the start.
     pub fn register(registry: &mut Registry) -> Self {
         let window = WindowMetrics {
             deadline: Gauge::default(),
@@ -186,7 +168,15 @@ impl WindowMetrics {
             pass_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             schedule: ScheduleMetrics::register(registry),
         };
-
+        for code in PATCH_ERROR_CODES {
+            show_at_zero(&window.patch_errors, code_label(code));
+        }
+        for at_create in ["held", "unheld"] {
+            show_at_zero(&window.new_nodes, AtCreateLabel { at_create });
+        }
+        for kind in FailureKind::iter() {
+            show_at_zero(&window.pass_failures, KindLabel { kind: kind.label() });
+        }
         registry.register(
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
@@ -197,7 +187,21 @@ impl WindowMetrics {
             "Nodes carrying node-holder's hold",
             window.held_nodes.clone(),
         );
-        window.register_patches(registry);
+        registry.register(
+            "holds_applied",
+            "Holds node-holder's window task put on nodes",
+            window.holds_applied.clone(),
+        );
+        registry.register(
+            "holds_released",
+            "Holds node-holder's window task removed from nodes",
+            window.holds_released.clone(),
+        );
+        registry.register(
+            "held_until_stamps",
+            "held-until annotations node-holder's window task wrote in PATCHes of their own: first stamps of nodes held at CREATE, rewrites of stamps that passed or whose hold end moved earlier, removals with stamps off",
+            window.held_until_stamps.clone(),
+        );
         registry.register(
             "patch_errors",
             "Failed node PATCH requests by HTTP status code",
@@ -213,42 +217,22 @@ impl WindowMetrics {
             "Duration of one pass of the hold window task",
             window.pass_duration.clone(),
         );
-        window.register_hold(registry);
-        window.register_labelled(registry);
-        window
-    }
-
-    /// `new_nodes`, and the label values of the counters by label shown
-    /// from the start.
-    fn register_labelled(&self, registry: &mut Registry) {
-        for code in PATCH_ERROR_CODES {
-            show_at_zero(&self.patch_errors, code_label(code));
-        }
-        for at_create in ["held", "unheld"] {
-            show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
-        }
-        for kind in FailureKind::iter() {
-            show_at_zero(&self.pass_failures, KindLabel { kind: kind.label() });
-        }
+        registry.register(
+            "window_hold_seconds",
+            "The hold the window counts new nodes with: --hold-duration",
+            window.hold.clone(),
+        );
         registry.register(
             "pass_failures",
             "Failed passes of the window task, by kind: conflict, throttled, forbidden, refused, server (the API's answer), connection, not_leading, other",
-            self.pass_failures.clone(),
+            window.pass_failures.clone(),
         );
         registry.register(
             "new_nodes",
             "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
-            self.new_nodes.clone(),
+            window.new_nodes.clone(),
         );
-    }
-
-    /// The metric of the hold's length.
-    fn register_hold(&self, registry: &mut Registry) {
-        registry.register(
-            "window_hold_seconds",
-            "The hold the window counts new nodes with: --hold-duration",
-            self.hold.clone(),
-        );
+        window
     }
 
     /// Counts a new node in scope, held at its CREATE or not.

@@ -24,7 +24,6 @@ mod watches;
 use crate::retry::{self, watch_backoff};
 use converge::seconds;
 pub use error::FailureKind;
-use error::PassError;
 pub use leader::{default_identity, release_once, run};
 use watches::{nodes_seen, sleep_until, watch_changed, watch_record};
 
@@ -46,8 +45,7 @@ use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::due::Terms;
-use crate::core::holds::is_marked;
-use crate::core::holds::{Holding, Preset};
+use crate::core::holds::{Holding, Preset, is_marked};
 use crate::core::node::NodeMeta;
 use crate::core::plan::{Action, NodePatch, Planner};
 use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
@@ -55,7 +53,7 @@ use crate::state::lease;
 use crate::state::record::{self, RecordStore, Settings};
 use coalesce::{Coalesce, Due};
 pub use events::NODE_EVENTS_PER_PASS;
-use events::{EventSink, HoldEvent, PassEvents};
+use events::{EventSink, HoldEvent};
 pub use metrics::WindowMetrics;
 use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
@@ -83,11 +81,6 @@ pub struct Config {
 }
 
 impl Config {
-    /// What the node store keeps of each node.
-    fn keep(&self) -> nodes::Keep {
-        nodes::Keep::new(&self.holding)
-    }
-
     /// What the record keeps of this configuration, for `status` and `release`.
     fn settings(&self) -> Settings {
         Settings {
@@ -129,7 +122,7 @@ struct WindowTask {
     explained: HashSet<String>,
     /// `--launch-cost`: the nodes the schedule keeps this pass, each until
     /// when, if known.
-    kept: std::collections::BTreeMap<String, crate::core::due::Kept>,
+    kept: BTreeMap<String, crate::core::due::Kept>,
     /// CronJobs whose schedule was said to be unpredictable (once each).
     unpredictable: BTreeSet<String>,
     /// `--launch-cost`: how long a new node settles before the window
@@ -170,12 +163,6 @@ pub struct PassReport {
     /// `node: key` of holds someone changed since node-holder placed them:
     /// left in place, only node-holder's record of them dropped.
     pub left: Vec<String>,
-}
-
-/// What one pass asks of the next.
-struct PassOutcome {
-    /// When the next pass must run at the latest.
-    wake: Option<Instant>,
 }
 
 impl WindowTask {
@@ -221,13 +208,17 @@ impl WindowTask {
             store: nodes,
             mut feed,
             _task,
-        } = watch_nodes(self.client.clone(), self.config.keep(), watch_backoff());
+        } = watch_nodes(
+            self.client.clone(),
+            self.config.holding.clone(),
+            watch_backoff(),
+        );
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
         self.scheduled = self
             .config
             .schedule
-            .map(|_| watch_scheduled(self.client.clone(), &self.config.namespace, watch_backoff));
+            .map(|_| watch_scheduled(self.client.clone(), &self.config.namespace));
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
         self.drift = self
             .config
@@ -238,7 +229,7 @@ impl WindowTask {
         let mut drift_changes = self.drift.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
-        let mut next = Coalesce::new(coalesce::IDLE, coalesce::MAX);
+        let mut next = Coalesce::default();
         let mut wake: Option<Instant> = None;
         loop {
             // No pass on a store that may miss nodes: before the first list,
@@ -312,12 +303,12 @@ impl WindowTask {
             .pass_duration
             .observe(started.elapsed().as_secs_f64());
         match outcome {
-            Ok(outcome) => outcome.wake,
+            Ok(wake) => wake,
             Err(err) => {
                 self.failures += 1;
-                let kind = err.kind();
+                let kind = error::kind(&err);
                 self.metrics.pass_failed(kind);
-                tracing::warn!(error = %err, kind = kind.label(), "hold window pass failed");
+                tracing::warn!(error = %format_args!("{err:#}"), kind = kind.label(), "hold window pass failed");
                 Some(Instant::now() + self.backoff())
             }
         }
@@ -327,12 +318,13 @@ impl WindowTask {
         retry::pass_backoff(self.failures)
     }
 
-    /// One pass: the window forward, the record saved, the nodes converged.
+    /// One pass: the window forward, the record saved, the nodes converged;
+    /// returns when the next must run at the latest.
     ///
     /// It reads the store's objects in place (shared, not copied) and builds
     /// each node's patch only when the patcher takes it, so its memory grows
     /// with the patches in flight, not with the nodes.
-    async fn pass(&mut self, nodes: &NodeStore) -> Result<PassOutcome, PassError> {
+    async fn pass(&mut self, nodes: &NodeStore) -> Result<Option<Instant>> {
         // Leadership as the Lease says now, not as the lease manager last
         // saw it: after an API server outage another replica may lead.
         lease::ensure_leading(&self.client, &self.config.namespace, &self.config.identity).await?;
@@ -344,16 +336,16 @@ impl WindowTask {
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;
-        let mut outcome = self.converge(&snapshot, now).await?;
+        let mut wake = self.converge(&snapshot, now).await?;
         if let Some(known) = known {
             self.warm_for_runs(&known, &snapshot, now).await;
             let warm_wake = self.warming.wake.and_then(|at| {
                 let after = Duration::try_from(at.duration_since(now)).unwrap_or_default();
                 Instant::now().checked_add(after)
             });
-            outcome.wake = outcome.wake.into_iter().chain(warm_wake).min();
+            wake = wake.into_iter().chain(warm_wake).min();
         }
-        Ok(outcome)
+        Ok(wake)
     }
 
     /// Saves the window if it changed since last saved, and shows the

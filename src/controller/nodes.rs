@@ -1,11 +1,9 @@
 //! The leader's view of the nodes: a watch of Node metadata into a store of
 //! node-holder's own, which keeps each node as a compact [`NodeMeta`] (what
 //! the plan and the patches read) instead of kube's reflector's whole
-//! `PartialObjectMeta`, so 50,000 nodes fit in a few tens of MiB.
-//!
-//! The store follows kube's watcher events as kube's reflector does: a
-//! (re)list fills a new set that replaces the old one only once complete,
-//! and each change after it replaces or removes one node.
+//! `PartialObjectMeta`. It follows kube's watcher events as the reflector
+//! does: a (re)list replaces the store only once complete, and each change
+//! after it replaces or removes one node.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -18,15 +16,13 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::core::holds::{Holding, Holds};
+use crate::core::holds::Holding;
 use crate::core::node::NodeMeta;
 use crate::core::patch::keep_what_patches_read;
-use crate::core::selector::NodeScope;
 
-/// Every node as last read, sorted by name. Cloning shares it: the watch
-/// task writes, passes read snapshots. Kept sorted as it changes (a change
-/// is one binary search and at most one move of the pointers after it), so
-/// that a pass at 50,000 nodes does not sort them again.
+/// Every node as last read, sorted by name (kept sorted as it changes, so
+/// that no pass sorts them again). Cloning shares it: the watch task
+/// writes, passes read snapshots.
 #[derive(Debug, Clone, Default)]
 pub struct NodeStore(Arc<RwLock<Vec<Arc<NodeMeta>>>>);
 
@@ -90,41 +86,34 @@ fn sorted(mut listed: Vec<Arc<NodeMeta>>) -> Vec<Arc<NodeMeta>> {
     nodes
 }
 
-/// What the store keeps of each node (see [`keep_what_patches_read`]).
-#[derive(Debug, Clone)]
-pub struct Keep {
-    holds: Holds,
-    scope: NodeScope,
-}
-
-impl Keep {
-    pub fn new(holding: &Holding) -> Self {
-        Keep {
-            holds: holding.holds.clone(),
-            scope: holding.scope.clone(),
-        }
-    }
-
-    fn node(&self, node: &PartialObjectMeta<Node>) -> Option<Arc<NodeMeta>> {
-        let kept = keep_what_patches_read(&node.metadata, &self.holds, &self.scope);
-        kept.map(Arc::new)
-    }
-}
-
 /// Applies watcher events to a store.
 struct Writer {
     store: NodeStore,
-    keep: Keep,
+    /// What the store keeps of each node (see [`keep_what_patches_read`]).
+    holding: Holding,
     /// A list under way: the nodes listed so far.
     listing: Option<Vec<Arc<NodeMeta>>>,
 }
 
 impl Writer {
+    fn new(store: NodeStore, holding: Holding) -> Self {
+        Writer {
+            store,
+            holding,
+            listing: None,
+        }
+    }
+
+    fn keep(&self, node: &PartialObjectMeta<Node>) -> Option<Arc<NodeMeta>> {
+        let Holding { holds, scope } = &self.holding;
+        keep_what_patches_read(&node.metadata, holds, scope).map(Arc::new)
+    }
+
     fn apply(&mut self, event: &Event<PartialObjectMeta<Node>>) {
         match event {
             Event::Init => self.listing = Some(Vec::new()),
             Event::InitApply(node) => {
-                if let Some(node) = self.keep.node(node) {
+                if let Some(node) = self.keep(node) {
                     self.listing.get_or_insert_default().push(node);
                 }
             }
@@ -135,7 +124,7 @@ impl Writer {
                 }
             }
             Event::Apply(node) => {
-                if let Some(node) = self.keep.node(node) {
+                if let Some(node) = self.keep(node) {
                     self.store.replace(node);
                 }
             }
@@ -149,17 +138,13 @@ impl Writer {
 }
 
 /// Every node's metadata from one list, kept as the watch keeps it.
-pub async fn list_nodes(client: &kube::Client, keep: Keep) -> Result<NodeStore> {
+pub async fn list_nodes(client: &kube::Client, holding: Holding) -> Result<NodeStore> {
     let api: Api<Node> = Api::all(client.clone());
     let listed = api
         .list_metadata(&kube::api::ListParams::default())
         .await
         .context("listing nodes")?;
-    let mut writer = Writer {
-        store: NodeStore::default(),
-        keep,
-        listing: None,
-    };
+    let mut writer = Writer::new(NodeStore::default(), holding);
     writer.apply(&Event::Init);
     for node in listed.items {
         writer.apply(&Event::InitApply(node));
@@ -196,7 +181,7 @@ pub struct NodeWatch {
 /// only a complete list proves no node was missed while it was down.
 pub fn watch_nodes(
     client: kube::Client,
-    keep: Keep,
+    holding: Holding,
     mut backoff: watcher::ExponentialBackoff,
 ) -> NodeWatch {
     let store = NodeStore::default();
@@ -204,11 +189,7 @@ pub fn watch_nodes(
     // 1 KB a node on the wire instead of the ~25 KB of a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
     let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
-    let mut writer = Writer {
-        store: store.clone(),
-        keep,
-        listing: None,
-    };
+    let mut writer = Writer::new(store.clone(), holding);
     let task = tokio::spawn(async move {
         loop {
             let error = follow(&api, &mut writer, &feed, &mut backoff).await;
@@ -270,8 +251,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::core::holds::Preset;
+    use crate::core::holds::{Holds, Preset};
     use crate::core::node::NodeFields;
+    use crate::core::selector::NodeScope;
 
     fn node(name: &str, labels: serde_json::Value) -> PartialObjectMeta<Node> {
         serde_json::from_value(json!({
@@ -283,15 +265,11 @@ mod tests {
     }
 
     fn writer() -> Writer {
-        let keep = Keep {
+        let holding = Holding {
             holds: Holds::new(&[Preset::KarpenterV1], &[]).unwrap(),
             scope: NodeScope::parse("zone=a").unwrap(),
         };
-        Writer {
-            store: NodeStore::default(),
-            keep,
-            listing: None,
-        }
+        Writer::new(NodeStore::default(), holding)
     }
 
     fn names(store: &NodeStore) -> Vec<String> {

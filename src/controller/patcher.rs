@@ -20,11 +20,9 @@ use crate::state::record::FIELD_MANAGER;
 /// A progress line every this many nodes of a long run.
 pub const PROGRESS_EVERY: usize = 500;
 
-/// Node PATCHes in flight at once. At the default 250 a second the 5,000-
-/// and 50,000-node window benches measured the configured rate: the pacer,
-/// not the round trip, was the bound. 16 carry about 800 a second at 20 ms a
-/// PATCH; more would only queue in the API server's priority level, and a
-/// throttled level refuses them with 429 the sooner.
+/// Node PATCHes in flight at once (why 16: `docs/architecture.md`). More
+/// would only queue in the API server's priority level, and a throttled
+/// level refuses them with 429 the sooner.
 pub const MAX_IN_FLIGHT: usize = 16;
 
 /// How one node PATCH ended.
@@ -65,8 +63,7 @@ impl Patcher {
     /// patches are built and in flight at once, whatever the total. Yields
     /// each patch (its operations dropped once sent) with its result as it
     /// completes: one slow request holds its own slot, not the requests
-    /// behind it. Long runs log their progress
-    /// every [`PROGRESS_EVERY`] nodes.
+    /// behind it. Long runs log their progress every [`PROGRESS_EVERY`] nodes.
     pub fn apply<'a>(
         &'a self,
         patches: impl IntoIterator<Item = NodePatch, IntoIter: Send + 'a>,

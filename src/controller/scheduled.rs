@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use foldhash::HashMap;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -24,23 +23,33 @@ use super::compact::{Compact, watch_compact};
 use super::events::HoldEvent;
 use super::job_pods::{JobPods, watch_failed, watch_job_pods};
 use crate::core::due::{
-    Keep, Kept, NodeView, Reason, Terms, counted_at, counts_in_window, keep, why_kept, why_released,
+    Keep, Kept, NodeView, Reason, Reserved, Terms, counted_at, counts_in_window, keep, why_kept,
+    why_released,
 };
 use crate::core::holds::held_until_stamp;
 use crate::core::known::{CronJobSpec, KnownWork, LastRun, PodShape, known_work};
 use crate::core::node::NodeMeta;
 use crate::core::patch::floor_seconds;
 use crate::core::schedule::Schedules;
+use crate::retry::watch_backoff;
 
 /// Nodes a pass gives a log line and an Event of their own each way
 /// (held for a run, let go); the rest are counted in one line, so that a
 /// pass over thousands of CronJobs' nodes does not flood the log.
 const NODES_SAID: usize = 20;
 
-/// The one line for the nodes past [`NODES_SAID`], if any.
-fn said_the_rest(count: usize, what: &str) {
-    if let Some(rest) = count.checked_sub(NODES_SAID).filter(|&rest| rest > 0) {
-        tracing::info!(nodes = rest, "and {rest} {what}");
+/// Says each of the first [`NODES_SAID`] `nodes` (`say`), then one line
+/// for the rest (`rest`), if any.
+fn say_first<T>(nodes: impl Iterator<Item = T>, mut say: impl FnMut(T), rest: &str) {
+    let mut count = 0usize;
+    for node in nodes {
+        count += 1;
+        if count <= NODES_SAID {
+            say(node);
+        }
+    }
+    if let Some(more) = count.checked_sub(NODES_SAID).filter(|&more| more > 0) {
+        tracing::info!(nodes = more, "and {more} {rest}");
     }
 }
 
@@ -59,9 +68,9 @@ pub struct ScheduledWatch {
 }
 
 /// Known work and what it was read from: a pass whose stores, nodes in
-/// scope and remembered runs are the same, before the work's earliest run, reads the
-/// same (at 50,000 nodes reading it is most of a pass, and most passes are
-/// set off by node changes that touch none of it).
+/// scope and remembered runs are the same, before the work's earliest run,
+/// reads the same (most passes are set off by node changes that touch none
+/// of it).
 struct Memo {
     /// The watches' tick when it was read (read before the stores, so a
     /// change under way makes the next pass read again).
@@ -81,26 +90,29 @@ impl Memo {
 }
 
 /// A fingerprint of the nodes in scope and the remembered runs.
-fn fingerprint(in_scope: InScope<'_, '_>, remembered: &BTreeMap<String, LastRun>) -> u64 {
+fn fingerprint(in_scope: &[NodeView<'_>], remembered: &BTreeMap<String, LastRun>) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     let mut hasher = foldhash::fast::FixedState::with_seed(0x6e6f_6465).build_hasher();
-    for view in in_scope.0 {
+    for view in in_scope {
         view.name.hash(&mut hasher);
     }
     remembered.hash(&mut hasher);
     hasher.finish()
 }
 
-/// The nodes in scope: the pass's views, sorted by name as the node store
-/// is, looked up by binary search (no set of 50,000 names is built for a
-/// pass).
-#[derive(Clone, Copy)]
-struct InScope<'v, 'a>(&'v [NodeView<'a>]);
+/// Whether `name` is in scope: among the pass's views, sorted by name as
+/// the node store is (a binary search, no set of every name built a pass).
+fn in_scope(views: &[NodeView<'_>], name: &str) -> bool {
+    views.binary_search_by(|view| view.name.cmp(name)).is_ok()
+}
 
-impl InScope<'_, '_> {
-    fn contains(&self, name: &str) -> bool {
-        self.0.binary_search_by(|view| view.name.cmp(name)).is_ok()
-    }
+/// The node named `name` if it is in scope, found in the pass's snapshot
+/// (sorted by name, as the node store keeps it).
+fn in_scope_node<'n>(snapshot: &'n [Arc<NodeMeta>], name: &str) -> Option<&'n NodeMeta> {
+    let i = snapshot
+        .binary_search_by(|node| node.name().cmp(name))
+        .ok()?;
+    Some(&*snapshot[i]).filter(|node| node.in_scope())
 }
 
 impl ScheduledWatch {
@@ -115,18 +127,18 @@ impl ScheduledWatch {
         self.cronjobs.read(|cronjobs| !cronjobs.is_empty())
     }
 
-    /// The scheduled work after `from`, on the nodes `in_scope`;
+    /// The scheduled work after `from`, on the nodes in scope (`views`);
     /// `remembered` each CronJob's last run whose nodes may be gone. Read
     /// again only when one of them, the stores or the next run changed;
     /// whether it was read again.
     fn known(
         &self,
         from: Timestamp,
-        in_scope: InScope<'_, '_>,
+        views: &[NodeView<'_>],
         remembered: &BTreeMap<String, LastRun>,
     ) -> (Arc<KnownWork>, bool) {
         let tick = *self.changes.borrow();
-        let inputs = fingerprint(in_scope, remembered);
+        let inputs = fingerprint(views, remembered);
         let mut memo = self
             .memo
             .lock()
@@ -139,10 +151,10 @@ impl ScheduledWatch {
         let cronjobs: Vec<Arc<CronJobSpec>> = self
             .cronjobs
             .read(|cronjobs| cronjobs.values().cloned().collect());
-        let in_scope = |node: &str| in_scope.contains(node);
+        let in_scope = |node: &str| in_scope(views, node);
         let work = Arc::new(
             self.pods
-                .read(|pods| known_work(&cronjobs, pods, in_scope, from, remembered)),
+                .pods(|pods| known_work(&cronjobs, pods, in_scope, from, remembered)),
         );
         *memo = Some(Memo {
             tick,
@@ -155,7 +167,7 @@ impl ScheduledWatch {
 
     /// The placeholder pods seen: each one's Job and node (if bound).
     pub fn placeholders(&self) -> Vec<(String, Option<String>)> {
-        self.pods.read(|pods| {
+        self.pods.pods(|pods| {
             pods.filter(|pod| pod.placeholder)
                 .map(|pod| (pod.job.to_string(), pod.node.map(str::to_string)))
                 .collect()
@@ -164,23 +176,19 @@ impl ScheduledWatch {
 }
 
 /// Starts both watches.
-pub fn watch_scheduled(
-    client: kube::Client,
-    namespace: &str,
-    backoff: fn() -> watcher::ExponentialBackoff,
-) -> ScheduledWatch {
+pub fn watch_scheduled(client: kube::Client, namespace: &str) -> ScheduledWatch {
     let (tick, changes) = tokio::sync::watch::channel(0u64);
     let tick = Arc::new(tick);
     let mut schedules = Schedules::default();
     let cronjobs = watch_compact(
         Api::<CronJob>::all(client.clone()),
         watcher::Config::default(),
-        backoff(),
+        watch_backoff(),
         tick.clone(),
         move |cronjob: &CronJob| Some(Arc::new(spec(cronjob, &mut schedules))),
         |err, listed| watch_failed(err, "CronJob", listed),
     );
-    let pods = watch_job_pods(Api::<Pod>::all(client), namespace, backoff(), tick);
+    let pods = watch_job_pods(Api::<Pod>::all(client), namespace, watch_backoff(), tick);
     ScheduledWatch {
         cronjobs: cronjobs.store,
         pods: pods.store,
@@ -229,7 +237,7 @@ impl super::WindowTask {
     /// Returns what the schedules say, for the warm ([`super::warming`]).
     pub(super) fn keep_for_schedules(
         &mut self,
-        snapshot: &[std::sync::Arc<NodeMeta>],
+        snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
     ) -> Option<Arc<KnownWork>> {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
@@ -254,13 +262,12 @@ impl super::WindowTask {
             })
             .collect();
         debug_assert!(views.is_sorted_by(|a, b| a.name < b.name));
-        let in_scope = InScope(&views);
         let from = now.saturating_sub(terms.grace).unwrap_or(now);
-        let (known, read) = watch.known(from, in_scope, &self.last_runs);
+        let (known, read) = watch.known(from, &views, &self.last_runs);
         // The same work on the same nodes remembers nothing new.
         if read {
             self.last_runs.clone_from(&known.last);
-            self.remember_explained(&known, in_scope);
+            self.remember_explained(&known, &views);
         }
         let kept = keep(&views, &known, &self.explained, now, &terms);
         self.say_what_changed(&kept, snapshot, &terms);
@@ -275,14 +282,14 @@ impl super::WindowTask {
 
     /// Adds the nodes the known CronJobs' pods explain now; forgets those
     /// gone from scope and those other work ran on.
-    fn remember_explained(&mut self, known: &KnownWork, in_scope: InScope<'_, '_>) {
+    fn remember_explained(&mut self, known: &KnownWork, views: &[NodeView<'_>]) {
         for node in &known.explained {
             if !self.explained.contains(node) {
                 self.explained.insert(node.clone());
             }
         }
         self.explained
-            .retain(|node| in_scope.contains(node) && !known.other_work.contains(node));
+            .retain(|node| in_scope(views, node) && !known.other_work.contains(node));
     }
 
     /// A warning and an Event, once per CronJob, for each schedule that
@@ -318,26 +325,20 @@ impl super::WindowTask {
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
-        snapshot: &[std::sync::Arc<NodeMeta>],
+        snapshot: &[Arc<NodeMeta>],
         terms: &Terms,
     ) {
-        let nodes = self.changed_nodes(kept, snapshot);
         // New since the last pass, and not stamped with this end already
         // (a new leader's first pass: the node says it was announced).
         let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
             Keep::ForRun(reserved) if self.newly_kept(name, reserved.until) => {
-                let node = *nodes.get(name)?;
+                let node = in_scope_node(snapshot, name)?;
                 let stamped = held_until_stamp(node) == Some(floor_seconds(reserved.until));
                 (!stamped).then_some((node, reserved))
             }
             _ => None,
         });
-        let mut count = 0usize;
-        for (node, reserved) in newly_kept {
-            count += 1;
-            if count > NODES_SAID {
-                continue;
-            }
+        let say_kept = |(node, reserved): (&NodeMeta, &Reserved<'_>)| {
             let why = why_kept(reserved, terms);
             tracing::info!(
                 node = %node.name(),
@@ -346,53 +347,22 @@ impl super::WindowTask {
             );
             self.events
                 .send(HoldEvent::kept_for_run(node, reserved.until, why));
-        }
-        said_the_rest(count, "more nodes held for scheduled runs");
+        };
+        say_first(newly_kept, say_kept, "more nodes held for scheduled runs");
         let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
-        let mut count = 0usize;
-        for node in ended.filter_map(|name| nodes.get(name.as_str())) {
-            count += 1;
-            if count > NODES_SAID {
-                continue;
-            }
+        let say_ended = |node: &NodeMeta| {
             let why = why_released(terms);
             tracing::info!(node = %node.name(), "schedule hold ends: {why}");
             self.events.send(HoldEvent::nothing_due(node, why));
-        }
-        said_the_rest(count, "more nodes whose schedule hold ends");
+        };
+        let ended = ended.filter_map(|name| in_scope_node(snapshot, name));
+        say_first(ended, say_ended, "more nodes whose schedule hold ends");
     }
 
     /// Whether `node` is kept for a run until `until` and was not, with
     /// that end, at the last pass.
     fn newly_kept(&self, node: &str, until: Timestamp) -> bool {
         self.kept.get(node).and_then(|k| k.until) != Some(until)
-    }
-
-    /// The nodes in scope whose schedule hold may have changed since the
-    /// last pass (kept for a run now, or kept before and not now), by name:
-    /// most passes have none, and then no map of every node is built.
-    fn changed_nodes<'n>(
-        &self,
-        kept: &BTreeMap<&str, Keep<'_>>,
-        snapshot: &'n [std::sync::Arc<NodeMeta>],
-    ) -> HashMap<&'n str, &'n NodeMeta> {
-        let for_run = kept.iter().filter(|(name, keep)| match keep {
-            Keep::ForRun(reserved) => self.newly_kept(name, reserved.until),
-            _ => false,
-        });
-        let ended = self.kept.keys().filter(|n| !kept.contains_key(n.as_str()));
-        let wanted: foldhash::HashSet<&str> = for_run
-            .map(|(name, _)| *name)
-            .chain(ended.map(String::as_str))
-            .collect();
-        if wanted.is_empty() {
-            return HashMap::default();
-        }
-        snapshot
-            .iter()
-            .filter(|node| node.in_scope() && wanted.contains(node.name()))
-            .map(|node| (node.name(), &**node))
-            .collect()
     }
 
     /// When the window counts `node` as created: its creation, or with
@@ -442,34 +412,24 @@ mod tests {
     #[test]
     fn nodes_are_found_by_name_and_the_fingerprint_sees_any_change() {
         let views = [view("a"), view("b"), view("c")];
-        let in_scope = InScope(&views);
-        assert!(in_scope.contains("a") && in_scope.contains("c"));
-        assert!(!in_scope.contains("bb"));
+        assert!(in_scope(&views, "a") && in_scope(&views, "c"));
+        assert!(!in_scope(&views, "bb"));
         let none = BTreeMap::new();
         assert_eq!(
-            fingerprint(in_scope, &none),
-            fingerprint(InScope(&views.clone()), &none)
+            fingerprint(&views, &none),
+            fingerprint(&views.clone(), &none)
         );
         let other = [view("a"), view("bb"), view("c")];
-        assert_ne!(
-            fingerprint(in_scope, &none),
-            fingerprint(InScope(&other), &none)
-        );
+        assert_ne!(fingerprint(&views, &none), fingerprint(&other, &none));
         let fewer = [view("a"), view("b")];
-        assert_ne!(
-            fingerprint(in_scope, &none),
-            fingerprint(InScope(&fewer), &none)
-        );
+        assert_ne!(fingerprint(&views, &none), fingerprint(&fewer, &none));
         let last = LastRun {
             nodes: 2,
             pods: 2,
             minute: 1,
         };
         let remembered = BTreeMap::from([("team/report".to_string(), last)]);
-        assert_ne!(
-            fingerprint(in_scope, &none),
-            fingerprint(in_scope, &remembered)
-        );
+        assert_ne!(fingerprint(&views, &none), fingerprint(&views, &remembered));
     }
 
     #[test]

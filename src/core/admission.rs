@@ -136,34 +136,24 @@ pub fn decide(body: &[u8], holding: &Holding) -> Result<Decision, BadReview> {
     }
     let request: AdmissionRequest<Admitted> =
         review.try_into().map_err(|_| BadReview::NoRequest)?;
-    let summary = summarize(&request);
 
     let is_node_create = request.kind.group.is_empty()
         && request.kind.kind == "Node"
         && matches!(request.operation, Operation::Create);
-    if !is_node_create {
-        return Ok(Decision {
-            response: AdmissionResponse::from(&request),
-            outcome: Outcome::NotANodeCreate,
-            request: summary,
-        });
-    }
-    let Some(node) = request.object.as_ref() else {
+    let (response, outcome) = if !is_node_create {
+        (AdmissionResponse::from(&request), Outcome::NotANodeCreate)
+    } else if let Some(node) = request.object.as_ref() {
+        hold_new_node(&request, &node.metadata, holding)
+    } else {
         let reason = "a Node CREATE review without its object".to_string();
         let mut response = AdmissionResponse::invalid(&reason);
         response.uid = request.uid.clone();
-        return Ok(Decision {
-            response,
-            outcome: Outcome::Invalid { reason },
-            request: summary,
-        });
+        (response, Outcome::Invalid { reason })
     };
-
-    let (response, outcome) = hold_new_node(&request, &node.metadata, holding);
     Ok(Decision {
         response,
         outcome,
-        request: summary,
+        request: summarize(&request),
     })
 }
 
@@ -200,39 +190,22 @@ fn hold_new_node(
 
 /// `auditAnnotations`: the API server stores each as `<webhook name>/<key>`, so
 /// keys hold no `/`.
-fn audit_annotations(outcome: &Outcome, scope: &str) -> std::collections::HashMap<String, String> {
-    let mut annotations = BTreeMap::new();
-    annotations.insert("decision", <&str>::from(outcome).to_string());
-    match outcome {
-        Outcome::Held { added } => {
-            let holds: Vec<String> = added.iter().map(ToString::to_string).collect();
-            annotations.insert("holds-added", holds.join(","));
-            annotations.insert(
-                "reason",
-                format!("new node in scope ({scope}): held from creation"),
-            );
-        }
-        Outcome::AlreadyHeld => {
-            annotations.insert(
-                "reason",
-                "the node already carries every configured hold".to_string(),
-            );
-        }
-        Outcome::OutOfScope => {
-            annotations.insert(
-                "reason",
-                format!("node labels do not match the node selector ({scope})"),
-            );
-        }
-        Outcome::Unpatched { reason } => {
-            annotations.insert("reason", format!("allowed unheld: {reason}"));
-        }
-        Outcome::NotANodeCreate | Outcome::Invalid { .. } => {}
+fn audit_annotations(outcome: &Outcome, scope: &str) -> HashMap<String, String> {
+    let decision = <&str>::from(outcome).to_string();
+    let mut annotations = HashMap::from([("decision".to_string(), decision)]);
+    if let Outcome::Held { added } = outcome {
+        let holds: Vec<String> = added.iter().map(ToString::to_string).collect();
+        annotations.insert("holds-added".to_string(), holds.join(","));
     }
+    let reason = match outcome {
+        Outcome::Held { .. } => format!("new node in scope ({scope}): held from creation"),
+        Outcome::AlreadyHeld => "the node already carries every configured hold".to_string(),
+        Outcome::OutOfScope => format!("node labels do not match the node selector ({scope})"),
+        Outcome::Unpatched { reason } => format!("allowed unheld: {reason}"),
+        Outcome::NotANodeCreate | Outcome::Invalid { .. } => return annotations,
+    };
+    annotations.insert("reason".to_string(), reason);
     annotations
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
 }
 
 fn summarize(request: &AdmissionRequest<Admitted>) -> RequestSummary {

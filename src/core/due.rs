@@ -1,15 +1,7 @@
-//! The hold that knows when work comes back (`--launch-cost`): of the idle
-//! nodes, keep exactly those that scheduled runs due within the
-//! break-even time will use, each until its run starts, and nothing else.
-//!
-//! Keeping an idle node until a run at `at` costs `at - now` node-seconds;
-//! letting it go and launching one again for the run costs a launch (the
-//! operator's `--launch-cost`, in node-time). So a node is worth keeping
-//! exactly when its run comes within the launch cost: the clairvoyant
-//! decision for the work whose time is known. Each CronJob counts with its
-//! next run only (its later runs find the same nodes free again), and with
-//! as many nodes as its last run occupied. Pure: the caller reads the
-//! schedules ([`super::schedule`]) and the nodes.
+//! The schedule hold (`--launch-cost`): of the idle nodes, keep exactly
+//! those that runs due within the launch cost will use, each until its run
+//! starts (docs/architecture.md, "The schedule hold"). Pure: the caller reads
+//! the schedules ([`super::schedule`]) and the nodes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -63,17 +55,6 @@ pub enum Keep<'a> {
     ForRun(Reserved<'a>),
 }
 
-impl Keep<'_> {
-    /// Until when it is kept, if that is known.
-    fn until(&self) -> Option<Timestamp> {
-        match self {
-            Keep::Busy => None,
-            Keep::Settling { until } => Some(*until),
-            Keep::ForRun(reserved) => Some(reserved.until),
-        }
-    }
-}
-
 /// Why the schedule keeps a node, in the same word in the record, `status`
 /// and the metric's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -103,18 +84,14 @@ pub struct Kept {
 
 impl From<&Keep<'_>> for Kept {
     fn from(keep: &Keep<'_>) -> Kept {
-        let reason = match keep {
-            Keep::Busy => Reason::Busy,
-            Keep::Settling { .. } => Reason::Settling,
-            Keep::ForRun(_) => Reason::Run,
-        };
-        let run = match keep {
-            Keep::ForRun(reserved) => Some(reserved.run),
-            _ => None,
+        let (reason, until, run) = match keep {
+            Keep::Busy => (Reason::Busy, None, None),
+            Keep::Settling { until } => (Reason::Settling, Some(*until), None),
+            Keep::ForRun(reserved) => (Reason::Run, Some(reserved.until), Some(reserved.run)),
         };
         Kept {
             reason,
-            until: keep.until(),
+            until,
             cronjob: run.map(|run| run.cronjob.clone()),
             run_at: run.map(|run| run.at),
         }
@@ -130,13 +107,11 @@ pub struct NodeView<'a> {
     pub marked: bool,
 }
 
-/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not yet
-/// `explained` (every node a known CronJob's pods have run on, as the caller
-/// remembers them), and the idle explained ones the runs due within the launch
-/// cost will use (held ones first, then the newest). A node no CronJob's pods
-/// ran on is never kept for a run: it may run other work (a Deployment's pods,
-/// which node-holder does not read), so it is no free node for the run; the
-/// window holds it.
+/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
+/// yet `explained` (as the caller remembers them), and the idle explained
+/// ones the runs due will use ([`reserve`]). A node no CronJob's pods ran on
+/// is never kept for a run: it may run other work (a Deployment's pods,
+/// which node-holder does not read); the window holds it.
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,
@@ -337,7 +312,7 @@ mod tests {
             .map(|(n, _)| *n)
             .collect();
         assert_eq!(for_run, ["b-held", "b-old"]);
-        assert_eq!(kept["b-held"].until(), Some(t(5)));
+        assert_eq!(Kept::from(&kept["b-held"]).until, Some(t(5)));
         assert!(!kept.contains_key("w-old") && !kept.contains_key("b-other"));
         // The window counts neither explained nor settling nodes.
         assert!(!counts_in_window(

@@ -156,24 +156,20 @@ impl Holds {
         if holds.is_empty() {
             holds.push(Preset::KarpenterV1.hold());
         }
-        for (i, hold) in holds.iter().enumerate() {
-            if let Some(other) = holds[..i]
-                .iter()
-                .find(|h| h.key == hold.key && h.value != hold.value)
-            {
-                return Err(format!(
-                    "hold key {} configured twice, as {other} and {hold}",
-                    hold.key
-                ));
+        let mut unique: Vec<Hold> = Vec::new();
+        for hold in holds {
+            match unique.iter().find(|h| h.key == hold.key) {
+                None => unique.push(hold),
+                Some(other) if other.value != hold.value => {
+                    let key = &hold.key;
+                    return Err(format!(
+                        "hold key {key} configured twice, as {other} and {hold}"
+                    ));
+                }
+                Some(_) => {}
             }
         }
-        let mut seen = Vec::new();
-        holds.retain(|h| {
-            let new = !seen.contains(&h.key);
-            seen.push(h.key.clone());
-            new
-        });
-        Ok(Holds(holds))
+        Ok(Holds(unique))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Hold> {

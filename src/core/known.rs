@@ -1,15 +1,8 @@
 //! The scheduled work the cluster knows (`--launch-cost`): each CronJob's next
 //! run and how many nodes its last run occupied, read from the CronJobs and
-//! their Jobs' pods as the leader last saw them. Pure: the caller watches, this
-//! reads.
-//!
-//! A Job belongs to the CronJob whose name it carries: the CronJob controller
-//! names each Job `<cronjob>-<scheduled minute since the epoch>` (and a pod
-//! carries its Job's name in `batch.kubernetes.io/job-name`), so no Job needs
-//! to be read. A node that runs a known CronJob's pods (and no other Job's) is
-//! *explained*: the schedule says when its work comes back, so it opens no hold
-//! window. A CronJob whose schedule cannot be predicted is not known: its pods
-//! are other work, which the window holds.
+//! their Jobs' pods, matched by the Jobs' names (docs/architecture.md, "The
+//! schedule hold"). A CronJob whose schedule cannot be predicted is not known:
+//! its pods are other work, which the window holds. Pure: the caller watches.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -146,10 +139,7 @@ pub struct Unpredictable {
 
 /// One CronJob's runs as its pods show them: the nodes of each run and its
 /// pods, by the run's scheduled minute.
-#[derive(Default)]
-struct Seen<'a> {
-    runs: BTreeMap<i64, (BTreeSet<&'a str>, usize)>,
-}
+type Seen<'a> = BTreeMap<i64, (BTreeSet<&'a str>, usize)>;
 
 /// Reads the scheduled work: each CronJob's first run after `from` (the
 /// caller's now less the grace a started run's pods get to land); `in_scope`
@@ -234,12 +224,7 @@ fn read_pods<'a, 'k>(
             others.insert(node);
             continue;
         };
-        let run = seen
-            .entry(cronjob)
-            .or_default()
-            .runs
-            .entry(minute)
-            .or_default();
+        let run = seen.entry(cronjob).or_default().entry(minute).or_default();
         run.0.insert(node);
         run.1 += 1;
         explained.insert(node);
@@ -262,7 +247,7 @@ fn read_pods<'a, 'k>(
 fn next_run(schedule: &Schedule, seen: Option<&Seen<'_>>, from: Timestamp) -> Option<Timestamp> {
     let started = |at: Timestamp| {
         let minute = at.as_second().div_euclid(60);
-        seen.is_some_and(|s| s.runs.contains_key(&minute))
+        seen.is_some_and(|s| s.contains_key(&minute))
     };
     let at = schedule.next_after(from)?;
     if started(at) {
@@ -296,7 +281,7 @@ fn last_run<'a>(
     seen: &Seen<'a>,
     in_scope: &impl Fn(&str) -> bool,
 ) -> Option<(LastRun, Vec<&'a str>)> {
-    seen.runs.iter().rev().find_map(|(&minute, (nodes, pods))| {
+    seen.iter().rev().find_map(|(&minute, (nodes, pods))| {
         if !nodes.iter().any(|node| in_scope(node)) {
             return None;
         }

@@ -11,7 +11,6 @@ pub mod names;
 pub mod node;
 pub mod patch;
 pub mod plan;
-pub mod requests;
 pub mod schedule;
 pub mod selector;
 pub mod warm;

@@ -10,14 +10,8 @@ pub fn is_qualified_name(key: &str) -> bool {
         None => (None, key),
     };
     let prefix_ok = prefix.is_none_or(is_dns_subdomain);
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
-    prefix_ok && name_ok
+    // The name is what a non-empty label value is.
+    prefix_ok && !name.is_empty() && is_label_value(name)
 }
 
 /// A label value: empty, or at most 63 letters, digits, `-`, `_` and `.`,

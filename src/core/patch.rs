@@ -89,25 +89,17 @@ pub fn with_held_until(meta: &impl NodeFields, Patch(mut ops): Patch, until: Tim
         ));
     }
     // A hold patch adds the annotations map first when the node had none.
-    let map_exists = meta.has_annotations() || !ops.iter().all(is_test);
-    let stamp = BTreeMap::from([(HELD_UNTIL_ANNOTATION.to_string(), stamp_text(until))]);
+    let map_exists =
+        meta.has_annotations() || !ops.iter().all(|op| matches!(op, PatchOperation::Test(_)));
+    let stamp = floor_seconds(until).to_string();
+    let stamp = BTreeMap::from([(HELD_UNTIL_ANNOTATION.to_string(), stamp)]);
     ops.extend(map_entries("annotations", map_exists, stamp));
     Patch(ops)
-}
-
-/// How [`with_held_until`] writes `until`: RFC 3339 in whole seconds,
-/// rounded down.
-fn stamp_text(until: Timestamp) -> String {
-    floor_seconds(until).to_string()
 }
 
 /// `t` rounded down to a whole second.
 pub fn floor_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
-}
-
-fn is_test(op: &PatchOperation) -> bool {
-    matches!(op, PatchOperation::Test(_))
 }
 
 /// The patch that takes node-holder's holds off a node, and what it does.
@@ -169,15 +161,12 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
 }
 
 /// What a store of thousands of nodes keeps of `meta`: what the patches and
-/// the plan read. Of the annotations, the configured holds, node-holder's
-/// hold-keys list and the keys in it; of the labels, node-holder's marker;
-/// and
-/// whether the node selector selects the node, decided on the whole labels.
-/// A map left empty is kept (empty, not absent): it still exists on the
-/// node, so holds are added into it, never as a whole new map that would
-/// replace the others' keys. Every patch and every scope decision made from
-/// what is kept is the one made from the whole. `None` for metadata without
-/// a name or a creation time.
+/// the plan read (node-holder's own keys and the configured holds), and
+/// whether the node selector selects the node. A map left empty is kept
+/// (empty, not absent): holds are then added into it, never as a whole new
+/// map that would replace the others' keys. Every patch and scope decision
+/// made from what is kept is the one made from the whole. `None` without a
+/// name or a creation time.
 pub fn keep_what_patches_read(
     meta: &ObjectMeta,
     holds: &Holds,

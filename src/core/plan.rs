@@ -84,21 +84,16 @@ pub struct Planner<'a> {
     pub window: &'a Window,
     pub holds: &'a Holds,
     pub now: Timestamp,
-    /// `--launch-cost`: the nodes the schedule keeps (see
-    /// [`super::due::keep`]), each until when, if that is known. A node kept
-    /// is held whatever its window says.
+    /// `--launch-cost`: the nodes the schedule keeps ([`super::due::keep`]),
+    /// held whatever the window says.
     pub kept: Option<&'a BTreeMap<String, Kept>>,
-    /// `--launch-cost`: the nodes the schedule explains (only known
-    /// CronJobs' pods ran on them). For them the schedule decides alone: one
-    /// it does not keep is not held by the window (only by a manual
-    /// hold), so another workload's scale-up does not hold a CronJob's idle
-    /// nodes for a whole window.
+    /// `--launch-cost`: the nodes the schedule explains. For them the
+    /// schedule decides alone: the window does not hold one it lets go (only
+    /// a manual hold does).
     pub explained: Option<&'a HashSet<String>>,
-    /// The nodes whose NodeClaim Karpenter marked `Drifted`. A drift is a
-    /// change the operator made (a new image, a changed NodePool), not
-    /// churn: neither the window nor the schedule holds a drifted node, so
-    /// a rollout goes at the pace of the pool's own budgets; only a manual
-    /// hold does.
+    /// The nodes whose NodeClaim Karpenter marked `Drifted`: a change the
+    /// operator made, not churn, so only a manual hold holds them
+    /// (docs/architecture.md).
     pub drifted: &'a BTreeSet<String>,
 }
 
@@ -145,8 +140,10 @@ impl Planner<'_> {
             } else {
                 Action::Hold
             };
+            // Only a node marked once patched is stamped.
             let marked_after = is_marked(node) || action == Action::Hold;
-            let patch = match self.stamp(node, until, marked_after) {
+            let stamp = until.filter(|_| marked_after);
+            let patch = match stamp.and_then(|until| needs_stamp(node, until, self.now)) {
                 Some(stamp) => with_held_until(node, patch, stamp),
                 None if action == Action::Stamp => return None,
                 None => patch,
@@ -161,20 +158,6 @@ impl Planner<'_> {
                 (Action::Release, patch)
             })
         }
-    }
-
-    /// What the held node's `held-until` should become: `Some(t)` a stamp
-    /// at `t`, `None` unchanged.
-    fn stamp(
-        &self,
-        node: &NodeMeta,
-        until: Option<Timestamp>,
-        marked_after: bool,
-    ) -> Option<Timestamp> {
-        if !marked_after {
-            return None;
-        }
-        until.and_then(|until| needs_stamp(node, until, self.now))
     }
 
     /// When this node's plan changes by itself: when the schedule stops

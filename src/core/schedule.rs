@@ -1,22 +1,12 @@
-//! A CronJob's schedule as kube-controller-manager's CronJob controller reads
-//! it: five fields or a descriptor (`@hourly`), in the CronJob's
-//! `spec.timeZone` (an IANA name) or, without one, in UTC (the zone of
-//! kube-controller-manager in practice: its image has no other). The one owner
-//! of "when does this CronJob run next"; pure, no clock of its own.
-//!
-//! The cron arithmetic is croner's; this module narrows it to what the
-//! controller's parser (robfig/cron's standard parser) means:
-//! - descriptors are expanded here to their five fields; `@every` (a period
-//!   from whenever the controller started, not a calendar time) and `TZ=`
-//!   prefixes (the API server refuses them in favour of `timeZone`) are
-//!   refused by name;
-//! - day of month and day of week: when either field starts with `*` or `?`
-//!   a day must match both, otherwise either (the controller's rule; croner
-//!   alone would read `*/2` as a restriction);
-//! - `N/step` runs from `N` to the field's end, as the controller reads it.
-//!
-//! A parsed croner schedule takes about 5 KiB (a byte per possible year);
-//! [`Schedules`] shares one among the CronJobs that run on the same fields.
+//! A CronJob's schedule as kube-controller-manager's CronJob controller (with
+//! robfig/cron's standard parser) reads it: five fields or a descriptor
+//! (`@hourly`, expanded here), in the CronJob's `spec.timeZone` or, without
+//! one, in UTC (the zone of kube-controller-manager in practice: its image has
+//! no other). croner does the arithmetic, narrowed to the controller's rules:
+//! `@every` (a period from the controller's start, not a calendar time) and
+//! `TZ=` (the API server wants `timeZone`) are refused by name; when day of
+//! month or day of week starts with `*` or `?` a day must match both, else
+//! either; `N/step` runs from `N` to the field's end. Pure, no clock of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -31,8 +21,8 @@ pub struct Schedule {
     zone: TimeZone,
 }
 
-/// Parses schedules, sharing each parse among the schedules of the same
-/// five fields while any of them lives.
+/// Parses schedules, sharing each parse (about 5 KiB: a byte per possible
+/// year) among the schedules of the same five fields while any of them lives.
 #[derive(Debug, Default)]
 pub struct Schedules {
     parsed: HashMap<String, Weak<croner::Cron>>,
@@ -157,7 +147,8 @@ fn five_fields(schedule: &str) -> Result<Vec<&str>, ScheduleError> {
 }
 
 /// The controller's day rule: a field starting with `*` or `?` makes a day
-/// match both fields, else either.
+/// match both fields, else either (croner alone would read `*/2` as a
+/// restriction).
 fn days_must_both_match(fields: &[&str]) -> bool {
     let star = |field: Option<&&str>| field.is_some_and(|f| f.starts_with(['*', '?']));
     star(fields.get(2)) || star(fields.get(4))

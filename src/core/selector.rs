@@ -31,10 +31,6 @@ impl NodeScope {
         self.selector.matches(labels)
     }
 
-    fn selects_all(&self) -> bool {
-        self.selector.selects_all()
-    }
-
     /// The selector as given (kubectl syntax; empty for every node).
     pub fn text(&self) -> &str {
         &self.text
@@ -43,7 +39,7 @@ impl NodeScope {
 
 impl std::fmt::Display for NodeScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.selects_all() {
+        if self.selector.selects_all() {
             f.write_str("all nodes")
         } else {
             f.write_str(&self.text)
@@ -147,7 +143,7 @@ mod tests {
     #[test]
     fn the_empty_selector_selects_every_node() {
         let scope = NodeScope::parse("").unwrap();
-        assert!(scope.selects_all());
+        assert!(scope.selector.selects_all());
         assert!(scope.matches(&labels(&[])));
         assert_eq!(scope.to_string(), "all nodes");
     }

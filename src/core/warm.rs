@@ -1,18 +1,6 @@
-//! Capacity in time (`--warm-before-runs`): before a scheduled run whose
-//! nodes the schedule hold let go (its gap is longer than the launch cost),
-//! ask the autoscaler for what the run will need, so that its pods find
-//! nodes ready instead of waiting for a launch.
-//!
-//! The ask is a placeholder Job in node-holder's namespace: pods shaped like
-//! the run's (each container's requests, the node selector, tolerations and
-//! affinity of the CronJob's pod template) at a negative priority that never
-//! preempts, so any real pod preempts them. The autoscaler launches nodes
-//! for them as for any pending pod. node-holder deletes the Job just before
-//! the run starts (its nodes are then idle, held and kept for the run by the
-//! schedule hold), and the Job carries its own end: the Job controller
-//! stops it at the run's start plus the grace, whatever became of
-//! node-holder. Pure: what to ask for and when; the caller creates and
-//! deletes.
+//! Capacity in time (`--warm-before-runs`): which runs are warmed, and their
+//! placeholder Job and PriorityClass (docs/architecture.md, "Capacity in
+//! time"). Pure: what to ask for and when; the caller creates and deletes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -1,18 +1,11 @@
-//! The hold window: when the nodes in scope are held,
-//! kept as small state that nodes' creation times drive forward.
-//!
-//! That state is what a restart cannot rebuild from the cluster: the
-//! contributions of nodes deleted since, where the cap started and what a
-//! `release` consumed. Everything here is a pure function of the state, the
-//! creation times and the caller's `now`; the caller lists and watches nodes,
-//! keeps the state in the record (ConfigMap `node-holder-window`) and sleeps
-//! until [`Window::next_wake`].
-//!
-//! The semantics are those of a replay in creation order: observing a node
-//! first closes a window that ended before the node was created, then counts
-//! it. So a live stream of observations and a restart that replays the
-//! current nodes over the stored state reach the same state; a derivation
-//! from the nodes alone differs only by what deleted nodes and releases did.
+//! The hold window: when the nodes in scope are held, as small state that
+//! nodes' creation times drive forward (what a restart cannot rebuild from
+//! the cluster: deleted nodes' contributions, the cap's start, what a release
+//! consumed). Observing a node first closes a window that ended before its
+//! creation, then counts it, so replaying the current nodes over the stored
+//! state reaches the state a live stream did. Pure: the caller lists the
+//! nodes, keeps the state in the record and sleeps until
+//! [`Window::next_wake`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;

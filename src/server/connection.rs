@@ -3,10 +3,9 @@
 //! ends, idles out or is closed at shutdown, and the drain at the end.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -45,12 +44,7 @@ pub struct TlsServing {
 }
 
 /// The connections one source address may hold of `max_connections`: a
-/// quarter (256 of the default 1,024), at least one. Far above what the API
-/// server opens (a few per instance), and few enough that a flood from
-/// elsewhere leaves the API server most of the slots: with 64 connections,
-/// 16 from one source, a flood of 256 from another address had 240 closed at
-/// accept and the API server's requests were served in 2.6-5.4 ms
-/// (`tests/webhook_flood.rs`).
+/// quarter, at least one (measured in docs/reliability.md).
 pub fn per_source(max_connections: usize) -> usize {
     (max_connections / 4).max(1)
 }
@@ -65,47 +59,38 @@ pub fn drain_time(request_timeout: Duration) -> Duration {
 
 /// One connection's requests: how many are in flight, and when the last one
 /// ended (or the connection opened).
-struct Activity {
-    in_flight: AtomicUsize,
-    last: Mutex<Instant>,
-}
+struct Activity(Mutex<(usize, Instant)>);
 
 impl Activity {
-    fn new() -> Arc<Self> {
-        Arc::new(Activity {
-            in_flight: AtomicUsize::new(0),
-            last: Mutex::new(Instant::now()),
-        })
-    }
-
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(Arc::clone(self))
+    fn get(&self) -> std::sync::MutexGuard<'_, (usize, Instant)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// When the connection counts as idle if nothing happens meanwhile;
     /// `None` for a timeout past what an `Instant` holds (never).
     fn idle_at(&self, timeout: Duration) -> Option<Instant> {
-        let last = *self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            Instant::now().checked_add(timeout)
-        } else {
-            last.checked_add(timeout)
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
+        let (in_flight, last) = *self.get();
+        let since = if in_flight > 0 { Instant::now() } else { last };
+        since.checked_add(timeout)
     }
 }
 
 /// A request in flight on its connection; dropping it ends it.
 struct InFlight(Arc<Activity>);
 
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        let mut counts = activity.get();
+        counts.0 = counts.0.saturating_add(1);
+        drop(counts);
+        InFlight(Arc::clone(activity))
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
-        *self.0.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let mut activity = self.0.get();
+        *activity = (activity.0.saturating_sub(1), Instant::now());
     }
 }
 
@@ -227,31 +212,31 @@ async fn accept(
     listener: &TcpListener,
     connections: &Arc<Semaphore>,
     stop: &CancellationToken,
-) -> Result<Option<(OwnedSemaphorePermit, TcpStream, std::net::SocketAddr)>> {
-    let permit = tokio::select! {
-        _ = stop.cancelled() => return Ok(None),
-        permit = Arc::clone(connections).acquire_owned() => permit.context("connection limit")?,
-    };
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => return Ok(None),
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((tcp, peer)) => {
-                // Without it, Nagle's algorithm and delayed ACKs hold a
-                // response written in pieces for ~40 ms on a fresh connection.
-                if let Err(err) = tcp.set_nodelay(true) {
-                    tracing::debug!(%peer, error = %err, "TCP_NODELAY not set");
+) -> Result<Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)>> {
+    let next = async {
+        let permit = Arc::clone(connections).acquire_owned().await;
+        let permit = permit.context("connection limit")?;
+        loop {
+            match listener.accept().await {
+                Ok((tcp, peer)) => {
+                    // Without it, Nagle's algorithm and delayed ACKs hold a
+                    // response written in pieces for ~40 ms on a fresh connection.
+                    if let Err(err) = tcp.set_nodelay(true) {
+                        tracing::debug!(%peer, error = %err, "TCP_NODELAY not set");
+                    }
+                    return anyhow::Ok(Some((permit, tcp, peer)));
                 }
-                return Ok(Some((permit, tcp, peer)));
-            }
-            Err(err) => {
-                // Out of file descriptors and the like: pause, go on.
-                tracing::warn!(error = %err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(err) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
+    };
+    tokio::select! {
+        _ = stop.cancelled() => Ok(None),
+        next = next => next,
     }
 }
 
@@ -278,74 +263,55 @@ struct Connection {
 }
 
 impl Connection {
-    /// Handshake, then requests until the connection ends.
-    async fn serve(self, tcp: TcpStream, peer: std::net::SocketAddr) {
-        if let Some(tls) = self.handshake(tcp, peer).await {
-            self.drive(tls, peer).await;
-        }
-    }
-
-    /// The TLS handshake within `HANDSHAKE_TIMEOUT`; a failure is counted by
-    /// its reason and logged before the socket is closed, so a client that
-    /// saw its connection end finds the failure on `/metrics` already.
-    async fn handshake(
-        &self,
-        tcp: TcpStream,
-        peer: std::net::SocketAddr,
-    ) -> Option<TlsStream<TcpStream>> {
-        let attempt = self.attempt(tcp);
+    /// The TLS handshake within `HANDSHAKE_TIMEOUT` (plain HTTP gets a
+    /// readable 400 instead), then requests until the connection ends. A
+    /// failed handshake is counted by its reason and logged before its socket
+    /// is closed, so a client that saw its connection end finds the failure
+    /// on `/metrics` already.
+    async fn serve(self, mut tcp: TcpStream, peer: SocketAddr) {
+        let acceptor = self.tls.acceptor();
+        let attempt = async move {
+            let failed =
+                |err: std::io::Error, tcp: TcpStream| (handshake_failure(&err), Some(err), tcp);
+            match refused_plain_http(&mut tcp).await {
+                Ok(false) => acceptor.accept(tcp).into_fallible().await,
+                Ok(true) => return Err((HandshakeFailure::PlainHttp, None, tcp)),
+                Err(err) => return Err(failed(err, tcp)),
+            }
+            .map_err(|(err, tcp)| failed(err, tcp))
+        };
         tokio::pin!(attempt);
-        let attempt_ended = tokio::select! {
-            _ = self.stop.cancelled() => return None,
+        let ended = tokio::select! {
+            _ = self.stop.cancelled() => return,
             ended = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut attempt) => ended,
         };
-        let failed = match attempt_ended {
-            Ok(Ok(tls)) => return Some(tls),
-            Ok(Err(failed)) => failed,
+        match ended {
+            Ok(Ok(tls)) => self.drive(tls, peer).await,
+            // `_socket` closes at the end of the arm, after the count.
+            Ok(Err((reason, error, _socket))) => {
+                log_handshake_failure(reason, peer, error.as_ref());
+                self.metrics.handshake_error(reason);
+            }
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
                 self.metrics.handshake_error(HandshakeFailure::Timeout);
-                return None;
             }
-        };
-        match &failed.error {
-            None => tracing::debug!(%peer, "plain HTTP on the TLS port refused"),
-            Some(err) => log_handshake_failure(failed.reason, peer, err),
         }
-        self.metrics.handshake_error(failed.reason);
-        None
-    }
-
-    /// Plain HTTP gets a readable 400; anything else a TLS handshake.
-    async fn attempt(&self, mut tcp: TcpStream) -> Result<TlsStream<TcpStream>, FailedHandshake> {
-        match refused_plain_http(&mut tcp).await {
-            Ok(false) => {}
-            Ok(true) => {
-                return Err(FailedHandshake {
-                    reason: HandshakeFailure::PlainHttp,
-                    error: None,
-                    _socket: tcp,
-                });
-            }
-            Err(err) => return Err(FailedHandshake::new(err, tcp)),
-        }
-        let accepted = self.tls.acceptor().accept(tcp).into_fallible().await;
-        accepted.map_err(|(err, tcp)| FailedHandshake::new(err, tcp))
     }
 
     /// Serves the connection's requests until it ends. When it is being
     /// closed (after `stop`, or when idle) it gets `CLOSE_GRACE` to end by
     /// itself; after that it is dropped as soon as no request is in flight.
     /// An h2 client that never sent its preface would otherwise never let go.
-    async fn drive(&self, tls: TlsStream<TcpStream>, peer: std::net::SocketAddr) {
+    async fn drive(&self, tls: TlsStream<TcpStream>, peer: SocketAddr) {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
         let builder = if h2 { &self.http2 } else { &self.http1 };
-        let activity = Activity::new();
+        let activity = Arc::new(Activity(Mutex::new((0, Instant::now()))));
         let service = {
             let (activity, router) = (Arc::clone(&activity), self.router.clone());
             // Each request counts as in flight until its response is made.
             TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
-                let in_flight = activity.begin();
+                let in_flight = InFlight::begin(&activity);
                 let response = router.clone().oneshot(request);
                 async move {
                     let response = response.await;
@@ -381,7 +347,7 @@ impl Connection {
                             connection.as_mut().graceful_shutdown();
                             closing_since = Some(Instant::now());
                         }
-                    } else if activity.in_flight() == 0 {
+                    } else if activity.get().0 == 0 {
                         tracing::debug!(%peer, "connection dropped: it did not close by itself");
                         return;
                     } else {
@@ -389,25 +355,6 @@ impl Connection {
                     }
                 }
             }
-        }
-    }
-}
-
-/// A handshake that did not succeed, with its socket: the socket closes
-/// when this is dropped, after the failure has been counted.
-struct FailedHandshake {
-    reason: HandshakeFailure,
-    /// `None` for plain HTTP, which is refused before any TLS.
-    error: Option<std::io::Error>,
-    _socket: TcpStream,
-}
-
-impl FailedHandshake {
-    fn new(error: std::io::Error, socket: TcpStream) -> Self {
-        Self {
-            reason: handshake_failure(&error),
-            error: Some(error),
-            _socket: socket,
         }
     }
 }
@@ -420,36 +367,34 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// A failed handshake in the log: loud when an operator should look.
-fn log_handshake_failure(
-    reason: HandshakeFailure,
-    peer: std::net::SocketAddr,
-    err: &std::io::Error,
-) {
-    match reason {
+/// A failed handshake in the log (`err` is `None` for plain HTTP, refused
+/// before any TLS): loud when an operator should look.
+fn log_handshake_failure(reason: HandshakeFailure, peer: SocketAddr, err: Option<&std::io::Error>) {
+    let Some(err) = err else {
+        return tracing::debug!(%peer, "plain HTTP on the TLS port refused");
+    };
+    let warning = match reason {
         // The API server refusing our certificate: expired, or not signed by
         // its caBundle. Worth an operator's eye.
         HandshakeFailure::CertificateRejected => {
-            tracing::warn!(%peer, error = %err, "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)")
+            "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)"
         }
         // With --client-ca-file, the API server's own calls fail this way
         // when its admission kubeconfig does not match this webhook or its
         // certificate expired or was rotated: every node then registers
         // unheld.
         HandshakeFailure::NoClientCertificate => {
-            tracing::warn!(%peer, error = %err, "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)")
+            "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)"
         }
         HandshakeFailure::ClientCertificateRejected => {
-            tracing::warn!(%peer, error = %err, "a client certificate was refused (not signed by the --client-ca-file CA, or expired?)")
+            "a client certificate was refused (not signed by the --client-ca-file CA, or expired?)"
         }
-        _ => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-    }
+        _ => return tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+    };
+    tracing::warn!(%peer, error = %err, "{warning}");
 }
 
-/// The metric reason of a failed handshake: the client's alert about our
-/// certificate, the client's own certificate missing or refused (with
-/// `--client-ca-file`), a client the server cannot speak with, garbage, or
-/// anything else.
+/// The metric reason of a failed handshake.
 fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
     use rustls::{AlertDescription, Error as TlsError};
     match err.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {

@@ -25,45 +25,29 @@ pub enum WebhookError {
     Serialise(serde_json::Error),
 }
 
-impl WebhookError {
-    /// The HTTP status it is answered with, and its kind in a word or two:
-    /// the log line's `error` (the whole reason is its `detail`).
-    fn status(&self) -> (StatusCode, &'static str) {
-        match self {
+/// The status, with the reason as the body; the client's errors logged as
+/// warnings, node-holder's own as errors. The log line's `error` is the
+/// kind in a word or two (the whole reason is its `detail`), with what was
+/// refused as fields of its own (`content_length`, `content_type`) for
+/// queries that do not parse `detail`.
+impl IntoResponse for WebhookError {
+    fn into_response(self) -> Response {
+        let (status, error) = match &self {
             WebhookError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body too large"),
             WebhookError::NotJson { .. } => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "not JSON"),
             WebhookError::BadReview(_) => (StatusCode::BAD_REQUEST, "not an AdmissionReview"),
-            WebhookError::Serialise(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "serialising the AdmissionReview failed",
-            ),
-        }
-    }
-}
-
-/// The status, with the reason as the body; the client's errors logged as
-/// warnings, node-holder's own as errors. The log line carries what was
-/// refused as fields of its own (`content_length`, `content_type`) when
-/// there is one, for queries that do not parse `detail`.
-impl IntoResponse for WebhookError {
-    fn into_response(self) -> Response {
-        let (status, error) = self.status();
+            WebhookError::Serialise(_) => {
+                let error = "serialising the AdmissionReview failed";
+                tracing::error!(error, detail = %self, "webhook request failed");
+                return (StatusCode::INTERNAL_SERVER_ERROR, format!("{self}\n")).into_response();
+            }
+        };
         let (content_length, content_type) = match &self {
             WebhookError::BodyTooLarge { length } => (Some(*length), None),
             WebhookError::NotJson { content_type } => (None, Some(content_type.as_str())),
             _ => (None, None),
         };
-        if status.is_server_error() {
-            tracing::error!(error, detail = %self, "webhook request failed");
-        } else {
-            tracing::warn!(
-                error,
-                detail = %self,
-                content_length,
-                content_type,
-                "webhook request refused"
-            );
-        }
+        tracing::warn!(error, detail = %self, content_length, content_type, "webhook request refused");
         (status, format!("{self}\n")).into_response()
     }
 }

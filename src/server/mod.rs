@@ -35,11 +35,8 @@ use metrics::WebhookMetrics;
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
 /// Webhook requests handled at once; more wait their turn (within the
-/// request timeout). One review costs about 22 µs of CPU and one core
-/// answered as many a second with 32 connections as with 8 (13,614 and
-/// 14,051 reviews/s), so the bound never limits a real load: it only keeps
-/// a flood's requests from all running at once. Their bodies are bounded by
-/// `BODY_ALLOWANCE_KIB` besides.
+/// request timeout). It never limits a real load (docs/comparison.md): it
+/// keeps a flood's requests from all running at once.
 pub const MAX_CONCURRENT_REQUESTS: usize = 256;
 
 /// Limits of the webhook endpoint.
@@ -80,22 +77,17 @@ pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
         .with_state(state)
 }
 
-/// The request bodies read at once, together, in KiB: four of the largest
-/// (7 MiB), or thousands of real reviews (a Node's is about 6 KiB). Without it
-/// [`MAX_CONCURRENT_REQUESTS`] bodies of 7 MiB (1.8 GB) could
-/// be read at once, far over the chart's memory limit.
+/// The request bodies read at once, together, in KiB: four of the largest,
+/// or thousands of real reviews (a Node's is about 6 KiB). Without it
+/// [`MAX_CONCURRENT_REQUESTS`] bodies of 7 MiB (1.8 GB) could be read at
+/// once, far over the chart's memory limit.
 const BODY_ALLOWANCE_KIB: usize = 32 * 1024;
 
-/// Refuses a body whose declared length is over the limit before anything
-/// reads it when the client asked whether to send it (`Expect:
-/// 100-continue`): hyper says `100 Continue` only once the body is read, so
-/// the client gets its `413` instead of a `100 Continue` and then a closed
-/// connection. (A client that sends the body straight away has it read up
-/// to the limit, as before, so it is not cut off mid-write.) Otherwise
-/// reserves the
-/// body's size (its Content-Length, or the largest allowed when it has none)
-/// from the body allowance until the response is made; waits while the
-/// allowance is spent (within the request timeout).
+/// Answers `413` at once to a client that asked whether to send a body
+/// declared over the limit (`Expect: 100-continue`): hyper would say `100
+/// Continue` first, then close the connection. Otherwise reserves the body's
+/// size (its Content-Length, else the largest allowed) from the body
+/// allowance until the response is made, waiting while it is spent.
 async fn reserve_body(
     State(allowance): State<Arc<Semaphore>>,
     request: Request,
@@ -177,17 +169,15 @@ fn expect_json(headers: &HeaderMap) -> Result<(), WebhookError> {
 /// The admission decision's line in node-holder's audit log.
 fn audit(decision: &Decision, started: Instant) {
     let r = &decision.request;
-    let (patched, holds) = match &decision.outcome {
-        Outcome::Held { added } => (
-            true,
-            added
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
-        _ => (false, String::new()),
+    let added = match &decision.outcome {
+        Outcome::Held { added } => Some(added),
+        _ => None,
     };
+    let holds: Vec<String> = added
+        .into_iter()
+        .flatten()
+        .map(ToString::to_string)
+        .collect();
     tracing::info!(
         target: "node_holder::audit",
         uid = %r.uid,
@@ -197,8 +187,8 @@ fn audit(decision: &Decision, started: Instant) {
         user = %r.user,
         dry_run = r.dry_run,
         decision = <&str>::from(&decision.outcome),
-        patched,
-        holds = %holds,
+        patched = added.is_some(),
+        holds = %holds.join(","),
         latency_us = started.elapsed().as_micros() as u64,
         "admission decision"
     );
@@ -224,37 +214,22 @@ pub fn admin_router(readiness: Arc<Readiness>, state: Arc<WebhookState>) -> Rout
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
-            get(move || {
-                let ready = readiness.ready();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-                    }
-                }
+            get(async move || match readiness.ready() {
+                true => (StatusCode::OK, "ok\n"),
+                false => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
             }),
         )
         .route(
             "/metrics",
-            get(move || {
+            get(async move || {
                 let text = state.exposition.encode();
-                async move {
-                    match text {
-                        Ok(text) => (
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            text,
-                        )
-                            .into_response(),
-                        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                    }
-                }
+                let text = text.map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                Ok::<_, StatusCode>(([(header::CONTENT_TYPE, OPENMETRICS)], text))
             }),
         )
 }
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves the admin router over plain HTTP until `stop` is cancelled.
 pub async fn serve_admin(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::RootCertStore;
@@ -23,16 +23,12 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-/// How often the certificate files (and the client CA file) are read again
-/// to catch a rotation. The kubelet updates a mounted Secret a minute or so
-/// after it changes and cert-manager renews days ahead, so this adds little
-/// to either; reading two or three small files every 2 s costs nothing
-/// measurable. A broken file is reported at each reading while it stays.
+/// How often the files are read again to catch a rotation (why 2 s:
+/// docs/comparison.md). A broken file is reported at each reading.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The one crypto provider of the process: ring (the one kube-rs uses, and
-/// no C toolchain build), installed as rustls's process default the first
-/// time it is asked for, so every TLS configuration here uses the same.
+/// The process's one crypto provider, ring (kube-rs's, and no C toolchain
+/// to build), installed as rustls's default the first time it is asked for.
 pub fn crypto_provider() -> Arc<CryptoProvider> {
     if let Some(provider) = CryptoProvider::get_default() {
         return Arc::clone(provider);
@@ -44,15 +40,13 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
         .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }
 
-/// The webhook port's TLS configuration, made whole from its files and
-/// swapped in place whenever their bytes change and still make one; a broken
-/// change keeps the previous configuration in use. Each connection is
-/// accepted with the configuration of the moment: a rotated certificate or
-/// client CA needs no restart, and connections already open keep the verdict
-/// of their handshake.
+/// The webhook port's TLS configuration, swapped in place whenever its
+/// files' bytes change and still make one (a broken change keeps the
+/// previous one). Connections already open keep the verdict of their
+/// handshake.
 pub struct ReloadingTls {
-    /// The certificate file, the key file and, when client certificates are
-    /// required, the client CA file.
+    /// The certificate file, the key file and, with `--client-ca-file`, the
+    /// client CA file.
     files: Vec<File>,
     current: ArcSwap<Version>,
 }
@@ -91,19 +85,12 @@ impl ReloadingTls {
     /// certificate loads (the API server then fails open and the window task
     /// holds new nodes late) with an error in the log and the metric.
     pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Self> {
-        let files: Vec<File> = [
-            ("certificate file", Some(cert)),
-            ("key file", Some(key)),
-            ("client CA file", client_ca),
-        ]
-        .into_iter()
-        .filter_map(|(what, path)| {
-            path.map(|path| File {
-                what,
-                path: path.to_path_buf(),
-            })
-        })
-        .collect();
+        let file = |what, path: &Path| File {
+            what,
+            path: path.to_path_buf(),
+        };
+        let mut files = vec![file("certificate file", cert), file("key file", key)];
+        files.extend(client_ca.map(|ca| file("client CA file", ca)));
         let bytes = files.iter().map(read).collect::<Result<_>>()?;
         let current = ArcSwap::from_pointee(configure(&files, bytes)?);
         Ok(ReloadingTls { files, current })
@@ -210,75 +197,52 @@ fn configure(files: &[File], bytes: Vec<Vec<u8>>) -> Result<Version> {
 /// client to send any certificate it has (the API server has exactly one
 /// per webhook), so a certificate of another CA is refused as such.
 fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifier>> {
+    let path = path.display();
     let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("client CA file {} is not valid PEM", path.display()))?;
+        .with_context(|| format!("client CA file {path} is not valid PEM"))?;
     if certs.is_empty() {
-        return Err(anyhow!(
-            "client CA file {} holds no certificate",
-            path.display()
-        ));
+        bail!("client CA file {path} holds no certificate");
     }
     let mut roots = RootCertStore::empty();
-    for (n, cert) in certs.into_iter().enumerate() {
+    for (n, cert) in (1..).zip(certs) {
         roots.add(cert).map_err(|e| {
-            anyhow!(
-                "client CA file {}: certificate {} is not a usable CA certificate: {e}",
-                path.display(),
-                n + 1
-            )
+            anyhow!("client CA file {path}: certificate {n} is not a usable CA certificate: {e}")
         })?;
     }
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), crypto_provider())
         .clear_root_hint_subjects()
         .build()
-        .with_context(|| format!("client CA file {}", path.display()))
+        .with_context(|| format!("client CA file {path}"))
 }
 
 /// The serving pair from the bytes of `[certificate file, key file]`, and
 /// its leaf's notAfter.
 fn parse_pair(files: &[File], bytes: &[Vec<u8>]) -> Result<(CertifiedKey, i64)> {
-    let (cert_path, key_path) = (&files[0].path, &files[1].path);
+    let (cert, key) = (files[0].path.display(), files[1].path.display());
     let chain = CertificateDer::pem_slice_iter(&bytes[0])
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("certificate file {} is not valid PEM", cert_path.display()))?;
+        .with_context(|| format!("certificate file {cert} is not valid PEM"))?;
     if chain.is_empty() {
-        return Err(anyhow!(
-            "certificate file {} holds no certificate",
-            cert_path.display()
-        ));
+        bail!("certificate file {cert} holds no certificate");
     }
-    let key = PrivateKeyDer::from_pem_slice(&bytes[1])
-        .with_context(|| format!("key file {} holds no PEM private key", key_path.display()))?;
-    let certified = CertifiedKey::from_der(chain, key, &crypto_provider()).with_context(|| {
-        format!(
-            "key file {} does not belong to certificate file {}",
-            key_path.display(),
-            cert_path.display()
-        )
-    })?;
+    let private = PrivateKeyDer::from_pem_slice(&bytes[1])
+        .with_context(|| format!("key file {key} holds no PEM private key"))?;
+    let certified = CertifiedKey::from_der(chain, private, &crypto_provider())
+        .with_context(|| format!("key file {key} does not belong to certificate file {cert}"))?;
     let not_after = x509_parser::parse_x509_certificate(&certified.cert[0])
-        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .map(|(_, parsed)| parsed.validity().not_after.timestamp())
         .map_err(|e| {
-            anyhow!(
-                "certificate file {}: the first certificate does not parse: {e}",
-                cert_path.display()
-            )
+            anyhow!("certificate file {cert}: the first certificate does not parse: {e}")
         })?;
-    warn_if_expired(cert_path, not_after);
-    Ok((certified, not_after))
-}
-
-fn warn_if_expired(cert_path: &Path, not_after: i64) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = jiff::Timestamp::now().as_second();
     if not_after <= now {
         tracing::error!(
-            cert = %cert_path.display(),
+            %cert,
             not_after,
             "the serving certificate has expired: the API server refuses it and fails open \
              (nodes register without the hold; the window task holds them late)"
         );
     }
+    Ok((certified, not_after))
 }

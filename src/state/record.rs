@@ -10,10 +10,11 @@ use anyhow::{Context, Result, anyhow};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::core::holds::Holding;
-use crate::core::holds::{Hold, Holds, PREFIX};
+use crate::core::holds::{Hold, Holds};
 use crate::core::kept::KeptSummary;
 use crate::core::known::LastRun;
 use crate::core::selector::NodeScope;
@@ -39,35 +40,21 @@ const SETTINGS_KEY: &str = "settings.json";
 
 /// Annotation through which `release` asks the leader to close the window:
 /// the RFC 3339 time of the request.
-fn release_request_annotation() -> String {
-    format!("{PREFIX}/release-requested-at")
-}
-
+const RELEASE_REQUEST: &str = "node-holder.dev/release-requested-at";
 /// Annotation the leader (or `release` running without one) sets once a
 /// release request is done, every hold it covered removed: the request's
 /// time. `release` waits for it.
-fn release_done_annotation() -> String {
-    format!("{PREFIX}/release-done-at")
-}
-
+const RELEASE_DONE: &str = "node-holder.dev/release-done-at";
 /// Annotation the leader sets while it removes a closed window's holds: how
 /// many nodes that release started with (`status` shows the progress).
-fn releasing_annotation() -> String {
-    format!("{PREFIX}/releasing")
-}
-
+const RELEASING: &str = "node-holder.dev/releasing";
 /// Annotation through which `hold` asks the leader for a manual hold: the
 /// [`ManualHold`] as JSON.
-fn hold_request_annotation() -> String {
-    format!("{PREFIX}/hold-requested")
-}
-
+const HOLD_REQUEST: &str = "node-holder.dev/hold-requested";
 /// Annotation the leader (or `hold` running without one) sets once a manual
 /// hold request is in the window and every node in scope carries the hold:
 /// the request's time. `hold` waits for it.
-fn hold_done_annotation() -> String {
-    format!("{PREFIX}/hold-done-at")
-}
+const HOLD_DONE: &str = "node-holder.dev/hold-done-at";
 
 /// The settings the leader runs with, kept beside the window so that `status`
 /// and `release` need no flags of their own.
@@ -183,78 +170,55 @@ impl RecordStore {
         settings: &Settings,
     ) -> Result<()> {
         let mut data = BTreeMap::from([
-            (
-                WINDOW_KEY.to_string(),
-                serde_json::to_string(window).context("serialising the window")?,
-            ),
-            (
-                SETTINGS_KEY.to_string(),
-                serde_json::to_string(settings).context("serialising the settings")?,
-            ),
+            (WINDOW_KEY, json(window, "the window")?),
+            (SETTINGS_KEY, json(settings, "the settings")?),
         ]);
         if !schedule.is_empty() {
-            data.insert(
-                SCHEDULE_KEY.to_string(),
-                serde_json::to_string(schedule).context("serialising what the schedule keeps")?,
-            );
+            data.insert(SCHEDULE_KEY, json(schedule, "what the schedule keeps")?);
         }
         if !last_runs.is_empty() {
-            data.insert(LAST_RUNS_KEY.to_string(), remembered_runs(last_runs)?);
+            data.insert(LAST_RUNS_KEY, remembered_runs(last_runs)?);
         }
-        self.apply(
-            FIELD_MANAGER,
-            ObjectMeta {
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/name".to_string(),
-                    "node-holder".to_string(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            Some(data),
-        )
-        .await
+        let metadata = ObjectMeta {
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/name".to_string(),
+                "node-holder".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        };
+        let data = data.into_iter().map(|(k, v)| (k.to_string(), v));
+        self.apply(FIELD_MANAGER, metadata, Some(data.collect()))
+            .await
     }
 
     /// Asks the leader to close the window (and end the manual hold) now:
     /// the request made at `at`.
     pub async fn request_release(&self, at: Timestamp) -> Result<()> {
-        let annotations = BTreeMap::from([(release_request_annotation(), at.to_string())]);
-        self.apply(
-            RELEASE_FIELD_MANAGER,
-            ObjectMeta {
-                annotations: Some(annotations),
-                ..ObjectMeta::default()
-            },
-            None,
-        )
-        .await
+        self.request(RELEASE_FIELD_MANAGER, RELEASE_REQUEST, at.to_string())
+            .await
     }
 
     /// Asks the leader for a manual hold.
     pub async fn request_hold(&self, hold: &ManualHold) -> Result<()> {
-        let request = serde_json::to_string(hold).context("serialising the hold request")?;
-        self.apply(
-            HOLD_FIELD_MANAGER,
-            ObjectMeta {
-                annotations: Some(BTreeMap::from([(hold_request_annotation(), request)])),
-                ..ObjectMeta::default()
-            },
-            None,
-        )
-        .await
+        let request = json(hold, "the hold request")?;
+        self.request(HOLD_FIELD_MANAGER, HOLD_REQUEST, request)
+            .await
+    }
+
+    /// Writes a request's annotation as `manager`, the only field it owns.
+    async fn request(&self, manager: &str, key: &str, value: String) -> Result<()> {
+        let metadata = ObjectMeta {
+            annotations: Some(BTreeMap::from([(key.to_string(), value)])),
+            ..ObjectMeta::default()
+        };
+        self.apply(manager, metadata, None).await
     }
 
     /// Records that the manual hold requested at `at` is done. Only the
     /// leader, or `hold` holding the Lease, calls this.
     pub async fn hold_done(&self, at: Timestamp) -> Result<()> {
-        let patch = serde_json::json!({
-            "metadata": {"annotations": {hold_done_annotation(): at.to_string()}}
-        });
-        self.api
-            .patch(NAME, &field_manager(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| format!("recording the manual hold in ConfigMap {NAME}"))?;
-        Ok(())
+        let annotations = serde_json::json!({HOLD_DONE: at.to_string()});
+        self.annotate(annotations, "the manual hold").await
     }
 
     /// Records the release progress: `releasing` the nodes a release in
@@ -266,19 +230,25 @@ impl RecordStore {
         releasing: Option<usize>,
         done: Option<Timestamp>,
     ) -> Result<()> {
-        let mut annotations = serde_json::Map::new();
-        annotations.insert(
-            releasing_annotation(),
-            releasing.map_or(serde_json::Value::Null, |n| n.to_string().into()),
-        );
+        let mut annotations = serde_json::json!({RELEASING: releasing.map(|n| n.to_string())});
         if let Some(done) = done {
-            annotations.insert(release_done_annotation(), done.to_string().into());
+            annotations[RELEASE_DONE] = done.to_string().into();
         }
+        self.annotate(annotations, "the release progress").await
+    }
+
+    /// Merge-patches the record's annotations as node-holder (a `null`
+    /// removes one); `what` names them in the error.
+    async fn annotate(&self, annotations: serde_json::Value, what: &str) -> Result<()> {
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
         self.api
-            .patch(NAME, &field_manager(), &Patch::Merge(&patch))
+            .patch(NAME, &params, &Patch::Merge(&patch))
             .await
-            .with_context(|| format!("recording the release progress in ConfigMap {NAME}"))?;
+            .with_context(|| format!("recording {what} in ConfigMap {NAME}"))?;
         Ok(())
     }
 
@@ -310,81 +280,78 @@ impl RecordStore {
     }
 }
 
-fn field_manager() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    }
+/// `value` as JSON; `what` names it in the error.
+fn json(value: &impl Serialize, what: &str) -> Result<String> {
+    serde_json::to_string(value).with_context(|| format!("serialising {what}"))
+}
+
+/// The JSON under `key` of the record's `data`, if there; `what` says what
+/// it should be, in the error.
+fn parsed<T: DeserializeOwned>(
+    data: Option<&BTreeMap<String, String>>,
+    key: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    let Some(text) = data.and_then(|data| data.get(key)) else {
+        return Ok(None);
+    };
+    let value = serde_json::from_str(text)
+        .with_context(|| format!("ConfigMap {NAME}: {key} is not {what}"))?;
+    Ok(Some(value))
 }
 
 impl Record {
     pub fn from_config_map(config_map: &ConfigMap) -> Result<Record> {
-        let data = config_map.data.clone().unwrap_or_default();
-        let window = match data.get(WINDOW_KEY) {
-            Some(text) => serde_json::from_str(text)
-                .with_context(|| format!("ConfigMap {NAME}: {WINDOW_KEY} is not a window"))?,
-            None => Window::default(),
-        };
-        let schedule = match data.get(SCHEDULE_KEY) {
-            Some(text) => serde_json::from_str(text).with_context(|| {
-                format!("ConfigMap {NAME}: {SCHEDULE_KEY} is not what the schedule keeps")
-            })?,
-            None => KeptSummary::default(),
-        };
-        let last_runs = match data.get(LAST_RUNS_KEY) {
-            Some(text) => serde_json::from_str(text).with_context(|| {
-                format!("ConfigMap {NAME}: {LAST_RUNS_KEY} is not the CronJobs' last runs")
-            })?,
-            None => BTreeMap::new(),
-        };
-        let settings = match data.get(SETTINGS_KEY) {
-            Some(text) => Some(serde_json::from_str(text).with_context(|| {
-                format!("ConfigMap {NAME}: {SETTINGS_KEY} is not node-holder's settings")
-            })?),
-            None => None,
-        };
+        let (data, meta) = (config_map.data.as_ref(), &config_map.metadata);
         Ok(Record {
-            window,
-            schedule,
-            last_runs,
-            settings,
-            release_request: release_request(&config_map.metadata),
-            release_done_at: release_done_at(&config_map.metadata),
-            releasing: annotation(&config_map.metadata, &releasing_annotation())
-                .and_then(|n| n.parse().ok()),
-            pending_hold: pending_hold(&config_map.metadata),
+            window: parsed(data, WINDOW_KEY, "a window")?.unwrap_or_default(),
+            schedule: parsed(data, SCHEDULE_KEY, "what the schedule keeps")?.unwrap_or_default(),
+            last_runs: parsed(data, LAST_RUNS_KEY, "the CronJobs' last runs")?.unwrap_or_default(),
+            settings: parsed(data, SETTINGS_KEY, "node-holder's settings")?,
+            release_request: release_request(meta),
+            release_done_at: release_done_at(meta),
+            releasing: annotation(meta, RELEASING).and_then(|n| n.parse().ok()),
+            pending_hold: pending_hold(meta),
             exists: true,
         })
     }
 }
 
-pub use crate::core::requests::release_pending;
+/// Whether a release request made at `at` is still to be handled: not
+/// recorded as done (`done` at or after it), and not consumed by its window
+/// (`closed_through`, what the window last consumed, at or after it). The
+/// leader and `status` both decide it here.
+pub fn release_pending(
+    at: Timestamp,
+    done: Option<Timestamp>,
+    closed_through: Option<Timestamp>,
+) -> bool {
+    let consumed = closed_through.is_some_and(|through| through >= at);
+    !consumed && done.is_none_or(|done| done < at)
+}
 
 /// The release request in `meta`'s annotations (its time), if any and
 /// well-formed.
 pub fn release_request(meta: &ObjectMeta) -> Option<Timestamp> {
-    annotation(meta, &release_request_annotation())?
-        .parse()
-        .ok()
+    annotation(meta, RELEASE_REQUEST)?.parse().ok()
 }
 
 /// The last release request done, in `meta`'s annotations, if any.
 pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
-    annotation(meta, &release_done_annotation())?.parse().ok()
+    annotation(meta, RELEASE_DONE)?.parse().ok()
 }
 
 /// The manual hold request in `meta`'s annotations that is not done yet, if
 /// any and well-formed.
 pub fn pending_hold(meta: &ObjectMeta) -> Option<ManualHold> {
-    let hold: ManualHold =
-        serde_json::from_str(annotation(meta, &hold_request_annotation())?).ok()?;
+    let hold: ManualHold = serde_json::from_str(annotation(meta, HOLD_REQUEST)?).ok()?;
     let done = hold_done_at(meta).is_some_and(|done| done >= hold.requested_at);
     (!done).then_some(hold)
 }
 
 /// The last manual hold request done, in `meta`'s annotations, if any.
 pub fn hold_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
-    annotation(meta, &hold_done_annotation())?.parse().ok()
+    annotation(meta, HOLD_DONE)?.parse().ok()
 }
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
@@ -402,17 +369,18 @@ impl Settings {
 
     /// The holds and node scope these settings describe.
     pub fn holding(&self) -> Result<Holding> {
-        let explicit = self
-            .holds
-            .iter()
-            .map(|h| h.parse())
-            .collect::<Result<Vec<Hold>, String>>()
-            .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?;
-        Ok(Holding {
-            holds: Holds::new(&[], &explicit).map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
-            scope: NodeScope::parse(&self.node_selector)
-                .map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))?,
-        })
+        let holding = || -> Result<Holding, String> {
+            let explicit: Vec<Hold> = self
+                .holds
+                .iter()
+                .map(|h| h.parse())
+                .collect::<Result<_, _>>()?;
+            Ok(Holding {
+                holds: Holds::new(&[], &explicit)?,
+                scope: NodeScope::parse(&self.node_selector)?,
+            })
+        };
+        holding().map_err(|e| anyhow!("ConfigMap {NAME}: {e}"))
     }
 }
 
@@ -492,5 +460,24 @@ mod tests {
         );
         let oldest = kept.values().map(|r| r.minute).min().unwrap();
         assert_eq!(oldest, 20_000 - kept.len() as i64, "the newest are kept");
+    }
+
+    fn at(minute: u32) -> Timestamp {
+        format!("2026-11-22T12:{minute:02}:00Z").parse().unwrap()
+    }
+
+    #[test]
+    fn a_release_is_pending_until_done_or_consumed_by_its_window() {
+        assert!(release_pending(at(10), None, None));
+        assert!(
+            release_pending(at(10), Some(at(5)), Some(at(9))),
+            "an older done, an older close"
+        );
+        assert!(!release_pending(at(10), Some(at(10)), None), "done");
+        assert!(
+            !release_pending(at(10), None, Some(at(10))),
+            "its window closed through it"
+        );
+        assert!(!release_pending(at(10), Some(at(11)), Some(at(12))));
     }
 }

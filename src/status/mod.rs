@@ -5,7 +5,6 @@
 mod text;
 mod warms;
 
-pub use text::relative;
 use text::render_text_limited;
 pub use warms::WarmShown;
 
@@ -78,38 +77,27 @@ pub struct Orphaned {
 }
 
 impl Status {
-    /// Marks the holds orphaned when nodes carry node-holder's and no leader has been live for `after` (at once when no leader ever
-    /// held the Lease).
+    /// Marks the holds orphaned when nodes carry node-holder's and no leader
+    /// has been live for `after` (at once when no leader ever held the Lease).
     pub fn orphaned_after(mut self, after: std::time::Duration, now: Timestamp) -> Self {
         let held_nodes = self.held_nodes.len();
         let live = self.leader.as_ref().is_some_and(|l| !l.expired);
         let since = self.leader.as_ref().and_then(|l| l.live_until);
-        let long_enough = since.is_none_or(|since| {
-            SignedDuration::try_from(after).is_ok_and(|after| now.duration_since(since) >= after)
-        });
+        // `None`: longer than any time that has passed.
+        let after = SignedDuration::try_from(after).ok();
+        let long_enough =
+            since.is_none_or(|since| after.is_some_and(|after| now.duration_since(since) >= after));
         self.orphaned =
             (held_nodes > 0 && !live && long_enough).then_some(Orphaned { since, held_nodes });
-        self.overdue = if live {
-            overdue(&self.held_nodes, after, now)
-        } else {
-            Vec::new()
+        // The held nodes whose `held-until` passed more than `after` ago.
+        let overdue = |node: &HeldNode| {
+            let until = node.held_until.zip(after);
+            until.is_some_and(|(until, after)| now.duration_since(until) > after)
         };
+        let overdue = self.held_nodes.iter().filter(|node| live && overdue(node));
+        self.overdue = overdue.map(|node| node.name.clone()).collect();
         self
     }
-}
-
-/// The held nodes whose `held-until` passed more than `after` before `now`.
-fn overdue(held: &[HeldNode], after: std::time::Duration, now: Timestamp) -> Vec<String> {
-    let Ok(after) = SignedDuration::try_from(after) else {
-        return Vec::new();
-    };
-    held.iter()
-        .filter(|node| {
-            node.held_until
-                .is_some_and(|until| now.duration_since(until) > after)
-        })
-        .map(|node| node.name.clone())
-        .collect()
 }
 
 /// A release that is not finished.
@@ -248,14 +236,12 @@ pub async fn run(args: &StatusArgs) -> Result<()> {
             "{}",
             serde_json::to_string_pretty(&status).context("serialising the status")?
         ),
-        Output::Yaml => print!("{}", yaml(&status)?),
+        Output::Yaml => print!(
+            "{}",
+            serde_saphyr::to_string(&status).context("serialising as YAML")?
+        ),
     }
     Ok(())
-}
-
-/// `value` as one YAML document.
-pub fn yaml(value: &impl Serialize) -> Result<String> {
-    serde_saphyr::to_string(value).context("serialising as YAML")
 }
 
 #[cfg(test)]

@@ -64,30 +64,23 @@ pub fn render_text_limited(status: &Status, now: Timestamp, limit: usize) -> Str
 
 /// The settings the leader recorded, in one phrase.
 fn settings_text(status: &Status) -> String {
-    status.settings.as_ref().map_or_else(
-        || "no leader has run yet".to_string(),
-        |s| {
-            // The selector as the user wrote it: label values are
-            // case-sensitive.
-            let nodes = if s.node_selector.is_empty() {
-                "all nodes".to_string()
-            } else {
-                s.node_selector.clone()
-            };
-            let cap = s.max_hold.map_or("no cap".to_string(), |m| {
-                format!("max {}", humantime::format_duration(m))
-            });
-            let mut modes = String::new();
-            if let Some(cost) = s.launch_cost {
-                let cost = humantime::format_duration(cost);
-                modes.push_str(&format!(", holds for CronJob runs due within {cost}"));
-            }
-            format!(
-                "{nodes}, hold {}, {cap}{modes}",
-                humantime::format_duration(s.hold_duration)
-            )
-        },
-    )
+    let Some(s) = &status.settings else {
+        return "no leader has run yet".to_string();
+    };
+    // The selector as the user wrote it: label values are case-sensitive.
+    let nodes = match s.node_selector.as_str() {
+        "" => "all nodes",
+        selector => selector,
+    };
+    let cap = s.max_hold.map_or("no cap".to_string(), |m| {
+        format!("max {}", humantime::format_duration(m))
+    });
+    let modes = s.launch_cost.map_or(String::new(), |cost| {
+        let cost = humantime::format_duration(cost);
+        format!(", holds for CronJob runs due within {cost}")
+    });
+    let hold = humantime::format_duration(s.hold_duration);
+    format!("{nodes}, hold {hold}, {cap}{modes}")
 }
 
 /// The window's lines: open with its times, or closed with what it covered.
@@ -276,11 +269,9 @@ fn leader_text(status: &Status, now: Timestamp) -> String {
 /// The held nodes past their `held-until` although a leader is live.
 fn overdue_text(overdue: &[String]) -> String {
     let first: Vec<&str> = overdue.iter().take(3).map(String::as_str).collect();
-    let more = overdue.len().saturating_sub(first.len());
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
+    let more = match overdue.len().saturating_sub(first.len()) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
     };
     format!(
         "{} node(s) held past their {HELD_UNTIL_ANNOTATION} by more than --orphaned-after \

@@ -65,29 +65,26 @@ pub async fn read(
     let created = node_creation(client, by_job.values().flatten().flatten().copied()).await?;
     let mut warms: Vec<WarmShown> = jobs
         .iter()
-        .map(|job| {
-            shown(
-                job,
-                by_job.get(job.metadata.name.as_deref().unwrap_or_default()),
-                &created,
-                now,
-            )
-        })
+        .map(|job| shown(job, &by_job, &created, now))
         .collect();
     warms.sort_by(|a, b| (a.run_at, &a.job).cmp(&(b.run_at, &b.job)));
     Ok(warms)
 }
 
-/// A placeholder Job, with its pods' nodes (`None`: not bound yet).
+/// A placeholder Job, with its pods' nodes (`None`: not bound yet) by Job.
 fn shown(
     job: &Job,
-    pods: Option<&Vec<Option<&str>>>,
+    by_job: &BTreeMap<&str, Vec<Option<&str>>>,
     created: &BTreeMap<String, Timestamp>,
     now: Timestamp,
 ) -> WarmShown {
+    let name = job.metadata.name.clone().unwrap_or_default();
     let (cronjob, run_at) = warmed_for(job.metadata.annotations.as_ref());
     let since = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let pods = pods.map(Vec::as_slice).unwrap_or_default();
+    let pods = by_job
+        .get(name.as_str())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     let so_far = HandOver::of(
         pods.iter().copied(),
         |node| created.get(node).copied(),
@@ -98,7 +95,7 @@ fn shown(
     nodes.sort();
     nodes.dedup();
     WarmShown {
-        job: job.metadata.name.clone().unwrap_or_default(),
+        job: name,
         cronjob,
         run_at,
         since,

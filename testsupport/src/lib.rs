@@ -604,7 +604,6 @@ pub fn fuzz_cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
-
 /// A command's standard output and error, one after the other.
 pub fn output_text(out: &std::process::Output) -> String {
     format!(
