@@ -38,9 +38,8 @@ async fn infer() -> Result<kube::Config> {
         .context("no Kubernetes client configuration (KUBECONFIG, ~/.kube/config or in-cluster)")
 }
 
-/// The client of `config`, its requests saying who sends them (the audit
-/// log's `userAgent`). kube's own retry layer is off: it would retry a 429,
-/// 503 or 504 up to 15 times, minutes with the server's `Retry-After`,
+/// The client of `config`, saying who sends (the audit log's `userAgent`).
+/// kube's retry layer is off: it would retry a 429, 503 or 504 for minutes,
 /// unseen by node-holder's logs and metrics. Every retry is [`crate::retry`]'s.
 fn build(mut config: kube::Config, command: Option<&str>) -> Result<kube::Client> {
     let agent = HeaderValue::from_str(&user_agent(command)).context("the User-Agent header")?;

@@ -1,8 +1,6 @@
 //! `node-holder hold --for 45m --reason "payments rollout"`: holds every node
-//! in scope now, until then, whatever the window does. It asks the leader
-//! through the record like `release` (see [`crate::request`]); the hold
-//! lives in the window record, so it survives restarts and failover, and
-//! `release` ends it.
+//! in scope until then, whatever the window does, asking the leader through
+//! the record like `release`; it survives restarts and failover.
 
 use anyhow::{Context, Result};
 use jiff::Timestamp;
@@ -36,38 +34,31 @@ pub async fn run(args: &HoldArgs) -> Result<()> {
     let handled = request::ask(&client, namespace, asked, args.timeout, requested).await?;
     println!("handled by {} in {:.1?}", handled.leader, handled.took);
     // The manual hold in force now: a longer one asked for before stays.
-    match handled.status.manual {
-        Some(current) if current.requested_at != hold.requested_at => println!(
+    let manual = handled.status.manual;
+    if let Some(current) = manual.filter(|m| m.requested_at != hold.requested_at) {
+        println!(
             "a manual hold asked for earlier lasts longer and stays: until {} by {} ({})",
             current.until, current.by, current.reason
-        ),
-        _ => {}
+        );
     }
-    println!(
-        "{} node(s) carry node-holder's hold",
-        handled.status.held_nodes.len()
-    );
+    let held = handled.status.held_nodes.len();
+    println!("{held} node(s) carry node-holder's hold");
     Ok(())
 }
 
-/// The user the API server knows this command as (a SelfSubjectReview,
-/// which every authenticated user may make); `unknown` when it cannot say.
+/// Who the API server knows this command as (a SelfSubjectReview, which any
+/// authenticated user may make); `unknown` when it cannot say.
 async fn who_am_i(client: &kube::Client) -> String {
     let reviews: Api<SelfSubjectReview> = Api::all(client.clone());
-    match reviews
-        .create(&PostParams::default(), &SelfSubjectReview::default())
-        .await
-    {
-        Ok(review) => review
-            .status
-            .and_then(|s| s.user_info)
-            .and_then(|u| u.username)
-            .unwrap_or_else(|| "unknown".to_string()),
+    let (params, review) = (PostParams::default(), SelfSubjectReview::default());
+    match reviews.create(&params, &review).await {
+        Ok(review) => review.status.and_then(|s| s.user_info?.username),
         Err(err) => {
             eprintln!(
                 "warning: could not tell who you are (SelfSubjectReview: {err}); recorded as unknown"
             );
-            "unknown".to_string()
+            None
         }
     }
+    .unwrap_or_else(|| "unknown".to_string())
 }

@@ -21,8 +21,7 @@ pub mod uninstall;
 
 use crate::cli::{Cli, Command};
 
-/// A binary's whole run: logging set up as `cli` says, the subcommand run,
-/// and its error printed with its whole context chain on one line.
+/// A binary's whole run; an error is printed with its context on one line.
 pub async fn main(cli: Cli) -> std::process::ExitCode {
     telemetry::init(cli.log_format, cli.log_level);
     let ran = match cli.command {

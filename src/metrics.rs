@@ -1,8 +1,5 @@
-//! What every subsystem's metrics share: one registry per process (prefix
-//! `node_holder`, with the build's version), its OpenMetrics text, and the
-//! label helpers. Each subsystem registers its own metrics in it
-//! (`crate::server::metrics`, `crate::controller::metrics`); `serve` puts
-//! them together. A leaf: it imports none of them.
+//! What every subsystem's metrics share: the process's one registry, its
+//! OpenMetrics text and the label helpers. A leaf: it imports no subsystem.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,8 +18,7 @@ pub fn registry() -> Registry {
     registry
 }
 
-/// The registry once every subsystem registered its metrics: what
-/// `/metrics` serves.
+/// The registry with every subsystem's metrics: what `/metrics` serves.
 pub struct Exposition(Registry);
 
 impl From<Registry> for Exposition {
@@ -40,8 +36,7 @@ impl Exposition {
     }
 }
 
-/// Creates `label`'s series of `family` at 0, so it is exposed before its
-/// first event.
+/// Exposes `label`'s series of `family` at 0, before its first event.
 pub fn show_at_zero<L>(family: &Family<L, Counter>, label: L)
 where
     L: Clone + std::hash::Hash + Eq,

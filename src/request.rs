@@ -1,9 +1,9 @@
-//! What `release` and `hold` share: they are clients. Each writes its
-//! request into the record and waits for the live leader to say, in the
-//! record, that it is done. With no live leader they say so and stop: the
-//! request stays recorded for the next leader, and the one command that acts
-//! without a leader is `uninstall` (see [`crate::uninstall`]).
+//! What `release` and `hold` share: each writes its request into the record
+//! and waits for the live leader to mark it done there. With no live leader
+//! they say so and stop, the request recorded for the next leader (only
+//! [`crate::uninstall`] acts without a leader).
 
+use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -13,15 +13,14 @@ use kube::api::Api;
 use kube::runtime::wait::await_condition;
 
 use crate::core::window::ManualHold;
-use crate::state::record::{self, RecordStore};
-use crate::state::{lease, record::NAME};
+use crate::state::lease::{self, Holder};
+use crate::state::record::{self, NAME, RecordStore};
 use crate::status::{self, Status};
 
 /// What an operator asks of the leader through the record.
 #[derive(Debug, Clone, Copy)]
 pub enum Request<'a> {
-    /// `release`, asked at this time: close the window now (and end a
-    /// manual hold).
+    /// `release`, asked at this time: close the window and any manual hold.
     Release(Timestamp),
     /// `hold`: hold every node in scope until the hold's end.
     Hold(&'a ManualHold),
@@ -34,11 +33,10 @@ pub struct Handled {
     pub status: Status,
 }
 
-/// Reads the status, writes `request` into the record, says so (`requested`,
-/// given the status before) and waits for the live leader to carry it out
-/// (to mark it done in the record). An error, saying what to do, when no
-/// leader lives (at the start, or because it died meanwhile, and no standby
-/// took over) or when it has not done it within `timeout`.
+/// Writes `request` into the record, says so (`requested`, given the status
+/// before) and waits for the live leader to mark it done. An error, saying
+/// what to do, when no leader lives (nor a standby takes over) or it is not
+/// done within `timeout`.
 pub async fn ask(
     client: &kube::Client,
     namespace: &str,
@@ -63,13 +61,9 @@ pub async fn ask(
     }
     let started = Instant::now();
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let finished = await_condition(records, NAME, move |cm: Option<&ConfigMap>| {
-        cm.and_then(|cm| done_at(&cm.metadata))
-            .is_some_and(|done| done >= at)
-    });
-    tokio::pin!(finished);
-    let deadline = tokio::time::sleep(timeout);
-    tokio::pin!(deadline);
+    let done = move |cm: Option<&ConfigMap>| cm.and_then(|cm| done_at(&cm.metadata)) >= Some(at);
+    let mut finished = pin!(await_condition(records, NAME, done));
+    let mut deadline = pin!(tokio::time::sleep(timeout));
     loop {
         tokio::select! {
             finished = &mut finished => {
@@ -96,18 +90,13 @@ pub async fn ask(
     })
 }
 
-/// Whether a live leader holds the Lease, now or within three times the
-/// Lease's duration plus [`FAILOVER_SLACK`]: a failover (the old hold runs
-/// out, a standby takes the Lease) is not "no leader".
+/// Whether a live leader holds the Lease now or within three Lease durations
+/// plus [`FAILOVER_SLACK`]: a failover is not "no leader".
 async fn leader_after_failover(client: &kube::Client, namespace: &str) -> Result<bool> {
     let holder = lease::read_holder(client, namespace).await?;
-    let duration = match holder.as_ref().map(|h| (h.renewed_at, h.live_until)) {
-        Some((Some(renewed), Some(until))) => {
-            Duration::try_from(until.duration_since(renewed)).unwrap_or_default()
-        }
-        _ => Duration::ZERO,
-    };
-    let grace = duration.saturating_mul(3).saturating_add(FAILOVER_SLACK);
+    let lease = |h: &Holder| h.live_until?.duration_since(h.renewed_at?).try_into().ok();
+    let lease: Duration = holder.as_ref().and_then(lease).unwrap_or_default();
+    let grace = lease.saturating_mul(3).saturating_add(FAILOVER_SLACK);
     let deadline = Instant::now() + grace;
     let mut live = holder.as_ref().is_some_and(|h| !h.expired);
     if !live {
@@ -125,8 +114,7 @@ async fn leader_after_failover(client: &kube::Client, namespace: &str) -> Result
     Ok(live)
 }
 
-/// Beyond three Lease durations, how long a command waits for a standby to
-/// take over before it says no leader lives.
+/// How long beyond three Lease durations a command waits for a standby.
 const FAILOVER_SLACK: Duration = Duration::from_secs(10);
 
 /// What a command says when no leader lives to carry out `request`.
@@ -140,20 +128,18 @@ fn no_leader(request: Request) -> String {
     }
 }
 
-/// Returns once the Lease has no live holder (the leader died, or handed
-/// over to nobody); says who it waits for meanwhile. Polled: a leader's
-/// death shows only as renewals that stop.
+/// Returns once the Lease has no live holder, saying who it waits for
+/// meanwhile. Polled: a leader's death shows only as renewals that stop.
 pub async fn no_live_leader(client: &kube::Client, namespace: &str, to: &str) -> Result<()> {
     let mut announced = None;
     loop {
-        match lease::read_holder(client, namespace).await? {
-            Some(leader) if !leader.expired => {
-                if announced.as_ref() != Some(&leader.identity) {
-                    println!("waiting for the leader {} to {to}…", leader.identity);
-                    announced = Some(leader.identity);
-                }
-            }
-            _ => return Ok(()),
+        let leader = lease::read_holder(client, namespace).await?;
+        let Some(leader) = leader.filter(|l| !l.expired) else {
+            return Ok(());
+        };
+        if announced.as_ref() != Some(&leader.identity) {
+            println!("waiting for the leader {} to {to}…", leader.identity);
+            announced = Some(leader.identity);
         }
         tokio::time::sleep(crate::retry::LEADER_POLL).await;
     }

@@ -1,15 +1,12 @@
 //! node-holder's retry policy, in one place: how long each loop waits before
-//! it tries again, and how many times it tries. (What kind of failure a failed
-//! pass was is `controller::error`'s.) kube's client retries nothing of its
-//! own: `cluster::build` turns its retry layer off.
+//! it tries again, and how often. kube's own retry layer is off (`cluster`).
 
 use std::time::Duration;
 
 use kube::runtime::watcher;
 
-/// Retry delays of node-holder's watches. kube's default (0.8 s to 30 s,
-/// reset after 2 minutes) would leave the window task blind for up to 30 s
-/// after an API server restart; the window waits for the watch.
+/// Retry delays of node-holder's watches. kube's default (up to 30 s) would
+/// leave the window task blind that long after an API server restart.
 pub fn watch_backoff() -> watcher::ExponentialBackoff {
     backoff_up_to(Duration::from_secs(5))
 }

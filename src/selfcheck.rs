@@ -1,15 +1,10 @@
-//! `node-holder self-check`: what the chart's `helm test` runs, in
-//! node-holder's own image. Two checks, each tried again until `--timeout`:
-//! 1. new nodes are held at their CREATE: a Node created as a server-side dry
-//!    run (nothing is stored, no kubelet is involved) comes back with every
-//!    configured hold, added by the webhook or the admission policy;
-//! 2. the hold window runs: a replica holds the Lease, live.
-//!
-//! Its identity needs `create` on nodes (a dry run is authorized as a create)
-//! and `get` on the Lease, nothing else.
+//! `node-holder self-check`, what the chart's `helm test` runs. Two checks,
+//! each tried again until `--timeout`: a Node created as a server-side dry run
+//! (nothing stored, no kubelet) comes back with every hold; a replica holds
+//! the Lease, live. It needs `create` on nodes (a dry run is authorized as a
+//! create) and `get` on the Lease, nothing else.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -23,11 +18,10 @@ use crate::core::names::{is_label_value, is_qualified_name};
 use crate::state::lease::{self, Holder};
 use crate::state::record::NAME;
 
-/// The test Node's name prefix (the API server adds a suffix, so that it
-/// never collides with a real node).
+/// The test Node's name prefix (the API server adds a suffix).
 const NODE_PREFIX: &str = "node-holder-self-check-";
 
-/// How long a failed check waits before it tries again.
+/// The wait before a failed check is tried again.
 const POLL: Duration = Duration::from_secs(2);
 
 /// The `self-check` subcommand.
@@ -75,13 +69,12 @@ fn test_node(labels: BTreeMap<String, String>) -> Node {
     }
 }
 
-/// `check` every `poll` until it succeeds, or its last error once the next
-/// try would pass `deadline`.
-async fn until<F, Fut>(deadline: Instant, poll: Duration, mut check: F) -> Result<String>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<String>>,
-{
+/// `check` every `poll` until it passes; its last error when the next try would pass `deadline`.
+async fn until(
+    deadline: Instant,
+    poll: Duration,
+    mut check: impl AsyncFnMut() -> Result<String>,
+) -> Result<String> {
     loop {
         match check().await {
             Ok(said) => return Ok(said),
@@ -98,23 +91,14 @@ async fn held_at_create(client: &kube::Client, node: &Node, holds: &Holds) -> Re
         dry_run: true,
         ..PostParams::default()
     };
-    let created = nodes
-        .create(&params, node)
-        .await
-        .context("creating a Node as a server-side dry run")?;
+    let created = nodes.create(&params, node).await;
+    let created = created.context("creating a Node as a server-side dry run")?;
     verdict_on_holds(created.metadata.annotations.as_ref(), holds)
 }
 
-/// Whether a new Node's `annotations` carry every hold, in words.
-fn verdict_on_holds(
-    annotations: Option<&BTreeMap<String, String>>,
-    holds: &Holds,
-) -> Result<String> {
-    let got = |key: &str| {
-        annotations
-            .and_then(|a| a.get(key))
-            .map_or("", String::as_str)
-    };
+/// Whether a new Node's annotations carry every hold, in words.
+fn verdict_on_holds(given: Option<&BTreeMap<String, String>>, holds: &Holds) -> Result<String> {
+    let got = |key: &str| given.and_then(|a| a.get(key)).map_or("", String::as_str);
     let missing: Vec<String> = holds
         .iter()
         .filter(|hold| got(&hold.key) != hold.value)

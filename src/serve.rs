@@ -18,12 +18,11 @@ use crate::metrics::Exposition;
 use crate::server::metrics::{TlsMetrics, WebhookMetrics};
 use crate::server::tls::{RELOAD_INTERVAL, ReloadingTls};
 use crate::server::{
-    Limits, MAX_CONCURRENT_REQUESTS, Readiness, TlsServing, WebhookState, admin_router, drain_time,
-    per_source, serve_admin, serve_tls, webhook_router,
+    Readiness, TlsServing, WebhookState, admin_router, drain_time, per_source, serve_tls,
+    webhook_router,
 };
 
-/// Every metric of the process: each subsystem registers its own in one
-/// registry, which `/metrics` exposes.
+/// Every subsystem's metrics, in the one registry `/metrics` exposes.
 fn process_metrics() -> (WebhookMetrics, TlsMetrics, WindowMetrics, Exposition) {
     let mut registry = crate::metrics::registry();
     let webhook = WebhookMetrics::register(&mut registry);
@@ -40,11 +39,10 @@ fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::C
         holding,
         namespace: args.record.namespace.clone(),
         identity: controller::default_identity(),
-        lease_duration: args.leader.lease_duration,
+        lease_duration: args.lease_duration,
         schedule: args.window.schedule_terms(),
         warm_lead: args.window.warm_lead(),
-        qps: args.patching.api_qps,
-        node_events_per_pass: controller::NODE_EVENTS_PER_PASS,
+        qps: args.api_qps,
     })
 }
 
@@ -71,7 +69,7 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
             );
         }
     }
-    if args.leader.lease_duration < Duration::from_secs(2) {
+    if args.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
     }
     Ok(())
@@ -108,21 +106,13 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         exposition,
     });
     let window = Task::spawn(|stop| controller::run(client, controller_config, window, stop));
-    let webhook = webhook.map(|(tls, listener)| {
-        serve_webhook(
-            &args,
-            Arc::new(tls),
-            listener,
-            Arc::clone(&state),
-            tls_metrics,
-        )
-    });
-    let admin = Task::spawn(|stop| {
-        serve_admin(
-            admin_listener,
-            admin_router(Arc::clone(&readiness), state),
-            stop,
-        )
+    let webhook = webhook.map(|w| serve_webhook(&args, w, Arc::clone(&state), tls_metrics));
+    let admin_router = admin_router(Arc::clone(&readiness), state);
+    let admin = Task::spawn(|stop| async move {
+        axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .context("admin server")
     });
 
     shutdown_signal().await?;
@@ -153,10 +143,8 @@ fn log_start(
     admin: &TcpListener,
 ) -> Result<()> {
     let holds: Vec<String> = holding.holds.iter().map(ToString::to_string).collect();
-    let webhook_addr = match webhook {
-        Some(listener) => listener.local_addr()?.to_string(),
-        None => "none (admission policy)".to_string(),
-    };
+    let webhook_addr = webhook.map(TcpListener::local_addr).transpose()?;
+    let webhook_addr = webhook_addr.map_or("none (admission policy)".into(), |a| a.to_string());
     let client_certificates = webhook.is_some() && args.client_ca_file().is_some();
     tracing::info!(
         admission = if webhook.is_some() { "webhook" } else { "policy" },
@@ -173,16 +161,12 @@ fn log_start(
 /// Keeps the webhook's TLS configuration current and serves the webhook.
 fn serve_webhook(
     args: &ServeArgs,
-    tls: Arc<ReloadingTls>,
-    listener: TcpListener,
+    (tls, listener): (ReloadingTls, TcpListener),
     state: Arc<WebhookState>,
     metrics: TlsMetrics,
 ) -> Task {
+    let tls = Arc::new(tls);
     tls.spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
-    let limits = Limits {
-        request_timeout: args.request_timeout,
-        max_concurrent: MAX_CONCURRENT_REQUESTS,
-    };
     let serving = TlsServing {
         drain: drain_time(args.request_timeout),
         max_connections: args.max_connections,
@@ -190,7 +174,7 @@ fn serve_webhook(
         idle_timeout: args.idle_timeout,
         metrics,
     };
-    let router = webhook_router(state, limits);
+    let router = webhook_router(state, args.request_timeout);
     Task::spawn(|stop| serve_tls(listener, tls, router, stop, serving))
 }
 
@@ -201,9 +185,8 @@ struct Task {
 }
 
 impl Task {
-    fn spawn<F, Fut>(start: F) -> Task
+    fn spawn<Fut>(start: impl FnOnce(CancellationToken) -> Fut) -> Task
     where
-        F: FnOnce(CancellationToken) -> Fut,
         Fut: std::future::Future<Output = Result<()>> + Send + 'static,
     {
         let stop = CancellationToken::new();
@@ -246,7 +229,6 @@ async fn shutdown_signal() -> Result<()> {
 /// of a burst of new connections, and clients retry only after 1 s, 3 s, ...
 const WEBHOOK_BACKLOG: u32 = 1024;
 
-/// A listening socket on `addr` with a listen backlog of `backlog`.
 fn listen(addr: std::net::SocketAddr, backlog: u32) -> Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()

@@ -11,9 +11,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber: node-holder's own lines up to `level`,
-/// warnings and errors from its dependencies; or, when `RUST_LOG` is set,
-/// what it says (`RUST_LOG=kube=debug,node_holder=debug`).
+/// Installs the global subscriber, lines filtered by [`filter`].
 pub fn init(format: LogFormat, level: LevelFilter) {
     let rust_log = std::env::var("RUST_LOG").ok();
     let builder = tracing_subscriber::fmt()
@@ -29,9 +27,8 @@ pub fn init(format: LogFormat, level: LevelFilter) {
     }
 }
 
-/// The filter: `RUST_LOG`'s directives when set and not empty; else
-/// node-holder's own lines up to `level`, dependencies' warnings (their
-/// chatter at debug level drowns node-holder's own lines).
+/// `RUST_LOG`'s directives when set; else node-holder's own lines up to
+/// `level` and only the warnings of dependencies (their chatter drowns ours).
 fn filter(level: LevelFilter, rust_log: Option<&str>) -> EnvFilter {
     let directives = match rust_log.map(str::trim) {
         Some(directives) if !directives.is_empty() => directives.to_string(),

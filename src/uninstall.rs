@@ -23,7 +23,7 @@ use crate::core::holds::MARKED;
 use crate::core::warm::{PRIORITY_CLASS, WARM_SELECTOR};
 use crate::request;
 use crate::state::lease;
-use crate::state::record::{self, RecordStore, Settings};
+use crate::state::record::{self, RecordStore};
 
 /// The `uninstall` subcommand. The order matters: admission goes first, so
 /// no new node is held at its CREATE; the replicas stop next, so none holds
@@ -36,7 +36,11 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
         stop_replicas(&client, namespace, deployment, args.timeout).await?;
     }
     release_everything(&client, args).await?;
-    let left = still_marked(&client).await?;
+    let marked = Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default().labels(MARKED))
+        .await
+        .context("listing the nodes node-holder marked")?;
+    let left = marked.items.len();
     if left > 0 {
         bail!(
             "{left} node(s) still carry node-holder's marker after the release; run uninstall again"
@@ -104,9 +108,9 @@ async fn stop_replicas(
         })?
 }
 
-/// Closes every window, ends a manual hold and strips every hold, here: the leader's own pass, run once under the Lease so
-/// that no replica starting meanwhile races it. The one path that acts
-/// without a leader; `release` and `hold` only ask one.
+/// Closes every window, ends a manual hold and strips every hold: the
+/// leader's own pass, run once here under the Lease so that no replica
+/// starting meanwhile races it (`release` and `hold` only ask a leader).
 async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Result<()> {
     let namespace = &args.request.record.namespace;
     let identity = format!("uninstall-{}", controller::default_identity());
@@ -131,30 +135,20 @@ async fn release_everything(client: &kube::Client, args: &UninstallArgs) -> Resu
     Ok(())
 }
 
+/// The pass run here, with the settings the last leader recorded or, when
+/// none has run, `serve`'s defaults; its patching bounds are always `serve`'s.
 async fn release_under_lease(
     client: &kube::Client,
     namespace: &str,
     identity: String,
 ) -> Result<PassReport> {
     let record = RecordStore::new(client.clone(), namespace).load().await?;
-    let config = leader_config(namespace, record.settings, identity)?;
-    controller::release_once(client.clone(), config, Timestamp::now()).await
-}
-
-/// The leader's configuration for the pass run here: the settings the last
-/// leader recorded, or, when none has run, `serve`'s defaults; the bounds of
-/// its patching are always `serve`'s defaults.
-fn leader_config(
-    namespace: &str,
-    settings: Option<Settings>,
-    identity: String,
-) -> Result<controller::Config> {
     let defaults = crate::cli::serve_defaults()?;
-    let (window, holding) = match settings {
+    let (window, holding) = match record.settings {
         Some(settings) => (settings.window_config(), settings.holding()?),
         None => (defaults.window.window_config(), defaults.holding.holding()?),
     };
-    Ok(controller::Config {
+    let config = controller::Config {
         window,
         holding,
         namespace: namespace.to_string(),
@@ -163,10 +157,9 @@ fn leader_config(
         // The release ends the window outright: nothing is kept for runs.
         schedule: None,
         warm_lead: None,
-        qps: defaults.patching.api_qps,
-        // Run by hand, the pass publishes no Events (`EventSink::none`).
-        node_events_per_pass: 0,
-    })
+        qps: defaults.api_qps,
+    };
+    controller::release_once(client.clone(), config, Timestamp::now()).await
 }
 
 /// How long `uninstall` holds the Lease at a time while it releases.
@@ -189,15 +182,6 @@ async fn delete_placeholders(client: &kube::Client, namespace: &str) -> Result<(
         Err(err) => return Err(err).context("deleting the placeholder Jobs"),
     }
     delete(&Api::<PriorityClass>::all(client.clone()), PRIORITY_CLASS).await
-}
-
-async fn still_marked(client: &kube::Client) -> Result<usize> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let marked = nodes
-        .list_metadata(&ListParams::default().labels(MARKED))
-        .await
-        .context("listing the nodes node-holder marked")?;
-    Ok(marked.items.len())
 }
 
 /// Deletes `name`; gone already is fine.

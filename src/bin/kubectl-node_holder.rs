@@ -1,8 +1,7 @@
 #![forbid(unsafe_code)]
-//! `kubectl node-holder status|release|hold`: node-holder's commands as a kubectl
-//! plugin. kubectl runs the first `kubectl-node_holder` on `PATH` with the
-//! arguments after `node-holder`; `--kubeconfig` and `--context` choose the
-//! cluster as they do for kubectl, and `KUBECONFIG` is honoured.
+//! `kubectl node-holder status|release|hold`: kubectl runs the first
+//! `kubectl-node_holder` on `PATH` with the arguments after `node-holder`;
+//! `--kubeconfig`, `--context` and `KUBECONFIG` work as they do for kubectl.
 
 use std::process::ExitCode;
 
@@ -15,10 +14,7 @@ async fn main() -> ExitCode {
         .name("kubectl node-holder")
         .bin_name("kubectl node-holder")
         .get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(err) => err.exit(),
-    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     if !matches!(
         cli.command,
         Command::Status(_) | Command::Release(_) | Command::Hold(_)

@@ -65,12 +65,11 @@ pub struct StatusArgs {
     #[arg(long, env = "NODE_HOLDER_STATUS_LIMIT", default_value_t = 50)]
     pub limit: usize,
 
-    /// Say that node-holder's holds are orphaned (an `Orphaned:` line, and
-    /// `orphaned` in JSON) when nodes or NodePools carry them and no leader
-    /// has been live for this long: nothing will release them. With a live
-    /// leader, held nodes whose `node-holder.dev/held-until` passed longer
-    /// ago than this are overdue (an `Overdue:` line, `overdue` in JSON):
-    /// the leader is not keeping its holds.
+    /// Say that node-holder's holds are orphaned (an `Orphaned:` line,
+    /// `orphaned` in JSON) when nodes carry them and no leader has been live
+    /// for this long: nothing will release them. With a live leader, held
+    /// nodes whose `node-holder.dev/held-until` passed longer ago are overdue
+    /// (`Overdue:`, `overdue`): the leader is not keeping its holds.
     #[arg(long, env = "NODE_HOLDER_ORPHANED_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
     pub orphaned_after: Duration,
 }

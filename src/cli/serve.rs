@@ -17,12 +17,10 @@ use super::{Admission, RecordArgs};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// How new Nodes are held at their CREATE: `webhook` (node-holder serves
-    /// the admission webhook on --webhook-addr) or `policy` (a
-    /// MutatingAdmissionPolicy holds them inside the API server, Kubernetes
-    /// 1.36 and later: the chart's `admission.mode: policy` or
-    /// webhook-config/admission-policy.yaml; node-holder then opens no
-    /// webhook port and needs no certificate).
+    /// How new Nodes are held at their CREATE: `webhook` (node-holder's, on
+    /// --webhook-addr) or `policy` (a MutatingAdmissionPolicy, Kubernetes 1.36
+    /// and later: the chart's `admission.mode: policy` or
+    /// webhook-config/admission-policy.yaml; no webhook port nor certificate).
     #[arg(long, env = "NODE_HOLDER_ADMISSION", value_enum, default_value_t = Admission::Webhook)]
     pub admission: Admission,
 
@@ -70,11 +68,17 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub record: RecordArgs,
 
-    #[command(flatten)]
-    pub leader: LeaderArgs,
+    /// How long a leader's Lease lasts without renewal: a standby takes over
+    /// at most this long after the leader died (whole seconds, at least 2s).
+    /// Each replica is named in the Lease by its host name (in a pod, the
+    /// pod's name).
+    #[arg(long, env = "NODE_HOLDER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
 
-    #[command(flatten)]
-    pub patching: PatchingArgs,
+    /// Node PATCH requests per second at most, 16 in flight: holding or
+    /// releasing N nodes takes N / this (200 s for 50,000 nodes at 250).
+    #[arg(long, env = "NODE_HOLDER_API_QPS", default_value_t = 250)]
+    pub api_qps: u32,
 
     /// The longest one webhook request may take, reading the body included;
     /// keep it well under the webhook configuration's timeoutSeconds. It
@@ -107,8 +111,7 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// `--client-ca-file`, unless empty: the chart always sets the variable
-    /// and leaves it empty to turn client certificates off.
+    /// `--client-ca-file`, unless empty (how the chart turns it off).
     pub fn client_ca_file(&self) -> Option<&Path> {
         self.client_ca_file
             .as_deref()
@@ -172,27 +175,6 @@ pub struct WindowArgs {
     pub warm_before_runs: Duration,
 }
 
-/// Leader election among the replicas. Each replica is named in the Lease by
-/// its host name (`HOSTNAME`, which in a pod is the pod's name; see
-/// `controller::default_identity`).
-#[derive(Debug, Clone, Args)]
-pub struct LeaderArgs {
-    /// How long a leader's Lease lasts without renewal: a standby takes over
-    /// at most this long after the leader died (whole seconds, at least 2s).
-    #[arg(long, env = "NODE_HOLDER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub lease_duration: Duration,
-}
-
-/// Bounds of the bulk node patching of the window task.
-#[derive(Debug, Clone, Args)]
-pub struct PatchingArgs {
-    /// Node PATCH requests per second at most, 16 in flight: holding or
-    /// releasing N nodes by annotation takes N / this (200 s for 50,000 nodes
-    /// at 250).
-    #[arg(long, env = "NODE_HOLDER_API_QPS", default_value_t = 250)]
-    pub api_qps: u32,
-}
-
 /// What `serve` runs with when no flag is given: what a command run by hand
 /// acts with when no leader has recorded its settings.
 pub fn serve_defaults() -> anyhow::Result<ServeArgs> {
@@ -238,8 +220,7 @@ impl WindowArgs {
     }
 }
 
-// The core's presets as flag values: their words and help live here, so
-// that the pure core does not depend on clap.
+// The core's presets as flag values, here so that the core needs no clap.
 
 impl ValueEnum for Preset {
     fn value_variants<'a>() -> &'a [Self] {
@@ -271,7 +252,7 @@ mod value_tests {
         let defaults = serve_defaults().unwrap();
         assert_eq!(defaults.window.hold_duration, Duration::from_secs(20 * 60));
         assert!(defaults.window.schedule_terms().is_none());
-        assert_eq!(defaults.patching.api_qps, 250);
+        assert_eq!(defaults.api_qps, 250);
     }
 
     /// Each preset's flag word parses back to it.

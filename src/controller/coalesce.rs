@@ -1,23 +1,19 @@
-//! When the leader's next pass runs. A burst of node changes is handled in
-//! one pass once [`IDLE`] passes without another change, or [`MAX`] after
-//! its first change; a fresh list of the nodes and a release request run a
-//! pass at once.
+//! When the leader's next pass runs: a burst of node changes coalesced into
+//! one pass; a fresh list of the nodes or a request runs one at once.
 
 use std::time::{Duration, Instant};
 
-/// A burst of node changes is handled in one pass once this long passes
-/// without another change: half of Karpenter's batch idle time (1 s). Why
-/// it only delays the pass that holds the rest of the cluster once a window
-/// opens is in `docs/architecture.md`.
+/// A burst is handled once this long passes without another change: half of
+/// Karpenter's batch idle time (1 s; why it is enough: `docs/architecture.md`).
 const IDLE: Duration = Duration::from_millis(500);
 
 /// ...or this long after the burst's first change, whichever comes first:
 /// half of Karpenter's batch limit (10 s).
 const MAX: Duration = Duration::from_secs(5);
 
-/// What is waiting for a pass.
+/// What is waiting for a pass, under the coalescing rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum Pending {
+pub enum Coalesce {
     #[default]
     Nothing,
     /// Run a pass at once.
@@ -46,19 +42,13 @@ impl Due {
     }
 }
 
-/// What is pending, under the coalescing rule.
-#[derive(Debug, Clone, Default)]
-pub struct Coalesce {
-    pending: Pending,
-}
-
 impl Coalesce {
     /// A node changed at `at`.
     pub fn change(&mut self, at: Instant) {
-        self.pending = match self.pending {
-            Pending::Now => Pending::Now,
-            Pending::Burst { first, .. } => Pending::Burst { first, last: at },
-            Pending::Nothing => Pending::Burst {
+        *self = match *self {
+            Coalesce::Now => Coalesce::Now,
+            Coalesce::Burst { first, .. } => Coalesce::Burst { first, last: at },
+            Coalesce::Nothing => Coalesce::Burst {
                 first: at,
                 last: at,
             },
@@ -67,19 +57,19 @@ impl Coalesce {
 
     /// Something that cannot wait: a fresh list, a release request.
     pub fn run_now(&mut self) {
-        self.pending = Pending::Now;
+        *self = Coalesce::Now;
     }
 
     /// A pass ran: nothing is pending.
     pub fn ran(&mut self) {
-        self.pending = Pending::Nothing;
+        *self = Coalesce::Nothing;
     }
 
     pub fn due(&self) -> Due {
-        match self.pending {
-            Pending::Nothing => Due::Never,
-            Pending::Now => Due::Now,
-            Pending::Burst { first, last } => Due::At((last + IDLE).min(first + MAX)),
+        match *self {
+            Coalesce::Nothing => Due::Never,
+            Coalesce::Now => Due::Now,
+            Coalesce::Burst { first, last } => Due::At((last + IDLE).min(first + MAX)),
         }
     }
 }

@@ -1,9 +1,7 @@
-//! A watched kind in a store of node-holder's own: of each object only what
-//! a pass reads (a `V` made from it as it arrives), not the whole object
-//! kube's reflector keeps (`docs/benchmarks.md` has the memory it cost). It
-//! follows kube's watcher events as the reflector does: a (re)list replaces
-//! the store once complete, and each change after it replaces or removes one
-//! object.
+//! A watched kind in a store of node-holder's own: of each object only what a
+//! pass reads, not the whole object kube's reflector keeps (the memory it
+//! cost: `docs/benchmarks.md`). As the reflector does, a (re)list replaces
+//! the store once complete; each change after it replaces or removes one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +18,7 @@ use tokio_util::task::AbortOnDropHandle;
 /// An object's namespace (empty for a cluster-scoped one) and name.
 pub type Key = (Box<str>, Box<str>);
 
-/// What is kept, by key. Cloning shares it: the watch task writes, passes
-/// read.
+/// What is kept, by key. Cloning shares it: the watch task writes, passes read.
 #[derive(Debug)]
 pub struct Compact<V>(Arc<RwLock<HashMap<Key, V>>>);
 
@@ -31,14 +28,7 @@ impl<V> Clone for Compact<V> {
     }
 }
 
-impl<V> Default for Compact<V> {
-    fn default() -> Self {
-        Compact(Arc::default())
-    }
-}
-
 impl<V> Compact<V> {
-    /// Calls `read` with everything kept now.
     pub fn read<T>(&self, read: impl FnOnce(&HashMap<Key, V>) -> T) -> T {
         // A panic while writing cannot leave the map half-changed: each
         // write is one insert, remove or swap.
@@ -50,40 +40,37 @@ impl<V> Compact<V> {
     }
 }
 
-/// A running watch: its store, whether it has listed (or was refused, see
-/// [`Reporter`]), and its task (dropping it stops the watch).
+/// A running watch: its store, whether it has listed (or was refused), and
+/// its task (dropping it stops the watch).
 pub struct Watched<S> {
     pub store: S,
     pub listed: Arc<AtomicBool>,
     pub task: AbortOnDropHandle<()>,
 }
 
-/// What the watch says of a failure; it may set `listed` (a refused list
-/// counts as listed, empty). The watcher retries either way.
-pub type Reporter = fn(&watcher::Error, &AtomicBool);
-
-/// Starts a watch of `api` that keeps `read(object)` for each object it is
-/// `Some` for. `tick` is bumped whenever what is kept changes.
+/// Starts a watch of `api` that keeps `read(object)` where it is `Some`;
+/// `tick` is bumped whenever what is kept changes. `report` says what a
+/// failure means and may set `listed` (a refused list counts as listed,
+/// empty); the watcher retries either way.
 pub fn watch_compact<K, V>(
     api: Api<K>,
     config: watcher::Config,
     backoff: watcher::ExponentialBackoff,
     tick: Arc<watch::Sender<u64>>,
     read: impl FnMut(&K) -> Option<V> + Send + 'static,
-    report: Reporter,
+    report: fn(&watcher::Error, &AtomicBool),
 ) -> Watched<Compact<V>>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     V: PartialEq + Send + Sync + 'static,
 {
-    let listed = Arc::new(AtomicBool::new(false));
+    let (store, listed) = (Compact(Arc::default()), Arc::new(AtomicBool::new(false)));
     let mut follower = Follower {
-        store: Compact::default(),
+        store: store.clone(),
         listing: HashMap::new(),
         read,
         listed: listed.clone(),
     };
-    let store = follower.store.clone();
     let task = tokio::spawn(async move {
         let events = watcher::watcher(api, config).backoff(backoff);
         futures::pin_mut!(events);
@@ -106,7 +93,7 @@ where
     }
 }
 
-/// The watch's side of the store: the list under way and where it goes.
+/// The watch's side of the store.
 struct Follower<V, F> {
     store: Compact<V>,
     /// What a (re)list under way has read.
@@ -135,9 +122,8 @@ impl<V: PartialEq, F> Follower<V, F> {
             }
             Event::Apply(object) => {
                 let key = key(&object);
-                let value = (self.read)(&object);
                 let mut store = self.store.write();
-                return match value {
+                return match (self.read)(&object) {
                     Some(value) if store.get(&key) == Some(&value) => false,
                     Some(value) => {
                         store.insert(key, value);
@@ -178,7 +164,7 @@ mod tests {
 
     fn follower() -> Follower<String, impl FnMut(&ConfigMap) -> Option<String>> {
         Follower {
-            store: Compact::default(),
+            store: Compact(Arc::default()),
             listing: HashMap::new(),
             read: |m: &ConfigMap| m.data.as_ref()?.get("v").filter(|v| *v != "skip").cloned(),
             listed: Arc::default(),

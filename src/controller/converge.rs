@@ -1,5 +1,4 @@
-//! Convergence: every node brought to the plan (holds first, then
-//! releases, bounded and conditional), and what the patches did recorded.
+//! Convergence: every node brought to the plan, what the patches did recorded.
 
 use super::*;
 
@@ -34,17 +33,23 @@ impl WindowTask {
             }
         }
         let patches = |indices: Vec<usize>| {
-            let patches = indices
+            let planned = indices
                 .into_iter()
                 .filter_map(|i| planner.node(&snapshot[i]));
-            patches.map(|(_, patch)| patch)
+            planned.map(|(_, patch)| patch)
         };
         let marked = metas().filter(|node| is_marked(*node)).count();
         let wake_at = planner.wake(metas());
         let (held, hold_failures) = self.apply(Action::Hold, hold.len(), patches(hold)).await;
         let (_, stamp_failures) = self.apply(Action::Stamp, stamp.len(), patches(stamp)).await;
+        // Before the holds come off, the record says how many nodes the
+        // release starts with, for `status`; a failed write costs only that
+        // line of `status`: logged, not retried.
         if !release.is_empty() {
-            self.releasing |= self.record_releasing(release.len()).await;
+            match self.store.release_progress(Some(release.len()), None).await {
+                Ok(()) => self.releasing = true,
+                Err(err) => tracing::warn!(error = %err, "recording the release progress failed"),
+            }
         }
         let (released, release_failures) = self
             .apply(Action::Release, release.len(), patches(release))
@@ -55,58 +60,34 @@ impl WindowTask {
         if release_failures == 0 {
             self.record_released().await;
         }
-        let held_now = marked.saturating_add(held).saturating_sub(released);
-        self.metrics
-            .held_nodes
-            .set(i64::try_from(held_now).unwrap_or(i64::MAX));
+        let held_now = i64::try_from(marked.saturating_add(held).saturating_sub(released));
+        self.metrics.held_nodes.set(held_now.unwrap_or(i64::MAX));
         let failures = hold_failures + stamp_failures + release_failures;
         Ok(self.wake(failures, wake_at, now))
     }
 
     /// When the next pass must run: after a backoff when patches failed,
-    /// else when the plan changes by itself (`at`; a time already past wakes
-    /// at once, one past what an `Instant` holds never).
-    pub(super) fn wake(
-        &mut self,
-        failures: usize,
-        at: Option<Timestamp>,
-        now: Timestamp,
-    ) -> Option<Instant> {
+    /// else when the plan changes by itself (`at`).
+    fn wake(&mut self, failures: usize, at: Option<Timestamp>, now: Timestamp) -> Option<Instant> {
         if failures > 0 {
-            self.failures += 1;
-            return Some(Instant::now() + self.backoff());
+            return self.failed();
         }
         self.failures = 0;
-        let after = Duration::try_from(at?.duration_since(now)).unwrap_or_default();
-        Instant::now().checked_add(after)
+        instant_at(at?, now)
     }
 
     /// Adds what a release `patch` did to the report, if one is kept.
-    pub(super) fn note(&self, action: Action, patch: &NodePatch) {
+    fn note(&self, action: Action, patch: &NodePatch) {
         if let (Some(report), Action::Release) = (&self.report, action) {
             let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
-            report
-                .left
-                .extend(patch.left.iter().map(|k| format!("{}: {k}", patch.name)));
+            let left = patch.left.iter().map(|k| format!("{}: {k}", patch.name));
+            report.left.extend(left);
             report.released.push(patch.name.clone());
         }
     }
 
-    /// Before a closed window's holds come off, the record says how many
-    /// nodes the release starts with, for `status`. A failed write costs
-    /// only that line of `status`: logged, not retried. Whether it was
-    /// written.
-    async fn record_releasing(&self, total: usize) -> bool {
-        let written = self.store.release_progress(Some(total), None).await;
-        if let Err(err) = &written {
-            tracing::warn!(error = %err, "recording the release progress failed");
-        }
-        written.is_ok()
-    }
-
-    /// After a pass that removed every hold it had to: no release under way,
-    /// and the handled release request is done (`release` waits for that).
-    /// A failed write is tried again after the next pass.
+    /// After a pass that removed every hold it had to, records the release
+    /// done (`release` waits for that); a failed write is tried next pass.
     async fn record_released(&mut self) {
         let done = self.release_unconfirmed;
         if !self.releasing && done.is_none() {
@@ -121,9 +102,8 @@ impl WindowTask {
         }
     }
 
-    /// After a pass that put every hold it had to: the handled manual hold
-    /// request is done (`hold` waits for that). A failed write is tried
-    /// again after the next pass.
+    /// After a pass that put every hold it had to, records the manual hold
+    /// done (`hold` waits for that); a failed write is tried next pass.
     async fn record_held(&mut self) {
         let Some(done) = self.hold_unconfirmed else {
             return;
@@ -135,7 +115,7 @@ impl WindowTask {
     }
 
     /// Applies the patches of one kind; returns (applied, failed).
-    pub(super) async fn apply(
+    async fn apply(
         &self,
         action: Action,
         total: usize,
@@ -144,11 +124,11 @@ impl WindowTask {
         if total == 0 {
             return (0, 0);
         }
-        let action_label = action.label();
+        let action_label: &str = action.into();
         tracing::info!(nodes = total, action = action_label, "patching nodes");
         let started = Instant::now();
         let (mut applied, mut changed, mut failed) = (0usize, 0usize, 0usize);
-        let limit = self.config.node_events_per_pass;
+        let limit = NODE_EVENTS_PER_PASS;
         let results = self.patcher.apply(patches, total);
         futures::pin_mut!(results);
         while let Some((patch, result)) = results.next().await {
@@ -194,4 +174,10 @@ impl WindowTask {
 /// Unix seconds of `at`; 0 for none (what the deadline gauges show).
 pub(super) fn seconds(at: Option<Timestamp>) -> f64 {
     at.map_or(0.0, |at| at.as_millisecond() as f64 / 1000.0)
+}
+
+/// The `Instant` of `at` (now if past; none past what an `Instant` holds).
+pub(super) fn instant_at(at: Timestamp, now: Timestamp) -> Option<Instant> {
+    let after = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+    Instant::now().checked_add(after)
 }

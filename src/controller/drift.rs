@@ -1,12 +1,8 @@
-//! Drift: the nodes whose NodeClaim Karpenter marked `Drifted` (its
-//! `status.conditions`), which node-holder's window and schedule do not hold
-//! ([`crate::core::plan::Planner::drifted`]). Only with Karpenter v1's hold
-//! (`karpenter.sh/do-not-disrupt`), the one that blocks drift.
-//!
-//! The watch keeps of each drifted NodeClaim its name and its node's, not
-//! the object. Without Karpenter's API (404) or the permission (403) it
-//! says so once and goes on empty: drifted nodes are then held like the
-//! others, as before.
+//! Drift: the nodes whose NodeClaim Karpenter marked `Drifted`, which the
+//! window and schedule do not hold ([`crate::core::plan::Planner::drifted`]).
+//! Only with Karpenter v1's hold (`karpenter.sh/do-not-disrupt`), the one
+//! that blocks drift. Without Karpenter's API (404) or the permission (403)
+//! the watch says so once and goes on empty: drifted nodes are then held.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,25 +27,18 @@ pub struct DriftWatch {
     _task: AbortOnDropHandle<()>,
 }
 
-impl DriftWatch {
-    /// The nodes marked drifted now.
-    pub fn nodes(&self) -> BTreeSet<String> {
-        self.claims
+impl super::WindowTask {
+    /// The nodes marked drifted now (none without the watch).
+    pub(super) fn drifted(&self) -> BTreeSet<String> {
+        let Some(watch) = &self.drift else {
+            return BTreeSet::new();
+        };
+        watch
+            .claims
             .read(|claims| claims.values().map(|node| node.to_string()).collect())
     }
 }
 
-impl super::WindowTask {
-    /// The nodes marked drifted now (none without the watch).
-    pub(super) fn drifted(&self) -> BTreeSet<String> {
-        self.drift
-            .as_ref()
-            .map(DriftWatch::nodes)
-            .unwrap_or_default()
-    }
-}
-
-/// Starts the NodeClaim watch.
 pub fn watch_drift(client: kube::Client) -> DriftWatch {
     let claim = GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim");
     let api: Api<DynamicObject> = Api::all_with(
@@ -87,8 +76,7 @@ fn refused(err: &watcher::Error, said: &AtomicBool) {
     }
 }
 
-/// The NodeClaim's node when Karpenter marked it drifted (condition
-/// `Drifted` with status `True`) and it has a node.
+/// The NodeClaim's node when it has one and condition `Drifted` is `True`.
 fn drifted_node(claim: &DynamicObject) -> Option<Box<str>> {
     let status = claim.data.get("status")?;
     let node = status.get("nodeName")?.as_str()?;

@@ -1,7 +1,5 @@
-//! Why a pass of the window task failed. Inside a pass errors carry context
-//! as `anyhow` chains; where the pass ends they are told apart once, here, by
-//! what they mean for the operator (the metric's `kind`) rather than by their
-//! text.
+//! Why a pass failed: its `anyhow` chain told apart once, here, by what it
+//! means for the operator (the metric's `kind`), not by its text.
 
 use crate::state::lease::NotLeading;
 
@@ -30,13 +28,10 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// Its label value.
     pub fn label(self) -> &'static str {
         self.into()
     }
 
-    /// The kind of a Kubernetes client error: by the API's status, else no
-    /// answer.
     fn of_kube(error: &kube::Error) -> FailureKind {
         match error {
             kube::Error::Api(status) => match status.code {

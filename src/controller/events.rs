@@ -23,15 +23,13 @@ use crate::core::window::{ManualHold, ManualHoldOutcome, Observed};
 const QUEUE: usize = 10_000;
 const PER_SECOND: u32 = 20;
 
-/// Nodes of one pass that get an Event each way (held, released); a pass
-/// that patches more sums them up in one Event on the record
-/// (`docs/comparison.md` has the figures).
+/// Nodes of one pass that get an Event each way; past it, one Event on the
+/// record sums the pass up (the figures: `docs/comparison.md`).
 pub const NODE_EVENTS_PER_PASS: usize = 500;
 /// `reportingController` of node-holder's Events.
 const REPORTING_CONTROLLER: &str = "node-holder.dev/node-holder";
 
-/// One Event on one node, on the window record, or on a CronJob
-/// (`--launch-cost`).
+/// One Event on a node, the window record, or a CronJob (`--launch-cost`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HoldEvent {
     regarding: ObjectReference,
@@ -40,8 +38,7 @@ pub struct HoldEvent {
     note: String,
 }
 
-/// A reference to the `K` named `name`, in `namespace` unless it is
-/// cluster-scoped.
+/// A reference to the `K` named `name` (`namespace`: none if cluster-scoped).
 fn reference<K: Resource<DynamicType = ()>>(
     namespace: Option<&str>,
     name: &str,
@@ -64,12 +61,10 @@ fn until(deadline: Option<Timestamp>) -> String {
     )
 }
 
-/// The node named `name`.
 fn node_ref(name: &str, uid: Option<&str>) -> ObjectReference {
     reference::<Node>(None, name, uid)
 }
 
-/// The record's ConfigMap, in node-holder's namespace.
 fn record_ref(namespace: &str) -> ObjectReference {
     reference::<ConfigMap>(Some(namespace), crate::state::record::NAME, None)
 }
@@ -81,14 +76,9 @@ fn cronjob_ref(cronjob: &str, uid: Option<&str>) -> ObjectReference {
 }
 
 impl HoldEvent {
-    fn new(
-        regarding: ObjectReference,
-        reason: &'static str,
-        action: &'static str,
-        note: String,
-    ) -> Self {
+    fn new(on: ObjectReference, reason: &'static str, action: &'static str, note: String) -> Self {
         HoldEvent {
-            regarding,
+            regarding: on,
             reason,
             action,
             note,
@@ -107,71 +97,56 @@ impl HoldEvent {
         } else {
             ""
         };
-        let note = format!(
-            "new node (created {}) {what}: held {}{carried}",
-            node.created(),
-            until(deadline),
-        );
+        let (created, until) = (node.created(), until(deadline));
+        let note = format!("new node (created {created}) {what}: held {until}{carried}");
         HoldEvent::new(node_ref(node.name(), node.uid()), reason, "Hold", note)
     }
 
-    /// The Event of the pass's `applied`th applied patch of `action`: none
-    /// past `limit` (the pass's summary covers those) or for a rewritten
-    /// deadline, which changes no hold.
+    /// The Event of the pass's `applied`th patch of `action`: none past
+    /// `limit` (the summary covers those) or for a stamp (no hold changed).
     pub fn applied(
         action: Action,
         patch: &NodePatch,
         applied: usize,
         limit: usize,
     ) -> Option<Self> {
-        if applied > limit {
-            return None;
-        }
         match action {
+            _ if applied > limit => None,
             Action::Hold => Some(HoldEvent::held(patch)),
             Action::Release => Some(HoldEvent::released(patch)),
             Action::Stamp => None,
         }
     }
 
-    /// node-holder put its hold on the node.
     fn held(patch: &NodePatch) -> Self {
-        let note = format!(
-            "node-holder added {} {}",
-            patch.keys.join(", "),
-            until(patch.until)
-        );
+        let keys = patch.keys.join(", ");
+        let note = format!("node-holder added {keys} {}", until(patch.until));
         let uid = patch.uid.as_deref();
         HoldEvent::new(node_ref(&patch.name, uid), "HoldApplied", "Hold", note)
     }
 
-    /// node-holder removed its hold from the node.
     fn released(patch: &NodePatch) -> Self {
         let why = if patch.drifted {
             "Karpenter marked it drifted: node-holder does not hold a rollout, \
              only `node-holder hold` does"
         } else {
             "node-holder's hold window closed"
-        }
-        .to_string();
+        };
         let mut note = if patch.keys.is_empty() {
-            why
+            why.to_string()
         } else {
             format!("{why}: removed {}", patch.keys.join(", "))
         };
         if !patch.left.is_empty() {
-            note.push_str(&format!(
-                "; left {} (changed by someone else)",
-                patch.left.join(", ")
-            ));
+            let left = patch.left.join(", ");
+            note.push_str(&format!("; left {left} (changed by someone else)"));
         }
         let uid = patch.uid.as_deref();
         HoldEvent::new(node_ref(&patch.name, uid), "HoldReleased", "Release", note)
     }
 
     /// After a pass's patches of `action`: the Event on the record that sums
-    /// them up, when more nodes were patched (`applied`) than got their own
-    /// Event (`limit`).
+    /// them up when more were `applied` than got their own Event (`limit`).
     pub fn pass(namespace: &str, action: Action, applied: usize, limit: usize) -> Option<Self> {
         if applied <= limit {
             return None;
@@ -191,32 +166,23 @@ impl HoldEvent {
     /// `--launch-cost`: the node is kept for a scheduled run.
     pub fn kept_for_run(node: &NodeMeta, until: Timestamp, why: String) -> Self {
         let note = format!("held until {until}: {why}");
-        HoldEvent::new(
-            node_ref(node.name(), node.uid()),
-            "HeldForScheduledRun",
-            "Hold",
-            note,
-        )
+        let on = node_ref(node.name(), node.uid());
+        HoldEvent::new(on, "HeldForScheduledRun", "Hold", note)
     }
 
     /// `--launch-cost`: the schedule no longer keeps the node.
     pub fn nothing_due(node: &NodeMeta, why: String) -> Self {
-        let regarding = node_ref(node.name(), node.uid());
-        HoldEvent::new(regarding, "ScheduledHoldEnded", "Release", why)
+        let on = node_ref(node.name(), node.uid());
+        HoldEvent::new(on, "ScheduledHoldEnded", "Release", why)
     }
 
-    /// `--launch-cost`: a CronJob whose schedule node-holder cannot predict
-    /// (`namespace/name`): its runs are held as other work is.
+    /// `--launch-cost`: a CronJob whose schedule node-holder cannot predict.
     pub fn unpredictable(cronjob: &str, uid: Option<&str>, why: &str) -> Self {
         let note = format!(
             "{why}: node-holder keeps no node for its runs; their nodes are held by the hold window as other work"
         );
-        HoldEvent::new(
-            cronjob_ref(cronjob, uid),
-            "UnpredictableSchedule",
-            "Hold",
-            note,
-        )
+        let on = cronjob_ref(cronjob, uid);
+        HoldEvent::new(on, "UnpredictableSchedule", "Hold", note)
     }
 
     /// `--warm-before-runs`: what a run's warm did, or why it was cut short.
@@ -224,18 +190,15 @@ impl HoldEvent {
         HoldEvent::new(cronjob_ref(cronjob, uid), reason, "Warm", note)
     }
 
-    /// A manual hold request was handled: who asked, why, until when, and
-    /// what it did (`current`: the manual hold in force afterwards).
+    /// A manual hold request handled (`current`: the one in force afterwards).
     pub fn manual(
         namespace: &str,
         hold: &ManualHold,
         outcome: ManualHoldOutcome,
         current: Option<&ManualHold>,
     ) -> Self {
-        let asked = format!(
-            "{} asked to hold every node until {} ({})",
-            hold.by, hold.until, hold.reason
-        );
+        let (by, until, why) = (&hold.by, hold.until, &hold.reason);
+        let asked = format!("{by} asked to hold every node until {until} ({why})");
         let (reason, note) = match (outcome, current) {
             (ManualHoldOutcome::Started, _) => ("ManualHoldStarted", asked),
             (ManualHoldOutcome::Extended, _) => ("ManualHoldExtended", asked),
@@ -254,27 +217,22 @@ impl HoldEvent {
         HoldEvent::new(record_ref(namespace), reason, "Hold", note)
     }
 
-    /// The name of what it regards.
     fn name(&self) -> &str {
         self.regarding.name.as_deref().unwrap_or_default()
     }
 
-    /// The namespace of what it regards. Nodes are cluster-scoped: their
-    /// Events go to `default`.
+    /// Nodes are cluster-scoped: their Events go to `default`.
     fn namespace(&self) -> &str {
         self.regarding.namespace.as_deref().unwrap_or("default")
     }
 
-    /// The `events.k8s.io/v1` Event, in the namespace of what it regards,
-    /// named as kubectl and client-go name Events: object name, time.
+    /// The `events.k8s.io/v1` Event, named as client-go names them: object, time.
     fn to_k8s(&self, instance: &str) -> K8sEvent {
+        let nanos = Timestamp::now().as_nanosecond();
+        let name = format!("{}.{nanos:x}", truncate(self.name(), 230));
         K8sEvent {
             metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}.{:x}",
-                    truncate(self.name(), 230),
-                    Timestamp::now().as_nanosecond()
-                )),
+                name: Some(name),
                 namespace: Some(self.namespace().to_string()),
                 ..ObjectMeta::default()
             },
@@ -291,17 +249,16 @@ impl HoldEvent {
     }
 }
 
-/// Where the window task drops its events.
+/// Where the window task drops its Events.
 #[derive(Clone)]
 pub struct EventSink {
     queue: mpsc::Sender<HoldEvent>,
 }
 
 impl EventSink {
-    /// Starts the publishing task; it ends with `stop`. Events are created
-    /// one by one without kube's Recorder, whose series cache would keep
-    /// every Event of a bulk pass in memory for minutes: each of ours is about
-    /// one node and one moment, so there is no series to build.
+    /// Starts the publishing task; it ends with `stop`. Not kube's Recorder:
+    /// its series cache would keep every Event of a bulk pass in memory for
+    /// minutes, and ours, one node and one moment each, make no series.
     pub fn spawn(client: kube::Client, instance: &str, stop: CancellationToken) -> Self {
         let (queue, mut events) = mpsc::channel::<HoldEvent>(QUEUE);
         let instance = instance.to_string();
@@ -310,18 +267,14 @@ impl EventSink {
             let mut failures = 0u64;
             loop {
                 let event = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    event = events.recv() => match event {
-                        Some(event) => event,
-                        None => return,
-                    },
+                    _ = stop.cancelled() => None,
+                    event = events.recv() => event,
                 };
+                let Some(event) = event else { return };
                 pacer.tick().await;
                 let api: Api<K8sEvent> = Api::namespaced(client.clone(), event.namespace());
-                if let Err(err) = api
-                    .create(&PostParams::default(), &event.to_k8s(&instance))
-                    .await
-                {
+                let k8s_event = event.to_k8s(&instance);
+                if let Err(err) = api.create(&PostParams::default(), &k8s_event).await {
                     failures += 1;
                     // The 1st, 2nd, 4th, 8th… failure: visible, never a flood.
                     if failures.is_power_of_two() {
@@ -333,8 +286,7 @@ impl EventSink {
         EventSink { queue }
     }
 
-    /// A sink that publishes nothing (`release` run by hand leaves no
-    /// Events; its own output says what it did).
+    /// A sink that publishes nothing (`release` run by hand leaves no Events).
     pub fn none() -> Self {
         let (queue, _) = mpsc::channel::<HoldEvent>(1);
         EventSink { queue }

@@ -29,23 +29,19 @@ pub struct StoredPod {
 
 impl StoredPod {
     /// What the store keeps of `pod`; `None` for a pod of no Job.
-    /// `namespace` is node-holder's own, where its placeholders run.
     fn read(pod: &Pod, namespace: &str) -> Option<StoredPod> {
         let labels = pod.metadata.labels.as_ref()?;
         let job = labels.get(JOB_NAME_LABEL)?;
         let pod_namespace = pod.metadata.namespace.as_deref()?;
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         let placeholder = pod_namespace == namespace
             && labels.get(WARM_LABEL.0).map(String::as_str) == Some(WARM_LABEL.1)
             && is_placeholder(job);
         Some(StoredPod {
             namespace: pod_namespace.into(),
             job: job.as_str().into(),
-            node: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_deref())
-                .map(Box::from),
+            node: node.map(Box::from),
             running: !matches!(phase, Some("Succeeded" | "Failed")),
             placeholder,
         })
@@ -72,9 +68,8 @@ impl JobPods {
     }
 }
 
-/// Starts the watch of the Jobs' pods (only pods labelled
-/// [`JOB_NAME_LABEL`]); `namespace` is node-holder's own, where its
-/// placeholders run. `tick` is bumped at each change.
+/// Starts the watch of the pods labelled [`JOB_NAME_LABEL`]; `namespace` is
+/// node-holder's own, where its placeholders run.
 pub fn watch_job_pods(
     api: Api<Pod>,
     namespace: &str,
@@ -90,8 +85,7 @@ pub fn watch_job_pods(
 }
 
 /// What a failed watch of the scheduled work says: once, that it may not
-/// list `kind`s (403; it then counts as listed, empty); each time, any
-/// other failure. The watcher retries either way.
+/// list `kind`s (403; it then counts as listed, empty); else each failure.
 pub fn watch_failed(err: &watcher::Error, kind: &str, listed: &AtomicBool) {
     if watch_refused(err) != Some(403) {
         tracing::warn!(error = %err, "{kind} watch failed; retrying");

@@ -1,13 +1,11 @@
-//! Leadership: competing for the Lease, leading the window while it is
-//! held, handing it over; and the one pass `release` and `hold` run as the
-//! leader when none runs.
+//! Leadership: competing for the Lease, leading the window while held,
+//! handing it over; and the one pass `uninstall` runs as the leader.
 
 use super::*;
 
-/// This replica's name in the Lease: its host name, `HOSTNAME`, which in a
-/// pod is the pod's name (every replica's differs; with `hostNetwork` it is
-/// the node's, and two replicas cannot share a node's ports). Then
-/// `/etc/hostname`, then the process id.
+/// This replica's name in the Lease: `HOSTNAME` (a pod's name; with
+/// `hostNetwork` the node's, which two replicas cannot share), else
+/// `/etc/hostname`, else the process id.
 pub fn default_identity() -> String {
     std::env::var("HOSTNAME")
         .ok()
@@ -73,12 +71,8 @@ async fn lead_while_leader(
     metrics.leader.set(1);
     // The hold is the configuration's: shown once, not at every pass.
     metrics.hold.set(config.window.hold.as_secs_f64());
-    let mut task = WindowTask::new(
-        client.clone(),
-        config.clone(),
-        metrics.clone(),
-        events.clone(),
-    );
+    let events = events.clone();
+    let mut task = WindowTask::new(client.clone(), config.clone(), metrics.clone(), events);
     let outcome = tokio::select! {
         _ = stop.cancelled() => None,
         lost = is_leader.wait_for(|leader| !*leader) => {
@@ -111,11 +105,9 @@ async fn hand_over(
 }
 
 /// Carries out the release requested at `request` with the leader's own
-/// pass, once, as `config.identity`, which must hold the Lease: what
-/// `uninstall` does after the replicas stopped. The pass puts the request in
-/// the window record, takes node-holder's holds off as a leader would, and
-/// records the request as done. A pass whose patches failed runs again from
-/// a fresh list, a few times.
+/// pass, as `config.identity`, which must hold the Lease: what `uninstall`
+/// does after the replicas stopped. A pass whose patches failed runs again
+/// from a fresh list, a few times.
 pub async fn release_once(
     client: kube::Client,
     config: Config,
@@ -137,7 +129,7 @@ pub async fn release_once(
         if attempt == retry::ONCE_ATTEMPTS {
             bail!("node patches still failed after {attempt} passes; run the command again");
         }
-        tokio::time::sleep(task.backoff()).await;
+        tokio::time::sleep(retry::pass_backoff(task.failures)).await;
     }
     let report = task.report.take().unwrap_or_default();
     let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());

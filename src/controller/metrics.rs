@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 use strum::IntoEnumIterator;
 
 use super::error::FailureKind;
+use crate::core::due::Reason;
 use crate::core::plan::Action;
 use crate::metrics::{CodeLabel, ReasonLabel, code_label, show_at_zero};
 
@@ -18,9 +19,8 @@ use crate::metrics::{CodeLabel, ReasonLabel, code_label, show_at_zero};
 /// response, forbidden, conflict, invalid, throttled, server errors.
 const PATCH_ERROR_CODES: [u16; 7] = [0, 403, 409, 422, 429, 500, 503];
 
-/// Whether a new node already carried node-holder's hold when the window task
-/// first saw it: `held` (the webhook or the admission policy held it at its
-/// CREATE) or `unheld`.
+/// Whether a new node already carried the hold (from its CREATE) when the
+/// window task first saw it: `held` or `unheld`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AtCreateLabel {
     at_create: &'static str,
@@ -32,27 +32,18 @@ struct KindLabel {
     kind: &'static str,
 }
 
-/// The hold window's metrics, set by the leader's task.
+/// The hold window's metrics (their help text says what each counts).
 #[derive(Clone)]
 pub struct WindowMetrics {
-    /// Unix seconds of the window's deadline; 0 while closed.
     pub deadline: Gauge<f64, AtomicU64>,
-    /// The hold the window counts new nodes (and work) with, in seconds:
-    /// `--hold-duration`.
     pub hold: Gauge<f64, AtomicU64>,
-    /// Nodes carrying node-holder's hold, as the last pass saw them.
     pub held_nodes: Gauge<i64, AtomicI64>,
     pub holds_applied: Counter,
     pub holds_released: Counter,
-    /// `held-until` writes in PATCHes of their own: on nodes already held,
-    /// and removals when stamps are off.
     held_until_stamps: Counter,
-    /// New nodes in scope the leader saw, by whether they came held.
     new_nodes: Family<AtCreateLabel, Counter>,
-    /// Failed passes by kind ([`FailureKind`]).
     pass_failures: Family<KindLabel, Counter>,
     patch_errors: Family<CodeLabel, Counter>,
-    /// 1 while this replica leads the hold window.
     pub leader: Gauge<i64, AtomicI64>,
     pub pass_duration: Histogram,
     pub schedule: ScheduleMetrics,
@@ -64,10 +55,7 @@ pub struct WindowMetrics {
 pub struct ScheduleMetrics {
     kept_nodes: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
     unpredictable: Gauge<i64, AtomicI64>,
-    /// Placeholder pods at their run's hand-over, by whether they were on
-    /// a node (`ready`) or still waiting for one (`late`).
     warm_placeholders: Family<OutcomeLabel, Counter>,
-    /// Node-seconds the warm nodes were up before their runs.
     warm_node_seconds: Counter<f64, AtomicU64>,
 }
 
@@ -79,13 +67,7 @@ struct OutcomeLabel {
 impl ScheduleMetrics {
     fn register(registry: &mut Registry) -> Self {
         let metrics = ScheduleMetrics::default();
-        for reason in crate::core::due::Reason::iter() {
-            let reason = reason.into();
-            metrics
-                .kept_nodes
-                .get_or_create(&ReasonLabel { reason })
-                .set(0);
-        }
+        metrics.show(Reason::iter().map(|reason| (reason.into(), 0)), 0);
         registry.register(
             "schedule_kept_nodes",
             "With --launch-cost: nodes the schedule keeps, by reason: busy (running a CronJob's pod), run (idle, for a run due within the launch cost), settling (new, its pods not seen yet)",
@@ -97,10 +79,7 @@ impl ScheduleMetrics {
             metrics.unpredictable.clone(),
         );
         for outcome in ["ready", "late"] {
-            metrics
-                .warm_placeholders
-                .get_or_create(&OutcomeLabel { outcome })
-                .inc_by(0);
+            show_at_zero(&metrics.warm_placeholders, OutcomeLabel { outcome });
         }
         registry.register(
             "warm_placeholders",
@@ -115,25 +94,22 @@ impl ScheduleMetrics {
         metrics
     }
 
-    /// Counts one run's hand-over: its placeholders ready and late, and the
-    /// node-seconds its warm nodes were up before it.
+    /// Counts one run's hand-over.
     pub fn warmed(&self, ready: usize, late: usize, node_seconds: f64) {
         for (outcome, n) in [("ready", ready), ("late", late)] {
-            self.warm_placeholders
-                .get_or_create(&OutcomeLabel { outcome })
-                .inc_by(n as u64);
+            let counter = self
+                .warm_placeholders
+                .get_or_create(&OutcomeLabel { outcome });
+            counter.inc_by(n as u64);
         }
         self.warm_node_seconds.inc_by(node_seconds.max(0.0));
     }
 
-    /// Shows one pass's counts: nodes kept by reason (its label), and the
-    /// CronJobs it cannot predict.
+    /// Shows one pass's nodes kept by reason, and the unpredictable CronJobs.
     pub fn show(&self, kept: impl Iterator<Item = (&'static str, usize)>, unpredictable: usize) {
         for (reason, n) in kept {
-            let n = i64::try_from(n).unwrap_or(i64::MAX);
-            self.kept_nodes
-                .get_or_create(&ReasonLabel { reason })
-                .set(n);
+            let gauge = self.kept_nodes.get_or_create(&ReasonLabel { reason });
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.unpredictable
             .set(i64::try_from(unpredictable).unwrap_or(i64::MAX));
@@ -141,7 +117,6 @@ impl ScheduleMetrics {
 }
 
 impl WindowMetrics {
-    /// The counter of applied patches of `action`.
     pub fn applied(&self, action: Action) -> &Counter {
         match action {
             Action::Hold => &self.holds_applied,
@@ -235,7 +210,6 @@ impl WindowMetrics {
         window
     }
 
-    /// Counts a new node in scope, held at its CREATE or not.
     pub fn new_node(&self, held_at_create: bool) {
         let at_create = if held_at_create { "held" } else { "unheld" };
         self.new_nodes
@@ -243,11 +217,9 @@ impl WindowMetrics {
             .inc();
     }
 
-    /// Counts a failed pass of `kind`.
     pub fn pass_failed(&self, kind: FailureKind) {
-        self.pass_failures
-            .get_or_create(&KindLabel { kind: kind.label() })
-            .inc();
+        let label = KindLabel { kind: kind.label() };
+        self.pass_failures.get_or_create(&label).inc();
     }
 
     /// Counts a failed node PATCH by HTTP status (`0` for no response).

@@ -1,8 +1,7 @@
 //! The hold window task: on the elected leader only, it watches Node metadata,
-//! drives the window record forward and converges the nodes to the plan the
-//! pure core computes (hold while open, release when closed). Level-triggered:
-//! every pass starts from the watched state and the record, so running it
-//! again, or after a crash, changes nothing more.
+//! drives the window record forward and converges the nodes to the core's
+//! plan. Level-triggered: every pass starts from the watched state and the
+//! record, so running it again, or after a crash, changes nothing more.
 
 mod coalesce;
 mod compact;
@@ -22,10 +21,10 @@ mod warming;
 mod watches;
 
 use crate::retry::{self, watch_backoff};
-use converge::seconds;
+use converge::{instant_at, seconds};
 pub use error::FailureKind;
 pub use leader::{default_identity, release_once, run};
-use watches::{nodes_seen, sleep_until, watch_changed, watch_record};
+use watches::{sleep_until, watch_changed, watch_record};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -37,6 +36,7 @@ use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
@@ -52,10 +52,10 @@ use crate::core::window::{ManualHold, Observed, Window, WindowConfig};
 use crate::state::lease;
 use crate::state::record::{self, RecordStore, Settings};
 use coalesce::{Coalesce, Due};
-pub use events::NODE_EVENTS_PER_PASS;
+use events::NODE_EVENTS_PER_PASS;
 use events::{EventSink, HoldEvent};
 pub use metrics::WindowMetrics;
-use nodes::{Feed, NodeStore, NodeWatch, list_nodes, watch_nodes};
+use nodes::{Feed, NodeStore, list_nodes, watch_nodes};
 use patcher::{PatchResult, Patcher};
 use scheduled::{ScheduledWatch, watch_scheduled};
 
@@ -67,17 +67,12 @@ pub struct Config {
     pub namespace: String,
     pub identity: String,
     pub lease_duration: Duration,
-    /// `--launch-cost`: the schedule keeps exactly the nodes due runs will
-    /// use; `None`: off.
+    /// `--launch-cost`; `None`: off.
     pub schedule: Option<Terms>,
-    /// `--warm-before-runs`: how long before a run whose nodes the schedule
-    /// let go its placeholders ask for them; `None`: off.
+    /// `--warm-before-runs`; `None`: off.
     pub warm_lead: Option<Duration>,
     /// `--api-qps`: node PATCHes a second at most.
     pub qps: u32,
-    /// How many nodes of one pass's patches one way get an Event each;
-    /// past it, one Event on the record sums the pass up.
-    pub node_events_per_pass: usize,
 }
 
 impl Config {
@@ -103,7 +98,7 @@ struct Saved {
 
 /// The leader's state between passes.
 struct WindowTask {
-    client: kube::Client,
+    client: Client,
     config: Config,
     metrics: WindowMetrics,
     events: EventSink,
@@ -114,44 +109,35 @@ struct WindowTask {
     window: Window,
     /// `--launch-cost`: the CronJobs and their pods, while leading.
     scheduled: Option<ScheduledWatch>,
-    /// With Karpenter v1's hold: the NodeClaims Karpenter marked drifted,
-    /// while leading.
+    /// With Karpenter v1's hold: the NodeClaims marked drifted, while leading.
     drift: Option<drift::DriftWatch>,
     /// `--launch-cost`: every node a known CronJob's pods ran on, while it
-    /// exists (it never counts in a window, even once its pods are gone).
+    /// exists (never counted in a window, even once its pods are gone).
     explained: HashSet<String>,
-    /// `--launch-cost`: the nodes the schedule keeps this pass, each until
-    /// when, if known.
+    /// `--launch-cost`: the nodes the schedule keeps this pass, and until when.
     kept: BTreeMap<String, crate::core::due::Kept>,
     /// CronJobs whose schedule was said to be unpredictable (once each).
     unpredictable: BTreeSet<String>,
-    /// `--launch-cost`: how long a new node settles before the window
-    /// counts it: the terms' settle while the cluster has CronJobs, nothing
-    /// while it has none (no pod can explain a node then, so the window
-    /// counts each from its creation, as without `--launch-cost`).
+    /// `--launch-cost`: the terms' settle while the cluster has CronJobs;
+    /// zero while it has none (no pod can explain a node then).
     settle: Duration,
-    /// `--warm-before-runs`: the placeholder Jobs made.
     warming: warming::Warming,
-    /// `--launch-cost`: each CronJob's last run, remembered once its nodes
-    /// are gone.
+    /// `--launch-cost`: each CronJob's last run, kept once its nodes are gone.
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
-    /// A release request not handled yet.
     release_request: Option<Timestamp>,
-    /// A release request handled but not yet recorded as done: some of its
+    /// A release request handled but not recorded as done: some of its
     /// holds may still be on.
     release_unconfirmed: Option<Timestamp>,
     /// Whether the record says a release is under way.
     releasing: bool,
-    /// A manual hold request not handled yet.
     hold_request: Option<ManualHold>,
-    /// A manual hold request handled but not yet recorded as done: some
-    /// nodes may still lack its hold.
+    /// A manual hold request handled but not recorded as done: some nodes
+    /// may still lack its hold.
     hold_unconfirmed: Option<Timestamp>,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
     failures: u32,
-    /// What the releases did, node by node, when someone asked
-    /// (`uninstall` prints it).
+    /// What the releases did, node by node, for `uninstall` to print.
     report: Option<std::sync::Mutex<PassReport>>,
 }
 
@@ -160,18 +146,12 @@ struct WindowTask {
 pub struct PassReport {
     /// Nodes whose holds came off.
     pub released: Vec<String>,
-    /// `node: key` of holds someone changed since node-holder placed them:
-    /// left in place, only node-holder's record of them dropped.
+    /// `node: key` of holds someone else changed: left in place.
     pub left: Vec<String>,
 }
 
 impl WindowTask {
-    fn new(
-        client: kube::Client,
-        config: Config,
-        metrics: WindowMetrics,
-        events: EventSink,
-    ) -> Self {
+    fn new(client: Client, config: Config, metrics: WindowMetrics, events: EventSink) -> Self {
         WindowTask {
             store: RecordStore::new(client.clone(), &config.namespace),
             patcher: Patcher::new(client.clone(), config.qps),
@@ -204,28 +184,18 @@ impl WindowTask {
     async fn lead(&mut self) -> Result<()> {
         let record = self.store.load().await?;
         self.restore(record);
-        let NodeWatch {
-            store: nodes,
-            mut feed,
-            _task,
-        } = watch_nodes(
-            self.client.clone(),
-            self.config.holding.clone(),
-            watch_backoff(),
-        );
+        let (nodes, mut feed, _watch) =
+            watch_nodes(self.client.clone(), self.config.holding.clone());
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
+        let (client, namespace) = (&self.client, &self.config.namespace);
         self.scheduled = self
             .config
             .schedule
-            .map(|_| watch_scheduled(self.client.clone(), &self.config.namespace));
+            .map(|_| watch_scheduled(client.clone(), namespace));
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
-        self.drift = self
-            .config
-            .holding
-            .holds
-            .includes(Preset::KarpenterV1)
-            .then(|| drift::watch_drift(self.client.clone()));
+        let karpenter_v1 = self.config.holding.holds.includes(Preset::KarpenterV1);
+        self.drift = karpenter_v1.then(|| drift::watch_drift(client.clone()));
         let mut drift_changes = self.drift.as_ref().map(|w| w.changes.clone());
 
         let mut seen = Feed::default();
@@ -242,7 +212,12 @@ impl WindowTask {
                 changed = feed.changed() => {
                     changed.map_err(|_| anyhow::anyhow!("the node watch ended"))?;
                     let now_seen = *feed.borrow_and_update();
-                    nodes_seen(&mut next, seen, now_seen);
+                    // A (re)list runs a pass at once; changes, coalesced.
+                    if now_seen.lists > seen.lists {
+                        next.run_now();
+                    } else if now_seen.changes > seen.changes {
+                        next.change(Instant::now());
+                    }
                     seen = now_seen;
                 }
                 event = record_events.try_next() => match event {
@@ -264,11 +239,8 @@ impl WindowTask {
         }
     }
 
-    /// Takes up the window where the record left it: the window, a release
-    /// request not yet handled, and one handled but not recorded as done.
-    /// A record whose settings are not this leader's counts as unsaved, so
-    /// the first pass writes the settings `status`, `release` and `hold`
-    /// read (after a restart with other flags).
+    /// Takes up where the record left off; a record with other settings counts
+    /// as unsaved, so the first pass writes those `status` and `hold` read.
     fn restore(&mut self, record: record::Record) {
         self.window = record.window.clone();
         let settings_current = record.settings.as_ref() == Some(&self.config.settings());
@@ -294,36 +266,31 @@ impl WindowTask {
         self.hold_unconfirmed = self.hold_request.as_ref().map(|hold| hold.requested_at);
     }
 
-    /// One pass, timed; returns when the next must run at the latest (a
-    /// backoff after a failure).
+    /// One pass, timed; returns when the next must run at the latest.
     async fn timed_pass(&mut self, nodes: &NodeStore) -> Option<Instant> {
         let started = Instant::now();
         let outcome = self.pass(nodes).await;
-        self.metrics
-            .pass_duration
-            .observe(started.elapsed().as_secs_f64());
-        match outcome {
-            Ok(wake) => wake,
-            Err(err) => {
-                self.failures += 1;
-                let kind = error::kind(&err);
-                self.metrics.pass_failed(kind);
-                tracing::warn!(error = %format_args!("{err:#}"), kind = kind.label(), "hold window pass failed");
-                Some(Instant::now() + self.backoff())
-            }
-        }
+        let elapsed = started.elapsed().as_secs_f64();
+        self.metrics.pass_duration.observe(elapsed);
+        let err = match outcome {
+            Ok(wake) => return wake,
+            Err(err) => err,
+        };
+        let kind = error::kind(&err);
+        self.metrics.pass_failed(kind);
+        tracing::warn!(error = %format_args!("{err:#}"), kind = kind.label(), "hold window pass failed");
+        self.failed()
     }
 
-    fn backoff(&self) -> Duration {
-        retry::pass_backoff(self.failures)
+    /// Counts a failure: the next pass runs after a backoff.
+    fn failed(&mut self) -> Option<Instant> {
+        self.failures += 1;
+        Some(Instant::now() + retry::pass_backoff(self.failures))
     }
 
-    /// One pass: the window forward, the record saved, the nodes converged;
-    /// returns when the next must run at the latest.
-    ///
-    /// It reads the store's objects in place (shared, not copied) and builds
-    /// each node's patch only when the patcher takes it, so its memory grows
-    /// with the patches in flight, not with the nodes.
+    /// One pass: the window forward, the record saved, the nodes converged.
+    /// It reads the store's nodes in place and builds each patch only when
+    /// the patcher takes it: its memory grows with the patches in flight.
     async fn pass(&mut self, nodes: &NodeStore) -> Result<Option<Instant>> {
         // Leadership as the Lease says now, not as the lease manager last
         // saw it: after an API server outage another replica may lead.
@@ -336,20 +303,14 @@ impl WindowTask {
         // The record first: a crash after holding nodes must still find the
         // window that releases them.
         self.save_record().await?;
-        let mut wake = self.converge(&snapshot, now).await?;
-        if let Some(known) = known {
-            self.warm_for_runs(&known, &snapshot, now).await;
-            let warm_wake = self.warming.wake.and_then(|at| {
-                let after = Duration::try_from(at.duration_since(now)).unwrap_or_default();
-                Instant::now().checked_add(after)
-            });
-            wake = wake.into_iter().chain(warm_wake).min();
-        }
-        Ok(wake)
+        let wake = self.converge(&snapshot, now).await?;
+        let Some(known) = known else { return Ok(wake) };
+        self.warm_for_runs(&known, &snapshot, now).await;
+        let warm_wake = self.warming.wake.and_then(|at| instant_at(at, now));
+        Ok(wake.into_iter().chain(warm_wake).min())
     }
 
-    /// Saves the window if it changed since last saved, and shows the
-    /// latest deadline in the metrics.
+    /// Saves the window if it changed, and shows its deadline.
     async fn save_record(&mut self) -> Result<()> {
         let now = Saved {
             window: self.window.clone(),
@@ -357,13 +318,9 @@ impl WindowTask {
             last_runs: self.last_runs.clone(),
         };
         if self.saved.as_ref() != Some(&now) {
+            let settings = self.config.settings();
             self.store
-                .save(
-                    &now.window,
-                    &now.kept,
-                    &now.last_runs,
-                    &self.config.settings(),
-                )
+                .save(&now.window, &now.kept, &now.last_runs, &settings)
                 .await?;
             self.saved = Some(now);
         }

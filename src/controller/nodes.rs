@@ -1,9 +1,6 @@
-//! The leader's view of the nodes: a watch of Node metadata into a store of
-//! node-holder's own, which keeps each node as a compact [`NodeMeta`] (what
-//! the plan and the patches read) instead of kube's reflector's whole
-//! `PartialObjectMeta`. It follows kube's watcher events as the reflector
-//! does: a (re)list replaces the store only once complete, and each change
-//! after it replaces or removes one node.
+//! The leader's view of the nodes: Node metadata watched into a store of
+//! compact [`NodeMeta`]s, not kube's reflector's whole objects. As in the
+//! reflector, a (re)list replaces the store only once complete.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -14,28 +11,24 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::core::holds::Holding;
 use crate::core::node::NodeMeta;
 use crate::core::patch::keep_what_patches_read;
+use crate::retry::watch_backoff;
 
-/// Every node as last read, sorted by name (kept sorted as it changes, so
-/// that no pass sorts them again). Cloning shares it: the watch task
-/// writes, passes read snapshots.
+/// Every node as last read, kept sorted by name so that no pass sorts them.
+/// Cloning shares it: the watch task writes, passes read snapshots.
 #[derive(Debug, Clone, Default)]
 pub struct NodeStore(Arc<RwLock<Vec<Arc<NodeMeta>>>>);
 
 impl NodeStore {
-    /// Every node now, sorted by name. The nodes are shared with the store,
-    /// not copied; a change after this call replaces a node in the store,
-    /// not in the snapshot.
+    /// Every node now, sorted by name; shared with the store, not copied (a
+    /// later change replaces a node in the store, not in the snapshot).
     pub fn snapshot(&self) -> Vec<Arc<NodeMeta>> {
         self.read().clone()
-    }
-
-    fn len(&self) -> usize {
-        self.read().len()
     }
 
     /// Puts `node` in place of the node of its name, or adds it.
@@ -65,25 +58,19 @@ impl NodeStore {
     }
 }
 
-/// Where the node named `name` is in `nodes` (sorted by name), or where it
-/// would go.
-fn position(nodes: &[Arc<NodeMeta>], name: &str) -> Result<usize, usize> {
+/// Where the node named `name` is in `nodes` (sorted by name), or would go.
+pub fn position(nodes: &[Arc<NodeMeta>], name: &str) -> Result<usize, usize> {
     nodes.binary_search_by(|node| node.name().cmp(name))
 }
 
-/// A list's nodes sorted by name, the last of each name kept (a list names
-/// each node once; a replayed one is replaced, as the watch replaces it).
+/// A list's nodes sorted by name, the last listed of each name kept.
 fn sorted(mut listed: Vec<Arc<NodeMeta>>) -> Vec<Arc<NodeMeta>> {
-    // Stable: of the same name, the one listed last stays last.
+    // Reversed, then a stable sort: of one name, the one listed last is
+    // first, and dedup keeps the first.
+    listed.reverse();
     listed.sort_by(|a, b| a.name().cmp(b.name()));
-    let mut nodes: Vec<Arc<NodeMeta>> = Vec::with_capacity(listed.len());
-    for node in listed {
-        match nodes.last_mut() {
-            Some(last) if last.name() == node.name() => *last = node,
-            _ => nodes.push(node),
-        }
-    }
-    nodes
+    listed.dedup_by(|a, b| a.name() == b.name());
+    listed
 }
 
 /// Applies watcher events to a store.
@@ -119,8 +106,7 @@ impl Writer {
             }
             Event::InitDone => {
                 if let Some(listed) = self.listing.take() {
-                    let listed = sorted(listed);
-                    *self.store.write() = listed;
+                    *self.store.write() = sorted(listed);
                 }
             }
             Event::Apply(node) => {
@@ -163,33 +149,22 @@ pub struct Feed {
     pub broken: bool,
 }
 
-/// A running node watch: its store, its progress, and the task, which
-/// dropping aborts (the watch ends with the leadership).
-pub struct NodeWatch {
-    pub store: NodeStore,
-    pub feed: tokio::sync::watch::Receiver<Feed>,
-    pub _task: AbortOnDropHandle<()>,
-}
-
 /// Watches Node metadata into a store, in a task of its own so that the
-/// watch is read even while a long pass patches thousands of nodes (the API
-/// server closes watchers that fall behind). The receiver reports progress;
-/// it closes when the watch task ends.
-///
-/// After any watch error (the API server gone, `410 Gone`, a failed list)
-/// the store is marked broken and the watch starts over with a fresh list:
-/// only a complete list proves no node was missed while it was down.
+/// watch is read even during a long pass (the API server closes watchers
+/// that fall behind). Returns the store, the watch's progress and the task.
+/// After any watch error the store is marked broken and the watch starts
+/// over: only a complete list proves no node was missed while it was down.
 pub fn watch_nodes(
     client: kube::Client,
     holding: Holding,
-    mut backoff: watcher::ExponentialBackoff,
-) -> NodeWatch {
+) -> (NodeStore, watch::Receiver<Feed>, AbortOnDropHandle<()>) {
     let store = NodeStore::default();
     // Metadata only: kube asks for `PartialObjectMetadata` for this type, about
     // 1 KB a node on the wire instead of the ~25 KB of a whole Node.
     let api: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let (feed, receiver) = tokio::sync::watch::channel(Feed::default());
+    let (feed, receiver) = watch::channel(Feed::default());
     let mut writer = Writer::new(store.clone(), holding);
+    let mut backoff = watch_backoff();
     let task = tokio::spawn(async move {
         loop {
             let error = follow(&api, &mut writer, &feed, &mut backoff).await;
@@ -203,18 +178,14 @@ pub fn watch_nodes(
             tokio::time::sleep(pause).await;
         }
     });
-    NodeWatch {
-        store,
-        feed: receiver,
-        _task: AbortOnDropHandle::new(task),
-    }
+    (store, receiver, AbortOnDropHandle::new(task))
 }
 
 /// Applies one watch's events until it fails; returns why.
 async fn follow(
     api: &Api<PartialObjectMeta<Node>>,
     writer: &mut Writer,
-    feed: &tokio::sync::watch::Sender<Feed>,
+    feed: &watch::Sender<Feed>,
     backoff: &mut watcher::ExponentialBackoff,
 ) -> String {
     let stream = watcher::watcher(api.clone(), watcher::Config::default());
@@ -235,7 +206,7 @@ async fn follow(
                     f.broken = false;
                 });
                 tracing::info!(
-                    nodes = writer.store.len(),
+                    nodes = writer.store.read().len(),
                     after_a_failure = was_broken,
                     "node watch listed every node"
                 );
@@ -318,7 +289,7 @@ mod tests {
         assert!(snapshot[0].in_scope(), "a snapshot keeps what it read");
         w.apply(&Event::Delete(node("a", json!({}))));
         assert_eq!(names(&w.store), ["b"]);
-        assert_eq!(w.store.len(), 1);
+        assert_eq!(w.store.snapshot().len(), 1);
     }
 
     #[test]

@@ -4,12 +4,9 @@
 use super::*;
 
 impl WindowTask {
-    /// Moves the window forward with the nodes in scope, and says what they
-    /// did: a log line for each node that opens or extends it, an Event for
-    /// each new node of an open window (once per leader), a line when it
-    /// closes.
+    /// Moves the window forward with the nodes in scope, says what each did
+    /// ([`Self::observed`]), and logs a line when the window closes.
     pub(super) fn observe(&mut self, snapshot: &[Arc<NodeMeta>], now: Timestamp) {
-        let cfg = self.config.window;
         let in_scope: Vec<&NodeMeta> = snapshot
             .iter()
             .filter(|node| node.in_scope() && self.counts_in_window(node, now))
@@ -17,7 +14,7 @@ impl WindowTask {
             .collect();
         let open_before = self.window.open().is_some();
         let counted: Vec<Timestamp> = in_scope.iter().map(|n| self.counted_at(n)).collect();
-        let observed = self.window.observe_all(counted, now, &cfg);
+        let observed = self.window.observe_all(counted, now, &self.config.window);
         for (node, observed) in in_scope.into_iter().zip(observed) {
             self.observed(node, observed, now);
         }
@@ -33,7 +30,7 @@ impl WindowTask {
 
     /// What one node in scope did to the window: the log line of a node
     /// that opened or extended it, the Event of a node new in an open window.
-    pub(super) fn observed(&mut self, node: &NodeMeta, observed: Observed, now: Timestamp) {
+    fn observed(&mut self, node: &NodeMeta, observed: Observed, now: Timestamp) {
         let until = self.window.held_until(now);
         if matches!(observed, Observed::Opened | Observed::Extended) {
             tracing::info!(

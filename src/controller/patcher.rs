@@ -1,8 +1,7 @@
-//! Bulk node patching within bounds: `qps` per second at most (`--api-qps`),
-//! and [`MAX_IN_FLIGHT`] at once. A failure here (a 429 from API Priority
-//! and Fairness included: kube's own retry layer is off) is reported, not
-//! retried: the next pass, after [`crate::retry::pass_backoff`], re-plans
-//! from fresh state, and retries never stack.
+//! Bulk node patching within bounds: `--api-qps` a second, [`MAX_IN_FLIGHT`]
+//! at once. A failure (a 429 from API Priority and Fairness included: kube's
+//! retry layer is off) is reported, not retried: the next pass, after
+//! [`crate::retry::pass_backoff`], re-plans from fresh state.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,7 @@ use crate::core::plan::NodePatch;
 use crate::state::record::FIELD_MANAGER;
 
 /// A progress line every this many nodes of a long run.
-pub const PROGRESS_EVERY: usize = 500;
+const PROGRESS_EVERY: usize = 500;
 
 /// Node PATCHes in flight at once (why 16: `docs/architecture.md`). More
 /// would only queue in the API server's priority level, and a throttled
@@ -58,12 +57,10 @@ impl Patcher {
         }
     }
 
-    /// Applies the patches as they are taken from `patches` (`total` of them,
-    /// for the progress log), within the bounds: at most [`MAX_IN_FLIGHT`]
-    /// patches are built and in flight at once, whatever the total. Yields
-    /// each patch (its operations dropped once sent) with its result as it
-    /// completes: one slow request holds its own slot, not the requests
-    /// behind it. Long runs log their progress every [`PROGRESS_EVERY`] nodes.
+    /// Applies `patches` (`total` of them) as they are taken: at most
+    /// [`MAX_IN_FLIGHT`] built and in flight at once. Yields each patch (its
+    /// operations dropped once sent) with its result as it completes, so one
+    /// slow request holds only its own slot.
     pub fn apply<'a>(
         &'a self,
         patches: impl IntoIterator<Item = NodePatch, IntoIter: Send + 'a>,

@@ -11,8 +11,6 @@ impl WindowTask {
         self.hold_requested(meta) || release
     }
 
-    /// Whether the record, as changed, carries a manual hold request this
-    /// leader has not taken yet; takes it.
     fn hold_requested(&mut self, meta: &ObjectMeta) -> bool {
         let Some(hold) = record::pending_hold(meta) else {
             return false;
@@ -32,17 +30,14 @@ impl WindowTask {
     /// order they were made: a release after a manual hold ends it, a hold
     /// after a release starts after it.
     pub(super) fn apply_requests(&mut self, now: Timestamp) {
-        let release = self.release_request.take();
-        let hold = self.hold_request.take();
-        let release_first = match (&release, &hold) {
-            (Some(release), Some(hold)) => *release < hold.requested_at,
-            _ => true,
-        };
-        if release_first {
+        let (release, hold) = (self.release_request.take(), self.hold_request.take());
+        let hold_first =
+            matches!((release, &hold), (Some(at), Some(hold)) if hold.requested_at <= at);
+        if !hold_first {
             self.apply_release(release, now);
-            self.apply_hold(hold, now);
-        } else {
-            self.apply_hold(hold, now);
+        }
+        self.apply_hold(hold, now);
+        if hold_first {
             self.apply_release(release, now);
         }
     }
@@ -58,11 +53,8 @@ impl WindowTask {
     /// record say who asked, why and until when.
     fn apply_hold(&mut self, hold: Option<ManualHold>, now: Timestamp) {
         let Some(hold) = hold else { return };
-        if self
-            .window
-            .manual()
-            .is_some_and(|m| m.requested_at == hold.requested_at)
-        {
+        let manual = self.window.manual();
+        if manual.is_some_and(|m| m.requested_at == hold.requested_at) {
             // A request an earlier leader put in the window but did not
             // record as done: only the nodes and the record remain to do.
             return;
@@ -76,17 +68,11 @@ impl WindowTask {
             outcome = ?outcome,
             "manual hold"
         );
-        let current = self.window.manual().cloned();
-        self.events.send(HoldEvent::manual(
-            &self.config.namespace,
-            &hold,
-            outcome,
-            current.as_ref(),
-        ));
+        let current = self.window.manual();
+        let event = HoldEvent::manual(&self.config.namespace, &hold, outcome, current);
+        self.events.send(event);
     }
 
-    /// Whether the record, as changed, carries a release request this leader
-    /// has not taken yet; takes it.
     fn release_requested(&mut self, meta: &ObjectMeta) -> bool {
         let Some(at) = record::release_request(meta) else {
             return false;

@@ -1,15 +1,12 @@
-//! `--launch-cost`: the leader's watches of the scheduled work, the
-//! cluster's CronJobs and its Jobs' pods (only pods labelled
-//! `batch.kubernetes.io/job-name`, and of each only its name, Job, node and
-//! phase; of each CronJob its schedule, zone and `suspend`, not its Job
-//! template). What they mean is [`crate::core::known`]'s.
-//!
+//! `--launch-cost`: the leader's watches of the cluster's CronJobs and its
+//! Jobs' pods, each kept compact; what they mean is [`crate::core::known`]'s.
 //! Without the permission to list them (403) the watch says so once and
 //! goes on empty: every node is then held as if nothing were scheduled.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::CronJob;
@@ -22,6 +19,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::compact::{Compact, watch_compact};
 use super::events::HoldEvent;
 use super::job_pods::{JobPods, watch_failed, watch_job_pods};
+use super::nodes::position;
 use crate::core::due::{
     Keep, Kept, NodeView, Reason, Reserved, Terms, counted_at, counts_in_window, keep, why_kept,
     why_released,
@@ -33,22 +31,15 @@ use crate::core::patch::floor_seconds;
 use crate::core::schedule::Schedules;
 use crate::retry::watch_backoff;
 
-/// Nodes a pass gives a log line and an Event of their own each way
-/// (held for a run, let go); the rest are counted in one line, so that a
-/// pass over thousands of CronJobs' nodes does not flood the log.
+/// Nodes a pass gives a log line and an Event of their own each way (held
+/// for a run, let go); one line counts the rest, so as not to flood the log.
 const NODES_SAID: usize = 20;
 
-/// Says each of the first [`NODES_SAID`] `nodes` (`say`), then one line
-/// for the rest (`rest`), if any.
-fn say_first<T>(nodes: impl Iterator<Item = T>, mut say: impl FnMut(T), rest: &str) {
-    let mut count = 0usize;
-    for node in nodes {
-        count += 1;
-        if count <= NODES_SAID {
-            say(node);
-        }
-    }
-    if let Some(more) = count.checked_sub(NODES_SAID).filter(|&more| more > 0) {
+/// Says each of the first [`NODES_SAID`] `nodes`, then one line for the rest.
+fn say_first<T>(mut nodes: impl Iterator<Item = T>, say: impl FnMut(T), rest: &str) {
+    nodes.by_ref().take(NODES_SAID).for_each(say);
+    let more = nodes.count();
+    if more > 0 {
         tracing::info!(nodes = more, "and {more} {rest}");
     }
 }
@@ -56,8 +47,7 @@ fn say_first<T>(nodes: impl Iterator<Item = T>, mut say: impl FnMut(T), rest: &s
 /// The watches and their stores; dropping it stops them. `changes` ticks
 /// when either changes, so the leader runs a (coalesced) pass.
 pub struct ScheduledWatch {
-    /// Each CronJob as the hold reads it, its schedule parsed as it
-    /// arrives (once per change, not at every pass).
+    /// Each CronJob, its schedule parsed once per change, not every pass.
     cronjobs: Compact<Arc<CronJobSpec>>,
     pods: JobPods,
     listed: [Arc<AtomicBool>; 2],
@@ -67,13 +57,12 @@ pub struct ScheduledWatch {
     _tasks: [AbortOnDropHandle<()>; 2],
 }
 
-/// Known work and what it was read from: a pass whose stores, nodes in
-/// scope and remembered runs are the same, before the work's earliest run,
-/// reads the same (most passes are set off by node changes that touch none
-/// of it).
+/// Known work and what it was read from: a pass with the same stores, nodes
+/// in scope and remembered runs, before the work's earliest run, reads the
+/// same (most passes follow node changes that touch none of it).
 struct Memo {
-    /// The watches' tick when it was read (read before the stores, so a
-    /// change under way makes the next pass read again).
+    /// The watches' tick, read before the stores: a change under way makes
+    /// the next pass read again.
     tick: u64,
     inputs: u64,
     from: Timestamp,
@@ -81,8 +70,7 @@ struct Memo {
 }
 
 impl Memo {
-    /// Whether the work read then is what reading at `from`, with the
-    /// stores at `tick` and these `inputs`, would give.
+    /// Whether the work read then is what reading now would give.
     fn serves(&self, tick: u64, inputs: u64, from: Timestamp) -> bool {
         let current = self.work.same_until().is_none_or(|until| from < until);
         self.tick == tick && self.inputs == inputs && self.from <= from && current
@@ -93,25 +81,20 @@ impl Memo {
 fn fingerprint(in_scope: &[NodeView<'_>], remembered: &BTreeMap<String, LastRun>) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     let mut hasher = foldhash::fast::FixedState::with_seed(0x6e6f_6465).build_hasher();
-    for view in in_scope {
-        view.name.hash(&mut hasher);
-    }
+    in_scope.iter().for_each(|view| view.name.hash(&mut hasher));
     remembered.hash(&mut hasher);
     hasher.finish()
 }
 
-/// Whether `name` is in scope: among the pass's views, sorted by name as
-/// the node store is (a binary search, no set of every name built a pass).
+/// Whether `name` is among the pass's views (sorted by name, as the node
+/// store is: no set of every name is built a pass).
 fn in_scope(views: &[NodeView<'_>], name: &str) -> bool {
     views.binary_search_by(|view| view.name.cmp(name)).is_ok()
 }
 
-/// The node named `name` if it is in scope, found in the pass's snapshot
-/// (sorted by name, as the node store keeps it).
+/// The node named `name` in the pass's (sorted) snapshot, if in scope.
 fn in_scope_node<'n>(snapshot: &'n [Arc<NodeMeta>], name: &str) -> Option<&'n NodeMeta> {
-    let i = snapshot
-        .binary_search_by(|node| node.name().cmp(name))
-        .ok()?;
+    let i = position(snapshot, name).ok()?;
     Some(&*snapshot[i]).filter(|node| node.in_scope())
 }
 
@@ -122,15 +105,8 @@ impl ScheduledWatch {
         self.listed.iter().all(|l| l.load(Ordering::Acquire))
     }
 
-    /// Whether the cluster has a CronJob (predictable or not).
-    fn has_cronjobs(&self) -> bool {
-        self.cronjobs.read(|cronjobs| !cronjobs.is_empty())
-    }
-
-    /// The scheduled work after `from`, on the nodes in scope (`views`);
-    /// `remembered` each CronJob's last run whose nodes may be gone. Read
-    /// again only when one of them, the stores or the next run changed;
-    /// whether it was read again.
+    /// The scheduled work after `from` on the nodes in scope (`views`), and
+    /// whether it was read again (not served by the memo).
     fn known(
         &self,
         from: Timestamp,
@@ -139,23 +115,18 @@ impl ScheduledWatch {
     ) -> (Arc<KnownWork>, bool) {
         let tick = *self.changes.borrow();
         let inputs = fingerprint(views, remembered);
-        let mut memo = self
-            .memo
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(memo) = memo.as_ref().filter(|m| m.serves(tick, inputs, from)) {
             return (memo.work.clone(), false);
         }
         // The old work goes before the new is read: one at a time in memory.
         *memo = None;
-        let cronjobs: Vec<Arc<CronJobSpec>> = self
-            .cronjobs
-            .read(|cronjobs| cronjobs.values().cloned().collect());
+        let cronjobs: Vec<_> = self.cronjobs.read(|c| c.values().cloned().collect());
         let in_scope = |node: &str| in_scope(views, node);
-        let work = Arc::new(
-            self.pods
-                .pods(|pods| known_work(&cronjobs, pods, in_scope, from, remembered)),
-        );
+        let work = self
+            .pods
+            .pods(|pods| known_work(&cronjobs, pods, in_scope, from, remembered));
+        let work = Arc::new(work);
         *memo = Some(Memo {
             tick,
             inputs,
@@ -175,7 +146,6 @@ impl ScheduledWatch {
     }
 }
 
-/// Starts both watches.
 pub fn watch_scheduled(client: kube::Client, namespace: &str) -> ScheduledWatch {
     let (tick, changes) = tokio::sync::watch::channel(0u64);
     let tick = Arc::new(tick);
@@ -231,10 +201,8 @@ fn shape(cronjob: &CronJob) -> Option<PodShape> {
 }
 
 impl super::WindowTask {
-    /// `--launch-cost`: the nodes the schedule keeps this pass, and the nodes
-    /// it explains (which no window counts). What changed is logged: each
-    /// node kept for a run, each let go because nothing is due.
-    /// Returns what the schedules say, for the warm ([`super::warming`]).
+    /// `--launch-cost`: the nodes the schedule keeps this pass and those it
+    /// explains (which no window counts); returns the known work for the warm.
     pub(super) fn keep_for_schedules(
         &mut self,
         snapshot: &[Arc<NodeMeta>],
@@ -243,15 +211,9 @@ impl super::WindowTask {
         let (Some(terms), Some(watch)) = (self.config.schedule, &self.scheduled) else {
             return None;
         };
-        self.settle = if watch.has_cronjobs() {
-            terms.settle
-        } else {
-            std::time::Duration::ZERO
-        };
-        let terms = Terms {
-            settle: self.settle,
-            ..terms
-        };
+        let any = watch.cronjobs.read(|cronjobs| !cronjobs.is_empty());
+        self.settle = if any { terms.settle } else { Duration::ZERO };
+        let terms = self.terms()?;
         let views: Vec<NodeView<'_>> = snapshot
             .iter()
             .filter(|node| node.in_scope())
@@ -275,7 +237,7 @@ impl super::WindowTask {
         self.show_kept(&kept, known.unpredictable.len());
         self.kept = kept
             .iter()
-            .map(|(node, keep)| (node.to_string(), Kept::from(keep)))
+            .map(|(n, k)| (n.to_string(), Kept::from(k)))
             .collect();
         Some(known)
     }
@@ -292,8 +254,7 @@ impl super::WindowTask {
             .retain(|node| in_scope(views, node) && !known.other_work.contains(node));
     }
 
-    /// A warning and an Event, once per CronJob, for each schedule that
-    /// cannot be predicted.
+    /// A warning and an Event, once per CronJob, for each unpredictable schedule.
     fn say_unpredictable(&mut self, known: &KnownWork) {
         for bad in &known.unpredictable {
             if self.unpredictable.insert(bad.cronjob.clone()) {
@@ -308,20 +269,15 @@ impl super::WindowTask {
     /// The schedule's gauges after a pass.
     fn show_kept(&self, kept: &BTreeMap<&str, Keep<'_>>, unpredictable: usize) {
         let count = |reason: Reason| {
-            let n = kept
-                .values()
-                .filter(|keep| Kept::from(*keep).reason == reason)
-                .count();
-            (reason.into(), n)
+            let of_reason = kept.values().filter(|k| Kept::from(*k).reason == reason);
+            (reason.into(), of_reason.count())
         };
-        self.metrics
-            .schedule
-            .show(Reason::iter().map(count), unpredictable);
+        let schedule = &self.metrics.schedule;
+        schedule.show(Reason::iter().map(count), unpredictable);
     }
 
-    /// The log lines and Events of what the schedule keeps now and did not
-    /// before, and of the nodes it let go: a line and an Event each for the
-    /// first [`NODES_SAID`] nodes each way, one line for the rest.
+    /// The log lines and Events of the nodes the schedule keeps now and did
+    /// not before, and of those it let go.
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,
@@ -330,13 +286,14 @@ impl super::WindowTask {
     ) {
         // New since the last pass, and not stamped with this end already
         // (a new leader's first pass: the node says it was announced).
-        let newly_kept = kept.iter().filter_map(|(name, keep)| match keep {
-            Keep::ForRun(reserved) if self.newly_kept(name, reserved.until) => {
-                let node = in_scope_node(snapshot, name)?;
-                let stamped = held_until_stamp(node) == Some(floor_seconds(reserved.until));
-                (!stamped).then_some((node, reserved))
-            }
-            _ => None,
+        let newly_kept = kept.iter().filter_map(|(name, keep)| {
+            let Keep::ForRun(reserved) = keep else {
+                return None;
+            };
+            let new = self.kept.get(*name).and_then(|k| k.until) != Some(reserved.until);
+            let node = new.then(|| in_scope_node(snapshot, name)).flatten()?;
+            let stamped = held_until_stamp(node) == Some(floor_seconds(reserved.until));
+            (!stamped).then_some((node, reserved))
         });
         let say_kept = |(node, reserved): (&NodeMeta, &Reserved<'_>)| {
             let why = why_kept(reserved, terms);
@@ -359,19 +316,12 @@ impl super::WindowTask {
         say_first(ended, say_ended, "more nodes whose schedule hold ends");
     }
 
-    /// Whether `node` is kept for a run until `until` and was not, with
-    /// that end, at the last pass.
-    fn newly_kept(&self, node: &str, until: Timestamp) -> bool {
-        self.kept.get(node).and_then(|k| k.until) != Some(until)
-    }
-
-    /// When the window counts `node` as created: its creation, or with
-    /// `--launch-cost` once it settled (see [`crate::core::due::counted_at`]).
+    /// When the window counts `node` as created: with `--launch-cost` once
+    /// it settled ([`counted_at`]).
     pub(super) fn counted_at(&self, node: &NodeMeta) -> Timestamp {
-        match self.terms() {
-            Some(terms) => counted_at(node.created(), &terms),
-            None => node.created(),
-        }
+        let created = node.created();
+        self.terms()
+            .map_or(created, |terms| counted_at(created, &terms))
     }
 
     /// `--launch-cost`'s terms, with the settle this pass uses.
@@ -383,8 +333,8 @@ impl super::WindowTask {
         })
     }
 
-    /// Whether the window counts `node` (always, unless the schedule
-    /// explains it or it is still settling).
+    /// Whether the window counts `node`: unless the schedule explains it or
+    /// it is still settling.
     pub(super) fn counts_in_window(&self, node: &NodeMeta, now: Timestamp) -> bool {
         self.terms().is_none_or(|terms| {
             counts_in_window(node.name(), node.created(), &self.explained, now, &terms)

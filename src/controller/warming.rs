@@ -1,12 +1,10 @@
-//! `--warm-before-runs`: the leader's side of capacity in time (what and
-//! when is [`crate::core::warm`]'s). Each pass it creates the placeholder
-//! Job of every run due to be warmed (and, once, their PriorityClass),
-//! deletes those whose run starts or no longer comes (suspended,
-//! rescheduled, deleted), and says on the CronJob what each warm did.
-//! Every failure is logged and tried again at the next pass: a warm is an
-//! optimisation, never a reason for a pass (and its holds) to fail.
+//! `--warm-before-runs`, the leader's side of [`crate::core::warm`]: the
+//! placeholder Jobs created and deleted, and what each warm did said on its
+//! CronJob. Failures are logged and tried again: a warm is an optimisation,
+//! never a reason for a pass (and its holds) to fail.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -50,7 +48,7 @@ impl super::WindowTask {
     pub(super) async fn warm_for_runs(
         &mut self,
         known: &KnownWork,
-        snapshot: &[std::sync::Arc<NodeMeta>],
+        snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
     ) {
         let (Some(lead), Some(terms)) = (self.config.warm_lead, self.config.schedule) else {
@@ -148,7 +146,7 @@ impl super::WindowTask {
     async fn end_warms(
         &mut self,
         due: &BTreeSet<&str>,
-        snapshot: &[std::sync::Arc<NodeMeta>],
+        snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
     ) -> bool {
         let Some(watch) = &self.scheduled else {
@@ -171,10 +169,10 @@ impl super::WindowTask {
                 ok = false;
                 continue;
             }
-            self.warming.ended.insert(job.clone());
             if let Some(made) = self.warming.made.remove(&job) {
                 self.say_how_it_went(&job, &made, &seen, snapshot, now);
             }
+            self.warming.ended.insert(job);
         }
         ok
     }
@@ -191,15 +189,14 @@ impl super::WindowTask {
         }
     }
 
-    /// The warm's Event, log line and counts: at the hand-over, how many
-    /// placeholders were on nodes and for how long those nodes had been up;
-    /// before it, that the run no longer comes.
+    /// The warm's Event, log line and counts: at the hand-over, its ready
+    /// placeholders and node-seconds; before it, that the run no longer comes.
     fn say_how_it_went(
         &self,
         job: &str,
         made: &Made,
         seen: &[(String, Option<String>)],
-        snapshot: &[std::sync::Arc<NodeMeta>],
+        snapshot: &[Arc<NodeMeta>],
         now: Timestamp,
     ) {
         if crate::core::plus(now, HANDOVER) < made.at {
@@ -220,11 +217,9 @@ impl super::WindowTask {
             .map(|node| (node.name(), node.created()))
             .collect();
         let over = HandOver::of(pods, |node| created.get(node).copied(), made.at, made.since);
-        self.metrics
-            .schedule
-            .warmed(over.ready, over.late, over.node_seconds);
-        let note = over.note(made.at);
         let (ready, late) = (over.ready, over.late);
+        self.metrics.schedule.warmed(ready, late, over.node_seconds);
+        let note = over.note(made.at);
         tracing::info!(cronjob = %made.cronjob, %job, ready, late, "warm handed over: {note}");
         self.say(made, "WarmedForRun", note);
     }

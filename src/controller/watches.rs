@@ -1,5 +1,5 @@
-//! What wakes the leader's loop: the record's and the schedule's watches,
-//! the node feed, and the coalesced deadline.
+//! What wakes the leader's loop: the record's and the schedule's watches and
+//! the coalesced deadline.
 
 use super::*;
 
@@ -17,26 +17,14 @@ pub(super) fn watch_record(
     .applied_objects()
 }
 
-/// What the node watch's progress from `seen` to `now` asks of the next
-/// pass: to run at once after a (re)list, coalesced after changes.
-pub(super) fn nodes_seen(next: &mut Coalesce, seen: Feed, now: Feed) {
-    if now.lists > seen.lists {
-        next.run_now();
-    } else if now.changes > seen.changes {
-        next.change(Instant::now());
-    }
-}
-
 /// Until what the watch has seen changes; for ever without a watch.
 pub(super) async fn watch_changed<T>(changes: &mut Option<tokio::sync::watch::Receiver<T>>) {
-    match changes {
-        Some(receiver) => {
-            if receiver.changed().await.is_err() {
-                // The watch task ended (it only does with the leadership).
-                *changes = None;
-            }
-        }
-        None => std::future::pending().await,
+    let Some(receiver) = changes else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        // The watch task ended (it only does with the leadership).
+        *changes = None;
     }
 }
 

@@ -12,10 +12,10 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::core::{DynamicResourceScope, Resource};
 
 use super::holds::{Hold, Holding};
+use super::node::labels;
 use super::patch::add_holds;
 
-/// What happened to one request (into `&str`: the word of the audit log and
-/// annotation).
+/// What happened to one request (as `&str`: the audit log's and annotation's word).
 #[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr)]
 #[strum(serialize_all = "kebab-case")]
 pub enum Outcome {
@@ -67,10 +67,9 @@ pub enum BadReview {
     NoRequest,
 }
 
-/// The part of an admitted object the decision reads: the name, labels and
-/// annotations of its metadata. Parsing skips the rest (the status and the
-/// managedFields are most of a Node's ~5 KB) instead of building JSON trees
-/// of it.
+/// The part of an admitted object the decision reads: its metadata's name,
+/// labels and annotations. Parsing skips the rest (the status and the
+/// managedFields are most of a Node's ~5 KB) instead of building JSON trees.
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
 struct Admitted {
     #[serde(default, deserialize_with = "read_metadata")]
@@ -86,8 +85,7 @@ fn read_metadata<'de, D: serde::Deserializer<'de>>(input: D) -> Result<ObjectMet
         labels: Option<BTreeMap<String, String>>,
         annotations: Option<BTreeMap<String, String>>,
     }
-    let read: Option<Read> = serde::Deserialize::deserialize(input)?;
-    let read = read.unwrap_or_default();
+    let read = <Option<Read> as serde::Deserialize>::deserialize(input)?.unwrap_or_default();
     Ok(ObjectMeta {
         name: read.name,
         labels: read.labels,
@@ -157,16 +155,15 @@ pub fn decide(body: &[u8], holding: &Holding) -> Result<Decision, BadReview> {
     })
 }
 
-/// A Node CREATE's response: the holds it lacks as a patch when it is in
-/// scope, with the audit annotations that say why.
+/// A Node CREATE's response: the holds it lacks as a patch when in scope, and
+/// the audit annotations that say why.
 fn hold_new_node(
     request: &AdmissionRequest<Admitted>,
     node: &ObjectMeta,
     holding: &Holding,
 ) -> (AdmissionResponse, Outcome) {
-    let labels = node.labels.clone().unwrap_or_default();
     let mut response = AdmissionResponse::from(request);
-    let outcome = if !holding.scope.matches(&labels) {
+    let outcome = if !holding.scope.matches(labels(node)) {
         Outcome::OutOfScope
     } else {
         let (patch, added) = add_holds(node, &holding.holds);
@@ -213,24 +210,17 @@ fn summarize(request: &AdmissionRequest<Admitted>) -> RequestSummary {
         uid: request.uid.clone(),
         kind: request.kind.kind.clone(),
         name: request.name.clone(),
-        operation: match request.operation {
-            Operation::Create => "CREATE",
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Connect => "CONNECT",
-        }
-        .to_string(),
+        // `Create` as the API says it, `CREATE`.
+        operation: format!("{:?}", request.operation).to_uppercase(),
         user: request.user_info.username.clone().unwrap_or_default(),
         dry_run: request.dry_run,
     }
 }
 
-/// The JSON body of the AdmissionReview that carries `response`.
-///
-/// kube-rs keeps the patch as raw bytes, which serde writes as an array of
-/// numbers; the API server's Go types read `[]byte` from base64, so the patch
-/// goes out as the base64 string the API defines (kube-rs issue 1781). The
-/// review is written in one pass, with kube's own field types.
+/// The JSON body of the AdmissionReview that carries `response`. kube-rs keeps
+/// the patch as raw bytes, which serde writes as an array of numbers; the API
+/// server reads `[]byte` from base64, so the patch goes out as base64 (kube-rs
+/// issue 1781).
 pub fn review_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]

@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::known::{KnownWork, Run};
 use super::plus;
 
-/// How long after a run's start its kept nodes stay kept while its pods
-/// land on them (the CronJob controller starts a Job within seconds; the
-/// scheduler binds its pods within seconds more).
+/// How long after a run's start its nodes stay kept while its pods land (the
+/// Job starts within seconds, its pods bind within seconds more).
 pub const RUN_GRACE: Duration = Duration::from_secs(60);
 
 /// How long a new node is kept before its pods tell whether the schedule
@@ -31,16 +30,13 @@ pub struct Reserved<'a> {
     pub until: Timestamp,
 }
 
-/// What the operator says a launch costs, and how long after a run's start
-/// its node stays kept while its pods land.
+/// The schedule hold's terms: a launch's cost beyond its node-seconds, as
+/// node-time (the break-even time of keeping an idle node), and
+/// [`RUN_GRACE`] and [`SETTLE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terms {
-    /// A launch's cost beyond its node-seconds, as node-time: the
-    /// break-even time of keeping an idle node.
     pub launch_cost: Duration,
     pub grace: Duration,
-    /// How long a new node is kept before its pods tell whether the schedule
-    /// explains it (it opens no window until then).
     pub settle: Duration,
 }
 
@@ -55,8 +51,8 @@ pub enum Keep<'a> {
     ForRun(Reserved<'a>),
 }
 
-/// Why the schedule keeps a node, in the same word in the record, `status`
-/// and the metric's label.
+/// Why the schedule keeps a node, one word in the record, `status` and the
+/// metric's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[derive(strum::EnumIter, strum::IntoStaticStr)]
@@ -107,11 +103,10 @@ pub struct NodeView<'a> {
     pub marked: bool,
 }
 
-/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not
-/// yet `explained` (as the caller remembers them), and the idle explained
-/// ones the runs due will use ([`reserve`]). A node no CronJob's pods ran on
-/// is never kept for a run: it may run other work (a Deployment's pods,
-/// which node-holder does not read); the window holds it.
+/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not yet
+/// `explained`, and the idle explained ones the runs due will use
+/// ([`reserve`]). A node no CronJob's pods ran on is never kept for a run: it
+/// may run other work node-holder does not read; the window holds it.
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,
@@ -145,10 +140,9 @@ pub fn keep<'a>(
     kept
 }
 
-/// When the window counts a node as created: once it settled. A node the
-/// schedule does not explain was held while it settled, so its window runs
-/// from then: the whole hold after the moment it could be told apart (and
-/// a restart that replays the nodes counts each at the same time).
+/// When the window counts a node as created: once it settled (it was held
+/// while it settled), so its whole hold runs after it could be told apart,
+/// and a restart that replays the nodes counts each at the same time.
 pub fn counted_at(created: Timestamp, terms: &Terms) -> Timestamp {
     plus(created, terms.settle)
 }
@@ -174,12 +168,10 @@ impl Terms {
     }
 }
 
-/// The idle nodes that the runs due within the break-even time will use,
-/// earliest run first, each for as many nodes as it needs and as there are:
-/// the nodes its last run occupied first, then the others in the order
-/// given (those already held first). The nodes not listed are kept by
-/// nothing here. Linear in the nodes and the runs' own nodes: every run due
-/// may draw on every idle node, and at 50,000 nodes and thousands of runs a
+/// The idle nodes the runs due within the break-even time will use, earliest
+/// run first, each as many as it needs and there are: its last run's nodes
+/// first, then the others in the order given (held ones first). Linear in the
+/// nodes and the runs' own nodes: at 50,000 nodes and thousands of runs, a
 /// pass over the free nodes per run took most of a second.
 fn reserve<'a>(
     idle: &[&'a str],

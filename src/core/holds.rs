@@ -1,10 +1,7 @@
-//! The hold keys and node-holder's own keys on a node: presets, the marker
-//! label and the `hold-keys` annotation, and reading them back.
-//!
-//! A *hold* is an annotation that tells an autoscaler to leave a node alone.
-//! node-holder marks the nodes it holds with its own label (so the holds it
-//! placed can be listed with a selector) and lists the hold keys it added
-//! (so a release strips exactly those, never a hold someone else placed).
+//! The hold keys and node-holder's own keys on a node. A *hold* is an
+//! annotation that tells an autoscaler to leave a node alone. node-holder marks
+//! the nodes it holds with its own label (to list them with a selector) and
+//! lists the hold keys it added (so a release strips exactly those).
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,11 +20,9 @@ pub const MARKER_VALUE: &str = "true";
 pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
 /// The label selector of the nodes carrying node-holder's marker.
 pub const MARKED: &str = "node-holder.dev/held=true";
-/// Annotation with the time (RFC 3339, whole seconds) until which, at the
-/// least, node-holder holds the node: the leader writes it on every node it
-/// holds and rewrites it at its first pass after the stamp is reached while
-/// the hold goes on
-/// ([`needs_stamp`](super::plan)); a release removes it with the holds.
+/// Annotation with the time (RFC 3339, whole seconds) until which, at least,
+/// node-holder holds the node: written on every node it holds, rewritten once
+/// passed while the hold goes on ([`needs_stamp`](super::plan)).
 pub const HELD_UNTIL_ANNOTATION: &str = "node-holder.dev/held-until";
 
 /// Whether the node carries node-holder's marker label.
@@ -40,9 +35,9 @@ pub fn held_until_stamp(meta: &(impl NodeFields + ?Sized)) -> Option<jiff::Times
     meta.annotation(HELD_UNTIL_ANNOTATION)?.parse().ok()
 }
 
-/// The hold keys node-holder listed on the node (its `hold-keys`
-/// annotation), each once, trimmed. node-holder's own keys are skipped:
-/// removing the list twice would make a release patch fail forever.
+/// The hold keys node-holder listed on the node (`hold-keys`), each once,
+/// trimmed; its own keys skipped (removing the list twice would make a release
+/// patch fail forever).
 pub fn held_keys(meta: &(impl NodeFields + ?Sized)) -> Vec<&str> {
     meta.annotation(HELD_KEYS_ANNOTATION)
         .map_or_else(Vec::new, listed_keys)
@@ -52,19 +47,21 @@ pub fn held_keys(meta: &(impl NodeFields + ?Sized)) -> Vec<&str> {
 pub fn listed_keys(list: &str) -> Vec<&str> {
     let mut keys: Vec<&str> = Vec::new();
     for key in list.split(',').map(str::trim) {
-        let own = key
-            .split_once('/')
-            .is_some_and(|(prefix, _)| prefix == PREFIX);
-        if !key.is_empty() && !own && !keys.contains(&key) {
+        if !key.is_empty() && !is_own(key) && !keys.contains(&key) {
             keys.push(key);
         }
     }
     keys
 }
 
-/// Which nodes node-holder holds and with what: the hold annotations, and
-/// the node selector (its scope of nodes). The webhook, the window task and
-/// `release` all hold by it.
+/// Whether `key` is under node-holder's own prefix.
+fn is_own(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix == PREFIX)
+}
+
+/// Which nodes node-holder holds (the node selector) and with what (the hold
+/// annotations): what the webhook, the window task and `release` hold by.
 #[derive(Debug, Clone)]
 pub struct Holding {
     pub holds: Holds,
@@ -97,10 +94,7 @@ impl FromStr for Hold {
                 "{key:?} is not a valid annotation key ([prefix/]name, name of letters, digits, '-', '_', '.')"
             ));
         }
-        if key
-            .split_once('/')
-            .is_some_and(|(prefix, _)| prefix == PREFIX)
-        {
+        if is_own(key) {
             return Err(format!(
                 "{key:?}: keys under {PREFIX}/ are node-holder's own"
             ));

@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::schedule::{Schedule, ScheduleError};
 
-/// What a run's pods ask of a node, read from the CronJob's pod template
-/// (what a placeholder copies, [`super::warm`]).
+/// What a run's pods ask of a node, from the CronJob's pod template (what a
+/// placeholder copies, [`super::warm`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodShape {
     /// Each container's name and requests.
@@ -38,8 +38,7 @@ pub struct Run {
     pub nodes: usize,
     /// How many pods its last run had on them.
     pub pods: usize,
-    /// The nodes its last run occupied: kept for it first (its images are
-    /// there).
+    /// The nodes its last run occupied: kept for it first (its images are there).
     pub on: Vec<String>,
     /// What its pods ask of a node (`None`: unknown).
     pub shape: Option<Arc<PodShape>>,
@@ -63,23 +62,21 @@ pub struct JobPod<'a> {
     pub namespace: &'a str,
     /// Its Job's name (`batch.kubernetes.io/job-name`).
     pub job: &'a str,
-    /// The node it is bound to, if any.
     pub node: Option<&'a str>,
     /// Not finished (neither `Succeeded` nor `Failed`).
     pub running: bool,
-    /// A placeholder of node-holder's ([`super::warm`]): it keeps its node
-    /// for the run it warms, and is no run's pod.
+    /// node-holder's placeholder ([`super::warm`]): it keeps its node for the
+    /// run it warms, and is no run's pod.
     pub placeholder: bool,
 }
 
-/// Where and how large a CronJob's last run was: remembered by the caller
-/// once its nodes are gone (a run after a long gap finds none of them).
+/// How large a CronJob's last run was: remembered once its nodes are gone (a
+/// run after a long gap finds none of them).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct LastRun {
     pub nodes: usize,
     pub pods: usize,
-    /// The run's scheduled minute since the epoch (0 in records that did
-    /// not say it).
+    /// The run's scheduled minute since the epoch (0 in older records).
     #[serde(default)]
     pub minute: i64,
 }
@@ -103,7 +100,6 @@ impl LastRun {
 /// What the CronJobs and their pods say, at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KnownWork {
-    /// Each CronJob's next run.
     pub runs: Vec<Run>,
     /// Nodes running a known CronJob's pod now.
     pub busy: HashSet<String>,
@@ -112,7 +108,6 @@ pub struct KnownWork {
     /// Nodes running (or that ran) the pods of other Jobs: explained by no
     /// schedule, whatever ran on them before.
     pub other_work: HashSet<String>,
-    /// CronJobs whose schedule cannot be predicted, and why.
     pub unpredictable: Vec<Unpredictable>,
     /// Each predictable CronJob's last run, from its nodes or as remembered:
     /// what the caller remembers next.
@@ -120,9 +115,8 @@ pub struct KnownWork {
 }
 
 impl KnownWork {
-    /// Until when a later `from` reads the same work from the same
-    /// CronJobs and pods: its earliest run (no run: for ever). The
-    /// only thing `from` decides is each CronJob's next run.
+    /// Until when a later `from` reads the same work from the same CronJobs
+    /// and pods (`from` only decides each next run): the earliest run.
     pub fn same_until(&self) -> Option<Timestamp> {
         self.runs.iter().map(|run| run.at).min()
     }
@@ -232,34 +226,26 @@ fn read_pods<'a, 'k>(
             busy.insert(node);
         }
     }
-    let owned = |nodes: &HashSet<&str>| nodes.iter().map(|n| n.to_string()).collect();
-    work.explained = explained
-        .difference(&others)
-        .map(|n| n.to_string())
-        .collect();
-    work.busy = owned(&busy);
-    work.other_work = owned(&others);
+    let owned = |nodes: &mut dyn Iterator<Item = &&str>| nodes.map(|n| n.to_string()).collect();
+    work.explained = owned(&mut explained.difference(&others));
+    work.busy = owned(&mut busy.iter());
+    work.other_work = owned(&mut others.iter());
     seen
 }
 
 /// The CronJob's first run after `from`; a run whose pods are there has
 /// begun, so the next one is the one after it.
 fn next_run(schedule: &Schedule, seen: Option<&Seen<'_>>, from: Timestamp) -> Option<Timestamp> {
-    let started = |at: Timestamp| {
-        let minute = at.as_second().div_euclid(60);
-        seen.is_some_and(|s| s.contains_key(&minute))
-    };
     let at = schedule.next_after(from)?;
-    if started(at) {
-        schedule.next_after(at)
-    } else {
-        Some(at)
+    let minute = at.as_second().div_euclid(60);
+    if !seen.is_some_and(|s| s.contains_key(&minute)) {
+        return Some(at);
     }
+    schedule.next_after(at)
 }
 
 /// The CronJob (`namespace/name`, one of `keys`) a Job of that name belongs
-/// to, and the Job's scheduled minute. `key` is a buffer to spell the key
-/// in.
+/// to, and the Job's scheduled minute; `key` is a buffer to spell it in.
 fn cronjob_of<'k>(
     namespace: &str,
     job: &str,
@@ -275,8 +261,7 @@ fn cronjob_of<'k>(
     keys.get(key.as_str()).map(|&cronjob| (cronjob, minute))
 }
 
-/// The CronJob's latest run with a node still there and in scope, and its
-/// nodes.
+/// The CronJob's latest run with a node still there and in scope, and its nodes.
 fn last_run<'a>(
     seen: &Seen<'a>,
     in_scope: &impl Fn(&str) -> bool,

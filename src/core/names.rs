@@ -5,11 +5,10 @@
 /// A Kubernetes qualified name with optional DNS-subdomain prefix, as label and
 /// annotation keys are.
 pub fn is_qualified_name(key: &str) -> bool {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
+    let (prefix_ok, name) = match key.split_once('/') {
+        Some((prefix, name)) => (is_dns_subdomain(prefix), name),
+        None => (true, key),
     };
-    let prefix_ok = prefix.is_none_or(is_dns_subdomain);
     // The name is what a non-empty label value is.
     prefix_ok && !name.is_empty() && is_label_value(name)
 }

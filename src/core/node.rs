@@ -1,13 +1,11 @@
 //! A node's metadata as node-holder reads it, and the compact form the
 //! window task keeps of every node.
 //!
-//! The patch builders read a node through [`NodeFields`], so the webhook
-//! hands them the admitted `ObjectMeta` as it is, and the window task its
-//! stored [`NodeMeta`]. A `NodeMeta` keeps only what the plan and the
-//! patches read, in a few allocations: about 0.4 KiB a node, 0.8 KiB once
-//! held, where kube's `PartialObjectMeta` (about 400 bytes inline, plus a
-//! B-tree node of about 540 bytes for each label or annotation map) cost 1.3
-//! and 3.1 KiB (`docs/benchmarks.md`, 50,000 nodes).
+//! The patch builders read a node through [`NodeFields`]: the webhook's
+//! admitted `ObjectMeta`, or the window task's stored [`NodeMeta`], which
+//! keeps only what the plan and the patches read in a few allocations: about
+//! 0.4 KiB a node, 0.8 KiB once held, where kube's `PartialObjectMeta` (a
+//! B-tree node of ~540 bytes per map) cost 1.3 and 3.1 KiB (50,000 nodes).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -68,8 +66,7 @@ pub struct NodeMeta {
 
 impl NodeMeta {
     /// What to keep of `meta`: the labels and annotations whose keys the
-    /// filters accept, and whether the node is in scope (decided on the
-    /// whole labels). `None` for metadata without a name or a creation time.
+    /// filters accept. `None` without a name or a creation time.
     pub fn read(
         meta: &ObjectMeta,
         in_scope: bool,

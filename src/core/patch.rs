@@ -1,11 +1,8 @@
 //! The one patch builder: JSON Patches that put holds on a node and take
-//! node-holder's holds off again.
-//!
-//! JSON Patch pitfalls handled here: `add` to `/metadata/annotations/<key>`
-//! fails when the map is absent, and adding the whole map when it exists would
-//! wipe the other keys; keys are escaped as JSON Pointer tokens (`/` -> `~1`,
-//! `~` -> `~0`). Patches on existing nodes carry `test` operations, so the API
-//! server rejects the whole patch when the node changed since it was read.
+//! node-holder's off again. `add` to `/metadata/annotations/<key>` fails when
+//! the map is absent, and adding the whole map when it exists would wipe the
+//! other keys; keys are escaped as JSON Pointer tokens. Patches on existing
+//! nodes carry `test`s (docs/architecture.md, "Patching").
 
 use std::collections::BTreeMap;
 
@@ -22,11 +19,9 @@ use super::holds::{
 use super::node::{NodeFields, NodeMeta, labels};
 use super::selector::NodeScope;
 
-/// The patch that adds every configured hold the node lacks, marks the node as
-/// held by node-holder and lists which hold keys node-holder added. A hold
-/// key the node already has, with any value, is left alone and not claimed.
-/// Returns an empty patch (and no added holds) when nothing is missing, so
-/// applying it again changes nothing.
+/// The patch that adds every configured hold the node lacks, marks the node and
+/// lists the hold keys node-holder added. A hold key the node already has, with
+/// any value, is left alone and not claimed. Empty when nothing is missing.
 pub fn add_holds(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>) {
     let missing: Vec<Hold> = holds
         .iter()
@@ -57,36 +52,26 @@ pub fn add_holds(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>) {
     (Patch(ops), missing)
 }
 
-/// [`add_holds`] for a node that already exists (the backstop and `cluster`
-/// mode), guarded by `test /metadata/resourceVersion`: its `add`s overwrite a
-/// key or a whole map that appeared since the node was read, and JSON Patch
-/// cannot test that a key is absent, so only the version proves nothing did.
+/// [`add_holds`] for a node that already exists (the backstop), guarded by
+/// `test /metadata/resourceVersion`: its `add`s overwrite what appeared since
+/// the read, and JSON Patch cannot test that a key is absent.
 pub fn hold_existing(meta: &impl NodeFields, holds: &Holds) -> (Patch, Vec<Hold>) {
     let (Patch(mut ops), added) = add_holds(meta, holds);
     if let (false, Some(version)) = (ops.is_empty(), meta.resource_version()) {
-        ops.insert(
-            0,
-            test(
-                PointerBuf::from_tokens(["metadata", "resourceVersion"]),
-                version,
-            ),
-        );
+        let path = PointerBuf::from_tokens(["metadata", "resourceVersion"]);
+        ops.insert(0, test(path, version));
     }
     (Patch(ops), added)
 }
 
-/// `patch` (a hold of `meta`, possibly empty) with the node's
-/// [`HELD_UNTIL_ANNOTATION`] set to `until`, whole seconds rounded down (so
-/// the stamp never says later than the hold's end). An empty `patch` gets a
-/// `test` that the node carries node-holder's marker first: only a node
-/// node-holder holds is stamped, and a release or an edit since the node was
-/// read makes the API server reject the stamp.
+/// `patch` (a hold of `meta`, possibly empty) with [`HELD_UNTIL_ANNOTATION`]
+/// set to `until` rounded down to the second (never later than the hold's end).
+/// An empty `patch` first `test`s node-holder's marker: only a node it holds is
+/// stamped, and a release since the node was read makes the stamp fail.
 pub fn with_held_until(meta: &impl NodeFields, Patch(mut ops): Patch, until: Timestamp) -> Patch {
     if ops.is_empty() {
-        ops.push(test(
-            PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]),
-            MARKER_VALUE,
-        ));
+        let path = PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]);
+        ops.push(test(path, MARKER_VALUE));
     }
     // A hold patch adds the annotations map first when the node had none.
     let map_exists =
@@ -113,45 +98,39 @@ pub struct Release {
     pub left: Vec<String>,
 }
 
-/// The patch that removes the holds node-holder listed in
-/// `node-holder.dev/hold-keys` whose value is still the one it set, then that
-/// list and the marker label. Every value removed or relied on is `test`ed
-/// first, so a concurrent edit makes the API server reject the whole patch
-/// (the caller reads the node again). A hold node-holder did not list is
-/// never touched, whatever its value. Empty when the node carries nothing of
-/// node-holder's.
+/// The patch that removes the holds node-holder listed in `hold-keys` whose
+/// value is still the one it set, then that list, `held-until` and the marker.
+/// Every value removed or relied on is `test`ed first, so a concurrent edit
+/// makes the API server reject the whole patch (the caller reads the node
+/// again). A hold it did not list is never touched. Empty when the node
+/// carries nothing of node-holder's.
 pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
-    let annotation = |key: &str| meta.annotation(key);
     let mut ops = Vec::new();
+    let mut take = |map: &str, key: &str, value: &str, remove_it: bool| {
+        let path = PointerBuf::from_tokens(["metadata", map, key]);
+        ops.push(test(path.clone(), value));
+        if remove_it {
+            ops.push(remove(path));
+        }
+    };
     let (mut removed, mut left) = (Vec::new(), Vec::new());
-    if let Some(list) = annotation(HELD_KEYS_ANNOTATION) {
+    if let Some(list) = meta.annotation(HELD_KEYS_ANNOTATION) {
         for key in listed_keys(list) {
             // Already gone: nothing to remove, and nothing to test for.
-            let Some(current) = annotation(key) else {
+            let Some(current) = meta.annotation(key) else {
                 continue;
             };
-            let path = PointerBuf::from_tokens(["metadata", "annotations", key]);
-            ops.push(test(path.clone(), current));
-            if value_set_by_node_holder(key, holds).as_deref() == Some(current) {
-                ops.push(remove(path));
-                removed.push(key.to_string());
-            } else {
-                left.push(key.to_string());
-            }
+            let ours = value_set_by_node_holder(key, holds).as_deref() == Some(current);
+            take("annotations", key, current, ours);
+            if ours { &mut removed } else { &mut left }.push(key.to_string());
         }
-        let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_KEYS_ANNOTATION]);
-        ops.push(test(path.clone(), list));
-        ops.push(remove(path));
+        take("annotations", HELD_KEYS_ANNOTATION, list, true);
     }
-    if let Some(stamp) = annotation(HELD_UNTIL_ANNOTATION) {
-        let path = PointerBuf::from_tokens(["metadata", "annotations", HELD_UNTIL_ANNOTATION]);
-        ops.push(test(path.clone(), stamp));
-        ops.push(remove(path));
+    if let Some(stamp) = meta.annotation(HELD_UNTIL_ANNOTATION) {
+        take("annotations", HELD_UNTIL_ANNOTATION, stamp, true);
     }
     if let Some(marker) = meta.label(MARKER_LABEL) {
-        let path = PointerBuf::from_tokens(["metadata", "labels", MARKER_LABEL]);
-        ops.push(test(path.clone(), marker));
-        ops.push(remove(path));
+        take("labels", MARKER_LABEL, marker, true);
     }
     Release {
         patch: Patch(ops),
@@ -161,12 +140,10 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
 }
 
 /// What a store of thousands of nodes keeps of `meta`: what the patches and
-/// the plan read (node-holder's own keys and the configured holds), and
-/// whether the node selector selects the node. A map left empty is kept
-/// (empty, not absent): holds are then added into it, never as a whole new
-/// map that would replace the others' keys. Every patch and scope decision
-/// made from what is kept is the one made from the whole. `None` without a
-/// name or a creation time.
+/// the plan read, and whether the node selector selects it, so that every
+/// decision made from it is the one made from the whole. A map left empty is
+/// kept (empty, not absent): holds go into it, never as a whole new map that
+/// would replace the others' keys. `None` without a name or a creation time.
 pub fn keep_what_patches_read(
     meta: &ObjectMeta,
     holds: &Holds,
@@ -201,26 +178,13 @@ fn value_set_by_node_holder(key: &str, holds: &Holds) -> Option<String> {
 /// Operations that set `entries` in `/metadata/<map>`: one `add` per key when
 /// the map exists, one `add` of a new map when it does not.
 fn map_entries(map: &str, exists: bool, entries: BTreeMap<String, String>) -> Vec<PatchOperation> {
-    if exists {
-        entries
-            .into_iter()
-            .map(|(key, value)| {
-                add(
-                    PointerBuf::from_tokens(["metadata", map, key.as_str()]),
-                    Value::String(value),
-                )
-            })
-            .collect()
-    } else {
-        let object = entries
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect();
-        vec![add(
-            PointerBuf::from_tokens(["metadata", map]),
-            Value::Object(object),
-        )]
+    let entries = entries.into_iter().map(|(k, v)| (k, Value::String(v)));
+    if !exists {
+        let path = PointerBuf::from_tokens(["metadata", map]);
+        return vec![add(path, Value::Object(entries.collect()))];
     }
+    let path = |key: &str| PointerBuf::from_tokens(["metadata", map, key]);
+    entries.map(|(key, value)| add(path(&key), value)).collect()
 }
 
 fn add(path: PointerBuf, value: Value) -> PatchOperation {

@@ -3,10 +3,8 @@
 //! deterministic, so the background task can run it on every change and
 //! patch only the nodes whose state changes.
 //!
-//! Planning reads each node as stored ([`NodeMeta`], kept by
-//! [`keep_what_patches_read`](super::patch::keep_what_patches_read)) in place
-//! and builds one node's patch at a time, so a pass over thousands of nodes
-//! can stream its patches instead of holding them all.
+//! It reads each stored [`NodeMeta`] in place and builds one node's patch at
+//! a time, so a pass over thousands of nodes streams its patches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -49,36 +47,24 @@ pub enum Action {
     Stamp,
 }
 
-impl Action {
-    pub fn label(self) -> &'static str {
-        self.into()
-    }
-}
-
-/// The `held-until` a node held until `until` should carry, if its own is
-/// not true now: none written yet (or unreadable), one already past while
-/// the hold goes on, or one later than the hold's end (the end moved
-/// earlier). A stamp between now and the end is left alone as the window
-/// moves later: it stays true ("held at least until"), and is rewritten when
-/// it passes. So each held node is written once when first held, then at
-/// most once per stamp that passes while the hold goes on, and never on
-/// every move of the window. `None` also when the hold ends within the
-/// second.
+/// The `held-until` a node held until `until` should carry, if its own is not
+/// true now: none (or unreadable), past while the hold goes on, or later than
+/// the hold's end. A stamp between now and the end stays as the window moves
+/// later (it is still "held at least until"), so a node is not rewritten on
+/// every move of the window. `None` also when the hold ends within the second.
 pub fn needs_stamp(node: &impl NodeFields, until: Timestamp, now: Timestamp) -> Option<Timestamp> {
     let target = floor_seconds(until);
     if target <= now {
         return None;
     }
-    let current = held_until_stamp(node);
-    current
+    held_until_stamp(node)
         .is_none_or(|stamp| stamp <= now || stamp > target)
         .then_some(target)
 }
 
 /// The desired state, one node at a time: while the window (or the manual
-/// hold) is open every node in scope carries every hold, and when it
-/// is closed no node carries node-holder's. A node out of scope (as stored: [`NodeMeta::in_scope`])
-/// never carries node-holder's holds. Nodes already as desired get no patch.
+/// hold) is open every node in scope carries every hold, else none carries
+/// node-holder's; nor does a node out of scope. Nodes as desired get no patch.
 #[derive(Debug, Clone)]
 pub struct Planner<'a> {
     pub window: &'a Window,
@@ -104,8 +90,8 @@ impl Planner<'_> {
         if !node.in_scope() {
             return (false, None);
         }
+        let manual = self.window.manual_held_until(self.now);
         if self.drifted.contains(node.name()) {
-            let manual = self.window.manual_held_until(self.now);
             return (manual.is_some(), manual);
         }
         let until = self.window.held_until(self.now);
@@ -113,7 +99,6 @@ impl Planner<'_> {
             // Held at least until the later end known (`None` < `Some`).
             Some(scheduled) => (true, until.max(scheduled.until)),
             None if self.explained.is_some_and(|e| e.contains(node.name())) => {
-                let manual = self.window.manual_held_until(self.now);
                 (manual.is_some(), manual)
             }
             None => (until.is_some(), until),

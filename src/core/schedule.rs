@@ -37,7 +37,10 @@ impl Schedules {
         schedule: &str,
         time_zone: Option<&str>,
     ) -> Result<Schedule, ScheduleError> {
-        let zone = zone(time_zone)?;
+        let zone = match time_zone {
+            None => TimeZone::UTC,
+            Some(name) => TimeZone::get(name).map_err(|_| ScheduleError::Zone(name.to_string()))?,
+        };
         let fields = five_fields(schedule)?.join(" ");
         if let Some(cron) = self.parsed.get(&fields).and_then(Weak::upgrade) {
             return Ok(Schedule { cron, zone });
@@ -92,14 +95,6 @@ impl Schedule {
             .find_next_occurrence(&at, false)
             .ok()
             .map(|next| next.timestamp())
-    }
-}
-
-/// `time_zone` from the IANA database; UTC when `None`.
-fn zone(time_zone: Option<&str>) -> Result<TimeZone, ScheduleError> {
-    match time_zone {
-        None => Ok(TimeZone::UTC),
-        Some(name) => TimeZone::get(name).map_err(|_| ScheduleError::Zone(name.to_string())),
     }
 }
 

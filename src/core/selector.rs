@@ -49,6 +49,10 @@ impl std::fmt::Display for NodeScope {
 
 /// Splits on the commas that are not inside `( )`.
 fn split_requirements(text: &str) -> Result<Vec<&str>, String> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let unbalanced = || format!("unbalanced parentheses in selector {text:?}");
     let mut parts = Vec::new();
     let (mut depth, mut start) = (0i32, 0);
     for (i, c) in text.char_indices() {
@@ -62,38 +66,27 @@ fn split_requirements(text: &str) -> Result<Vec<&str>, String> {
             _ => {}
         }
         if !(0..=1).contains(&depth) {
-            return Err(format!("unbalanced parentheses in selector {text:?}"));
+            return Err(unbalanced());
         }
     }
     if depth != 0 {
-        return Err(format!("unbalanced parentheses in selector {text:?}"));
+        return Err(unbalanced());
     }
     parts.push(&text[start..]);
-    if parts.len() == 1 && parts[0].trim().is_empty() {
-        return Ok(Vec::new());
-    }
     Ok(parts)
 }
 
 fn parse_requirement(requirement: &str) -> Result<Expression, String> {
     let r = requirement.trim();
-    let key = |k: &str| -> Result<String, String> {
+    let key = |k: &str| {
         let k = k.trim();
-        if is_qualified_name(k) {
-            Ok(k.to_string())
-        } else {
-            Err(format!(
-                "invalid label key {k:?} in selector requirement {r:?}"
-            ))
-        }
+        let err = || format!("invalid label key {k:?} in selector requirement {r:?}");
+        is_qualified_name(k).then(|| k.to_string()).ok_or_else(err)
     };
-    let value = |v: &str| -> Result<String, String> {
+    let value = |v: &str| {
         let v = v.trim();
-        if is_label_value(v) {
-            Ok(v.to_string())
-        } else {
-            Err(format!("invalid label value {v:?} in {r:?}"))
-        }
+        let err = || format!("invalid label value {v:?} in {r:?}");
+        is_label_value(v).then(|| v.to_string()).ok_or_else(err)
     };
     let set = |s: &str| -> Result<BTreeSet<String>, String> {
         let inner = s

@@ -17,15 +17,14 @@ use super::plus;
 pub const PRIORITY_CLASS: &str = "node-holder-warm";
 const PRIORITY: i32 = -100;
 /// What every placeholder Job and pod carries, so that node-holder (and
-/// `uninstall`, and `status`) finds its own and nothing else.
+/// `uninstall`, and `status`) finds its own and nothing else; and as a selector.
 pub const WARM_LABEL: (&str, &str) = ("node-holder.dev/warm", "true");
-/// [`WARM_LABEL`] as a label selector.
 pub const WARM_SELECTOR: &str = "node-holder.dev/warm=true";
 /// The placeholder Job's annotations: the CronJob and the run it warms for.
 const FOR_ANNOTATION: &str = "node-holder.dev/warm-for";
 const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
-/// Placeholder Jobs' names: the prefix, the run's minute since the epoch
-/// and the start of the CronJob's uid.
+/// Placeholder Jobs' names: the prefix, the run's minute since the epoch and
+/// the start of the CronJob's uid.
 const NAME_PREFIX: &str = "node-holder-warm-";
 const UID_CHARS: usize = 8;
 /// How long before the run's start the placeholders go: the CronJob
@@ -68,37 +67,30 @@ pub fn due_warms<'a>(
     now: Timestamp,
 ) -> Vec<Warm<'a>> {
     let mut ready: BTreeMap<&str, usize> = BTreeMap::new();
-    for kept in kept.values().filter(|k| k.reason == Reason::Run) {
-        if let Some(cronjob) = &kept.cronjob {
-            *ready.entry(cronjob).or_default() += 1;
-        }
+    let for_runs = kept.values().filter(|k| k.reason == Reason::Run);
+    for cronjob in for_runs.filter_map(|k| k.cronjob.as_deref()) {
+        *ready.entry(cronjob).or_default() += 1;
     }
-    let mut warms = Vec::new();
-    for run in &known.runs {
-        let (Some(uid), true) = (&run.uid, warming(run.at, lead, now)) else {
-            continue;
-        };
+    let warm = |run: &'a Run| {
+        let uid = run.uid.as_deref().filter(|_| warming(run.at, lead, now))?;
         let ready = ready.get(run.cronjob.as_str()).copied().unwrap_or(0);
         let nodes = run.nodes.saturating_sub(ready);
         let pods = run.pods.saturating_mul(nodes).div_ceil(run.nodes.max(1));
-        if pods == 0 || run.shape.is_none() {
-            continue;
-        }
-        warms.push(Warm {
+        let name = placeholder_name(uid, run.at);
+        (pods > 0 && run.shape.is_some()).then_some(Warm {
             run,
             nodes,
             pods,
-            name: placeholder_name(uid, run.at),
-        });
-    }
-    warms
+            name,
+        })
+    };
+    known.runs.iter().filter_map(warm).collect()
 }
 
-/// The placeholder Job of every run in its warming window, whatever its
-/// nodes: a warm once made goes on until the hand-over, even when the
-/// schedule hold keeps its placeholders' nodes for the run as the run comes
-/// within the launch cost (those nodes are then both; neither must end the
-/// other). Only a run that no longer comes ends its warm early.
+/// The placeholder Job of every run in its warming window, whatever its nodes:
+/// a warm goes on until the hand-over even when the schedule hold keeps its
+/// nodes for the run (they are then both; neither must end the other). Only a
+/// run that no longer comes ends its warm early.
 pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<String> {
     known
         .runs
@@ -108,16 +100,15 @@ pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<
         .collect()
 }
 
-/// Whether a run at `at` is warmed at `now`: from `lead` before it until
-/// the hand-over.
+/// Whether a run at `at` is warmed at `now`: from `lead` before it until the
+/// hand-over.
 fn warming(at: Timestamp, lead: Duration, now: Timestamp) -> bool {
     let start = at.saturating_sub(lead).unwrap_or(Timestamp::MIN);
     let end = at.saturating_sub(HANDOVER).unwrap_or(Timestamp::MIN);
     start <= now && now < end
 }
 
-/// The next instant a warm starts or hands over, after `now`: when the
-/// leader must look again.
+/// The next instant after `now` a warm starts or hands over.
 pub fn next_change(known: &KnownWork, lead: Duration, now: Timestamp) -> Option<Timestamp> {
     let instants = known.runs.iter().flat_map(|run| {
         let start = run.at.saturating_sub(lead).ok();
@@ -208,8 +199,7 @@ fn pod_spec(run: &Run) -> Value {
     spec
 }
 
-/// The CronJob and the run a placeholder Job warms for, from its
-/// annotations (`None` where one is missing or unreadable).
+/// The CronJob and the run a placeholder Job warms for, from its annotations.
 pub fn warmed_for(
     annotations: Option<&BTreeMap<String, String>>,
 ) -> (Option<String>, Option<Timestamp>) {
@@ -225,10 +215,9 @@ pub struct HandOver {
     /// Placeholder pods on a node, and still waiting for one.
     pub ready: usize,
     pub late: usize,
-    /// The nodes they were on.
+    /// The nodes they were on, and how long those were up before the run,
+    /// each from its creation or the warm's start, whichever came later.
     pub nodes: usize,
-    /// How long those nodes were up before the run, each from its creation
-    /// or the warm's start, whichever came later.
     pub node_seconds: f64,
 }
 
@@ -241,17 +230,10 @@ impl HandOver {
         at: Timestamp,
         since: Timestamp,
     ) -> HandOver {
-        let (mut ready, mut late) = (0usize, 0usize);
-        let mut nodes = BTreeMap::new();
-        for pod in pods {
-            match pod {
-                Some(node) => {
-                    ready = ready.saturating_add(1);
-                    nodes.insert(node, created(node));
-                }
-                None => late = late.saturating_add(1),
-            }
-        }
+        let pods: Vec<Option<&str>> = pods.into_iter().collect();
+        let nodes: BTreeMap<&str, _> = pods.iter().flatten().map(|&n| (n, created(n))).collect();
+        let ready = pods.iter().flatten().count();
+        let late = pods.len().saturating_sub(ready);
         let node_seconds = nodes
             .values()
             .flatten()

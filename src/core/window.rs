@@ -1,10 +1,8 @@
 //! The hold window: when the nodes in scope are held, as small state that
-//! nodes' creation times drive forward (what a restart cannot rebuild from
-//! the cluster: deleted nodes' contributions, the cap's start, what a release
-//! consumed). Observing a node first closes a window that ended before its
-//! creation, then counts it, so replaying the current nodes over the stored
-//! state reaches the state a live stream did. Pure: the caller lists the
-//! nodes, keeps the state in the record and sleeps until
+//! nodes' creation times drive forward. Observing a node first closes a window
+//! that ended before its creation, then counts it, so replaying the current
+//! nodes over the stored state reaches the state a live stream did. Pure: the
+//! caller lists the nodes, keeps the state in the record and sleeps until
 //! [`Window::next_wake`].
 
 use std::collections::BTreeMap;
@@ -15,12 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use super::plus;
 
-/// How long holds last.
+/// How long holds last: each new node's hold, and a window's cap from when it
+/// opened (`None`: no cap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
-    /// How long each new node holds the window open.
     pub hold: Duration,
-    /// Cap of a window, from when it opened; `None` for no cap.
     pub max_hold: Option<Duration>,
 }
 
@@ -54,8 +51,7 @@ pub struct Window {
     /// Dropped once consumed; empty when the clocks agree.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     future_creations: BTreeMap<Timestamp, Timestamp>,
-    /// A hold an operator asked for (`node-holder hold`), until it ends or a
-    /// release ends it.
+    /// `node-holder hold`'s, until it or a release ends.
     #[serde(skip_serializing_if = "Option::is_none")]
     manual: Option<ManualHold>,
 }
@@ -73,16 +69,13 @@ pub struct ManualHold {
     pub reason: String,
 }
 
-/// What a manual hold request did.
+/// What a manual hold request did: started, replaced one ending earlier, left
+/// one lasting at least as long, or ended before it was handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ManualHoldOutcome {
-    /// Nothing was held by hand: the hold starts.
     Started,
-    /// A manual hold ending earlier was replaced by this one.
     Extended,
-    /// A manual hold lasting at least as long stays as it is.
     AlreadyLonger,
-    /// It ended before it was handled.
     Expired,
 }
 
@@ -119,10 +112,9 @@ pub enum Observed {
 }
 
 impl Window {
-    /// Catches the record up with every node in scope (each reconcile, or
-    /// after a restart): replays them in the order they count as created,
-    /// then closes what ended by `now`. Nodes the record already counted
-    /// change nothing. Returns what each did, in the order given.
+    /// Catches the record up with every node in scope (each pass, or after a
+    /// restart): replays them in the order they count as created, then closes
+    /// what ended by `now`. Returns what each did, in the order given.
     pub fn observe_all(
         &mut self,
         creations: impl IntoIterator<Item = Timestamp>,
@@ -140,10 +132,8 @@ impl Window {
         observed
     }
 
-    /// Counts one node in scope created at `creation`. Observing a node again
-    /// changes nothing.
-    ///
-    /// A creation in the future (clock skew) counts as the `now` it was first
+    /// Counts one node in scope created at `creation` (again: no change). A
+    /// creation in the future (clock skew) counts as the `now` it was first
     /// seen, so no window opens later than now and the cap bounds it.
     pub fn observe(&mut self, creation: Timestamp, now: Timestamp, cfg: &WindowConfig) -> Observed {
         let raw = creation;
@@ -205,8 +195,8 @@ impl Window {
         self.future_creations.retain(|&raw, _| raw > t);
     }
 
-    /// When the node created at `creation` counts as created: then, or when
-    /// it was first seen, if that was earlier (clock skew).
+    /// When a node created at `creation` counts as created: then, or when it
+    /// was first seen if earlier (clock skew).
     fn effective_creation(&self, creation: Timestamp, now: Timestamp) -> Timestamp {
         self.future_creations
             .get(&creation)
@@ -215,9 +205,8 @@ impl Window {
             .min(now)
     }
 
-    /// Closes the window now (the `release` command): every node created so
-    /// far is consumed, later ones open a new window. A manual hold ends too.
-    /// Returns whether a window or a manual hold was holding.
+    /// Closes the window and ends a manual hold now (`release`): later nodes
+    /// open a new window. Returns whether either was holding.
     pub fn release_now(&mut self, now: Timestamp) -> bool {
         let manual = self.manual.take().is_some_and(|m| now < m.until);
         self.consume_through(now);
@@ -225,9 +214,8 @@ impl Window {
         window || manual
     }
 
-    /// Holds every node in scope until `hold.until` (the `hold` command).
-    /// A manual hold that lasts longer stays; nodes keep opening and
-    /// extending the window as before, beside it.
+    /// Holds every node in scope until `hold.until` (`hold`), unless a manual
+    /// hold lasts longer; the window goes on beside it.
     pub fn hold_manually(&mut self, hold: ManualHold, now: Timestamp) -> ManualHoldOutcome {
         self.tick(now);
         if hold.until <= now {
@@ -249,21 +237,20 @@ impl Window {
         self.manual.as_ref()
     }
 
-    /// When the hold of every node in scope ends: the open window's deadline
-    /// or the manual hold's end, whichever is later.
+    /// When the hold of the nodes in scope ends: the later of the window's
+    /// deadline and the manual hold's end.
     pub fn deadline(&self) -> Option<Timestamp> {
         let manual = self.manual.as_ref().map(|m| m.until);
         self.open.map(|open| open.deadline).max(manual)
     }
 
-    /// Until when the nodes in scope are held at `now`: by the window or by
-    /// the manual hold, whichever ends later; `None` when neither holds.
+    /// [`Window::deadline`], while it holds at `now`.
     pub fn held_until(&self, now: Timestamp) -> Option<Timestamp> {
         self.deadline().filter(|&end| now < end)
     }
 
     /// Whether the nodes in scope are held at `now` (a deadline may pass
-    /// before a pass).
+    /// before a `tick`).
     pub fn holds(&self, now: Timestamp) -> bool {
         self.held_until(now).is_some()
     }
@@ -278,11 +265,9 @@ impl Window {
 
     /// When the caller should call [`Window::tick`] next.
     pub fn next_wake(&self) -> Option<Timestamp> {
+        let open = self.open.map(|open| open.deadline);
         let manual = self.manual.as_ref().map(|m| m.until);
-        match (self.open.map(|open| open.deadline), manual) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        open.into_iter().chain(manual).min()
     }
 
     /// The open window, if any (its deadline may be past until `tick`).

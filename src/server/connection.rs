@@ -32,33 +32,25 @@ pub struct TlsServing {
     pub drain: Duration,
     /// Connections open at once; more wait in the listen backlog.
     pub max_connections: usize,
-    /// Connections open at once from one source address; more are closed
-    /// as soon as they are accepted, so that one source cannot take every
-    /// slot from the API server ([`per_source`]).
+    /// Per source address; more are closed at accept, leaving the API server slots.
     pub max_per_source: usize,
-    /// A connection with no request in flight for this long is closed
-    /// (gracefully: h2 gets a GOAWAY), so idle clients cannot keep the
-    /// `max_connections` slots.
+    /// Idle this long, a connection is closed (h2: GOAWAY), so idlers keep no slot.
     pub idle_timeout: Duration,
     pub metrics: TlsMetrics,
 }
 
-/// The connections one source address may hold of `max_connections`: a
-/// quarter, at least one (measured in docs/reliability.md).
+/// A source address's share of `max_connections` (docs/reliability.md).
 pub fn per_source(max_connections: usize) -> usize {
     (max_connections / 4).max(1)
 }
 
-/// How long the drain after `stop` may take when a request may take
-/// `request_timeout`: a request in flight has its answer by then, and its
-/// connection, told to close, ends by itself or is dropped `CLOSE_GRACE`
-/// later; one more `CLOSE_GRACE` of slack (4 s at the default 2 s).
+/// The drain after `stop`: `request_timeout` for the answer, `CLOSE_GRACE`
+/// for its connection to end or be dropped, one more `CLOSE_GRACE` of slack.
 pub fn drain_time(request_timeout: Duration) -> Duration {
     request_timeout.saturating_add(2 * CLOSE_GRACE)
 }
 
-/// One connection's requests: how many are in flight, and when the last one
-/// ended (or the connection opened).
+/// A connection's requests in flight, and when the last one ended.
 struct Activity(Mutex<(usize, Instant)>);
 
 impl Activity {
@@ -66,8 +58,7 @@ impl Activity {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When the connection counts as idle if nothing happens meanwhile;
-    /// `None` for a timeout past what an `Instant` holds (never).
+    /// When the connection turns idle if nothing happens; `None` for never.
     fn idle_at(&self, timeout: Duration) -> Option<Instant> {
         let (in_flight, last) = *self.get();
         let since = if in_flight > 0 { Instant::now() } else { last };
@@ -80,9 +71,8 @@ struct InFlight(Arc<Activity>);
 
 impl InFlight {
     fn begin(activity: &Arc<Activity>) -> Self {
-        let mut counts = activity.get();
-        counts.0 = counts.0.saturating_add(1);
-        drop(counts);
+        let in_flight = &mut activity.get().0;
+        *in_flight = in_flight.saturating_add(1);
         InFlight(Arc::clone(activity))
     }
 }
@@ -94,10 +84,8 @@ impl Drop for InFlight {
     }
 }
 
-/// Serves `router` over TLS on `listener`, each connection with the
-/// configuration `tls` has then, until `stop` is cancelled, then stops
-/// accepting, lets in-flight requests finish (up to `drain`) and closes
-/// keep-alive connections.
+/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
+/// drains (up to `drain`) and closes keep-alive connections.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
@@ -112,17 +100,20 @@ pub async fn serve_tls(
         http1: Arc::new(http1),
         http2: Arc::new(http2),
         stop: stop.clone(),
-        metrics: serving.metrics.clone(),
-        idle_timeout: serving.idle_timeout,
+        serving: serving.clone(),
     };
     // A flood of connections waits in the kernel's backlog instead of costing
     // memory here; each connection holds a permit until it closes.
     let max_connections = serving.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let connections = Arc::new(Semaphore::new(max_connections));
-    let sources = Sources::new(serving.max_per_source.max(1), serving.metrics.clone());
+    let sources = Arc::new(Sources {
+        open: Mutex::default(),
+        limit: serving.max_per_source.max(1),
+        metrics: serving.metrics.clone(),
+    });
     while let Some((permit, tcp, peer)) = accept(&listener, &connections, &stop).await? {
+        // Without a slot, `tcp` closes here.
         let Some(slot) = sources.take(peer.ip()) else {
-            drop(tcp);
             continue;
         };
         let connection = connection.clone();
@@ -144,14 +135,6 @@ struct Sources {
 }
 
 impl Sources {
-    fn new(limit: usize, metrics: TlsMetrics) -> Arc<Self> {
-        Arc::new(Sources {
-            open: Mutex::new(HashMap::new()),
-            limit,
-            metrics,
-        })
-    }
-
     /// A slot for one more connection from `ip`, given back when dropped;
     /// `None` (counted) when `ip` has the limit open already.
     fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
@@ -163,7 +146,7 @@ impl Sources {
             tracing::debug!(%ip, limit = self.limit, "connection closed: its source has the limit open");
             return None;
         }
-        *count += 1;
+        *count = count.saturating_add(1);
         Some(SourceSlot {
             sources: Arc::clone(self),
             ip,
@@ -206,8 +189,7 @@ fn protocols() -> (auto::Builder<TokioExecutor>, auto::Builder<TokioExecutor>) {
     (builder.clone().http1_only(), builder.http2_only())
 }
 
-/// The next connection, within the connection bound; `None` once `stop` is
-/// cancelled.
+/// The next connection, within the bound; `None` once `stop` is cancelled.
 async fn accept(
     listener: &TcpListener,
     connections: &Arc<Semaphore>,
@@ -224,7 +206,7 @@ async fn accept(
                     if let Err(err) = tcp.set_nodelay(true) {
                         tracing::debug!(%peer, error = %err, "TCP_NODELAY not set");
                     }
-                    return anyhow::Ok(Some((permit, tcp, peer)));
+                    return anyhow::Ok((permit, tcp, peer));
                 }
                 Err(err) => {
                     // Out of file descriptors and the like: pause, go on.
@@ -234,14 +216,10 @@ async fn accept(
             }
         }
     };
-    tokio::select! {
-        _ = stop.cancelled() => Ok(None),
-        next = next => next,
-    }
+    stop.run_until_cancelled(next).await.transpose()
 }
 
-/// Every connection task gives its permit back when it ends: all of them
-/// back means every connection has drained.
+/// All the permits back means every connection has drained.
 async fn drain(connections: &Semaphore, max_connections: usize, drain: Duration) {
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     tokio::select! {
@@ -258,16 +236,13 @@ struct Connection {
     http1: Arc<auto::Builder<TokioExecutor>>,
     http2: Arc<auto::Builder<TokioExecutor>>,
     stop: CancellationToken,
-    metrics: TlsMetrics,
-    idle_timeout: Duration,
+    serving: TlsServing,
 }
 
 impl Connection {
-    /// The TLS handshake within `HANDSHAKE_TIMEOUT` (plain HTTP gets a
-    /// readable 400 instead), then requests until the connection ends. A
-    /// failed handshake is counted by its reason and logged before its socket
-    /// is closed, so a client that saw its connection end finds the failure
-    /// on `/metrics` already.
+    /// The TLS handshake (plain HTTP gets a 400), then requests until the
+    /// connection ends. A failed handshake is counted and logged before its
+    /// socket closes, so a client that saw it end finds it on `/metrics`.
     async fn serve(self, mut tcp: TcpStream, peer: SocketAddr) {
         let acceptor = self.tls.acceptor();
         let attempt = async move {
@@ -280,54 +255,52 @@ impl Connection {
             }
             .map_err(|(err, tcp)| failed(err, tcp))
         };
-        tokio::pin!(attempt);
-        let ended = tokio::select! {
-            _ = self.stop.cancelled() => return,
-            ended = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut attempt) => ended,
+        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, attempt);
+        let Some(ended) = self.stop.run_until_cancelled(handshake).await else {
+            return;
         };
         match ended {
             Ok(Ok(tls)) => self.drive(tls, peer).await,
             // `_socket` closes at the end of the arm, after the count.
             Ok(Err((reason, error, _socket))) => {
                 log_handshake_failure(reason, peer, error.as_ref());
-                self.metrics.handshake_error(reason);
+                self.serving.metrics.handshake_error(reason);
             }
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                self.metrics.handshake_error(HandshakeFailure::Timeout);
+                self.serving
+                    .metrics
+                    .handshake_error(HandshakeFailure::Timeout);
             }
         }
     }
 
-    /// Serves the connection's requests until it ends. When it is being
-    /// closed (after `stop`, or when idle) it gets `CLOSE_GRACE` to end by
-    /// itself; after that it is dropped as soon as no request is in flight.
-    /// An h2 client that never sent its preface would otherwise never let go.
+    /// Serves the connection's requests until it ends. Being closed (after
+    /// `stop`, or idle), it gets `CLOSE_GRACE` to end by itself, then is
+    /// dropped once no request is in flight: an h2 client that never sent its
+    /// preface would otherwise never let go.
     async fn drive(&self, tls: TlsStream<TcpStream>, peer: SocketAddr) {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
         let builder = if h2 { &self.http2 } else { &self.http1 };
         let activity = Arc::new(Activity(Mutex::new((0, Instant::now()))));
-        let service = {
-            let (activity, router) = (Arc::clone(&activity), self.router.clone());
-            // Each request counts as in flight until its response is made.
-            TowerToHyperService::new(tower::service_fn(move |request: Request<Incoming>| {
-                let in_flight = InFlight::begin(&activity);
-                let response = router.clone().oneshot(request);
-                async move {
-                    let response = response.await;
-                    drop(in_flight);
-                    response
-                }
-            }))
-        };
+        let (counted, router) = (Arc::clone(&activity), self.router.clone());
+        // Each request counts as in flight until its response is made.
+        let service = tower::service_fn(move |request: Request<Incoming>| {
+            let in_flight = InFlight::begin(&counted);
+            let response = router.clone().oneshot(request);
+            async move {
+                let _in_flight = in_flight;
+                response.await
+            }
+        });
+        let service = TowerToHyperService::new(service);
         let connection = builder.serve_connection(TokioIo::new(tls), service);
         futures::pin_mut!(connection);
         let mut closing_since: Option<Instant> = None;
         loop {
-            let idle_at = activity.idle_at(self.idle_timeout);
             let give_up_at = match closing_since {
                 Some(since) => since.checked_add(CLOSE_GRACE),
-                None => idle_at,
+                None => activity.idle_at(self.serving.idle_timeout),
             };
             tokio::select! {
                 ended = connection.as_mut() => {
@@ -342,8 +315,8 @@ impl Connection {
                 }
                 () = sleep_until(give_up_at) => {
                     if closing_since.is_none() {
-                        if activity.idle_at(self.idle_timeout).is_some_and(|at| at <= Instant::now()) {
-                            tracing::debug!(%peer, idle_timeout = ?self.idle_timeout, "closing an idle connection");
+                        if activity.idle_at(self.serving.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+                            tracing::debug!(%peer, idle_timeout = ?self.serving.idle_timeout, "closing an idle connection");
                             connection.as_mut().graceful_shutdown();
                             closing_since = Some(Instant::now());
                         }
@@ -367,8 +340,8 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// A failed handshake in the log (`err` is `None` for plain HTTP, refused
-/// before any TLS): loud when an operator should look.
+/// Logs a failed handshake (`err` is `None` for plain HTTP), loud when an
+/// operator should look.
 fn log_handshake_failure(reason: HandshakeFailure, peer: SocketAddr, err: Option<&std::io::Error>) {
     let Some(err) = err else {
         return tracing::debug!(%peer, "plain HTTP on the TLS port refused");
@@ -418,9 +391,8 @@ fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
     }
 }
 
-/// Why a connection to the webhook port never completed its TLS handshake:
-/// the `reason` label of `node_holder_tls_handshake_errors_total`. Every
-/// reason shows at 0 from the start.
+/// Why a connection never completed its TLS handshake: the `reason` label of
+/// `node_holder_tls_handshake_errors_total`, each shown at 0 from the start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
 #[strum(serialize_all = "kebab-case")]
 pub enum HandshakeFailure {
@@ -441,10 +413,9 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// How long an HTTP/1.1 client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A TLS connection opens with a handshake record (content type 0x16); a
-/// plain-HTTP request opens with the letters of its method. Such a client gets
-/// a readable 400, as Go's servers answer it, instead of a TLS alert it cannot
-/// read. Returns whether the connection was refused.
+/// Whether the connection opens with a method's letters (TLS opens with
+/// 0x16) and was refused: a readable 400, as Go's servers answer, instead of
+/// a TLS alert a plain-HTTP client cannot read.
 async fn refused_plain_http(tcp: &mut TcpStream) -> std::io::Result<bool> {
     let mut first = [0u8; 1];
     if tcp.peek(&mut first).await? == 0 || !first[0].is_ascii_uppercase() {

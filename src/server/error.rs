@@ -1,6 +1,5 @@
-//! Why the webhook refused a request: one type, its status and its log line.
-//! Handlers return it; nothing else at the HTTP edge picks a status or logs a
-//! refusal.
+//! Why the webhook refused a request: its status and its log line, picked
+//! nowhere else at the HTTP edge.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -25,11 +24,9 @@ pub enum WebhookError {
     Serialise(serde_json::Error),
 }
 
-/// The status, with the reason as the body; the client's errors logged as
-/// warnings, node-holder's own as errors. The log line's `error` is the
-/// kind in a word or two (the whole reason is its `detail`), with what was
-/// refused as fields of its own (`content_length`, `content_type`) for
-/// queries that do not parse `detail`.
+/// The status, with the reason as the body; logged as a warning (the
+/// client's error) or an error (node-holder's): `error` in a word or two,
+/// `detail` whole, and what was refused as fields of its own for queries.
 impl IntoResponse for WebhookError {
     fn into_response(self) -> Response {
         let (status, error) = match &self {

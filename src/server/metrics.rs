@@ -1,6 +1,5 @@
-//! The webhook's metrics, named as controller-runtime names its webhook
-//! metrics (so the dashboards operators already have fit), and the TLS
-//! port's.
+//! The webhook's metrics, named as controller-runtime's (so operators'
+//! dashboards fit), and the TLS port's.
 
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -17,9 +16,7 @@ use super::HandshakeFailure;
 use crate::metrics::{CodeLabel, ReasonLabel, code_label, show_at_zero};
 
 /// The webhook's answers known in advance, shown at 0 from the start so a
-/// rate over them is 0 rather than absent (as controller-runtime does for
-/// its webhook metrics): admitted, bad review, timed out, body too large,
-/// not JSON, internal error, shutting down.
+/// rate over them is 0, not absent (as controller-runtime does).
 const WEBHOOK_CODES: [u16; 7] = [200, 400, 408, 413, 415, 500, 503];
 
 /// The webhook's requests.
@@ -32,7 +29,6 @@ pub struct WebhookMetrics {
 }
 
 impl WebhookMetrics {
-    /// The webhook's metrics, registered in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let requests = Family::<CodeLabel, Counter>::default();
         for code in WEBHOOK_CODES {
@@ -96,16 +92,13 @@ impl Drop for InFlight {
 #[derive(Clone, Default)]
 pub struct TlsMetrics {
     handshake_errors: Family<ReasonLabel, Counter>,
-    /// Connections closed at accept: their source had its share of
-    /// `--max-connections` (a quarter) open already.
+    /// Connections closed at accept: their source had its share open.
     pub source_limited: Counter,
     /// Unix seconds of the serving certificate's notAfter.
     pub not_after: Gauge<i64, AtomicI64>,
 }
 
 impl TlsMetrics {
-    /// The webhook port's TLS metrics, registered in `registry`, each
-    /// handshake failure's reason shown at 0.
     pub fn register(registry: &mut Registry) -> Self {
         let tls = TlsMetrics::default();
         for reason in HandshakeFailure::iter() {
@@ -130,8 +123,6 @@ impl TlsMetrics {
         tls
     }
 
-    /// Counts a connection that never completed its TLS handshake, by its
-    /// reason.
     pub fn handshake_error(&self, reason: HandshakeFailure) {
         let reason = reason.into();
         self.handshake_errors

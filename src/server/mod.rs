@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -20,9 +19,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
@@ -37,17 +34,7 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// Webhook requests handled at once; more wait their turn (within the
 /// request timeout). It never limits a real load (docs/comparison.md): it
 /// keeps a flood's requests from all running at once.
-pub const MAX_CONCURRENT_REQUESTS: usize = 256;
-
-/// Limits of the webhook endpoint.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// The longest a whole request may take, well under the webhook's
-    /// `timeoutSeconds`.
-    pub request_timeout: Duration,
-    /// Requests handled at once; more wait.
-    pub max_concurrent: usize,
-}
+const MAX_CONCURRENT_REQUESTS: usize = 256;
 
 /// What the handlers share.
 pub struct WebhookState {
@@ -57,58 +44,46 @@ pub struct WebhookState {
     pub exposition: Exposition,
 }
 
-/// The webhook's routes: `POST /mutate`, with body, time and concurrency
-/// bounds. Other paths get 404, other methods 405.
-pub fn webhook_router(state: Arc<WebhookState>, limits: Limits) -> Router {
+/// The webhook's routes: `POST /mutate`, with body, time (`request_timeout`,
+/// well under the webhook's `timeoutSeconds`) and concurrency bounds. Other
+/// paths get 404, other methods 405.
+pub fn webhook_router(state: Arc<WebhookState>, request_timeout: Duration) -> Router {
     let body_allowance = Arc::new(Semaphore::new(BODY_ALLOWANCE_KIB));
+    let timeout = TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, request_timeout);
+    let counted = middleware::from_fn_with_state(Arc::clone(&state), count_request);
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(body_allowance, reserve_body))
-        .layer(ConcurrencyLimitLayer::new(limits.max_concurrent))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            limits.request_timeout,
-        ))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(&state),
-            count_request,
-        ))
+        .layer(ConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .layer(timeout)
+        .layer(counted)
         .with_state(state)
 }
 
-/// The request bodies read at once, together, in KiB: four of the largest,
-/// or thousands of real reviews (a Node's is about 6 KiB). Without it
-/// [`MAX_CONCURRENT_REQUESTS`] bodies of 7 MiB (1.8 GB) could be read at
-/// once, far over the chart's memory limit.
+/// The request bodies read at once, in KiB: four of the largest, or thousands
+/// of real (6 KiB) reviews; without it 256 bodies of 7 MiB (1.8 GB) could be
+/// read at once, far over the chart's memory limit.
 const BODY_ALLOWANCE_KIB: usize = 32 * 1024;
 
-/// Answers `413` at once to a client that asked whether to send a body
-/// declared over the limit (`Expect: 100-continue`): hyper would say `100
-/// Continue` first, then close the connection. Otherwise reserves the body's
-/// size (its Content-Length, else the largest allowed) from the body
-/// allowance until the response is made, waiting while it is spent.
+/// Answers `413` at once to a body declared over the limit (before any
+/// `100 Continue`; and a size over the whole allowance would otherwise wait
+/// for permits that never come). Otherwise reserves the body's size (its
+/// Content-Length, else the largest allowed) from the body allowance until
+/// the response is made.
 async fn reserve_body(
     State(allowance): State<Arc<Semaphore>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let asks_to_continue = request
-        .headers()
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let over = declared.filter(|&l| l > MAX_BODY_BYTES as u64);
-    if let Some(length) = over.filter(|_| asks_to_continue) {
+    let headers = request.headers();
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let declared = value(header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
+    if let Some(length) = declared.filter(|&l| l > MAX_BODY_BYTES as u64) {
         return WebhookError::BodyTooLarge { length }.into_response();
     }
-    let declared = declared.map_or(MAX_BODY_BYTES, |l| {
-        usize::try_from(l).unwrap_or(MAX_BODY_BYTES)
-    });
+    let declared = declared.and_then(|l| usize::try_from(l).ok());
+    let declared = declared.unwrap_or(MAX_BODY_BYTES);
     let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let Ok(_reserved) = allowance.acquire_many(kib).await else {
         // The semaphore is never closed.
@@ -126,9 +101,8 @@ async fn count_request(
     let _in_flight = state.metrics.in_flight();
     let started = Instant::now();
     let response = next.run(request).await;
-    state
-        .metrics
-        .observe(response.status().as_u16(), started.elapsed());
+    let status = response.status().as_u16();
+    state.metrics.observe(status, started.elapsed());
     response
 }
 
@@ -138,7 +112,12 @@ async fn mutate(
     body: Bytes,
 ) -> Result<Response, WebhookError> {
     let started = Instant::now();
-    expect_json(&headers)?;
+    let content_type = headers.get(header::CONTENT_TYPE);
+    let content_type = content_type.and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.starts_with("application/json") {
+        let content_type = content_type.to_string();
+        return Err(WebhookError::NotJson { content_type });
+    }
     let decision = decide(&body, &state.holding)?;
     match &decision.outcome {
         Outcome::Held { .. } => state.metrics.mutation(),
@@ -152,20 +131,6 @@ async fn mutate(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// Refuses a request that does not say its body is JSON.
-fn expect_json(headers: &HeaderMap) -> Result<(), WebhookError> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if content_type.starts_with("application/json") {
-        return Ok(());
-    }
-    Err(WebhookError::NotJson {
-        content_type: content_type.to_string(),
-    })
-}
-
 /// The admission decision's line in node-holder's audit log.
 fn audit(decision: &Decision, started: Instant) {
     let r = &decision.request;
@@ -174,9 +139,8 @@ fn audit(decision: &Decision, started: Instant) {
         _ => None,
     };
     let holds: Vec<String> = added
-        .into_iter()
-        .flatten()
-        .map(ToString::to_string)
+        .iter()
+        .flat_map(|a| a.iter().map(ToString::to_string))
         .collect();
     tracing::info!(
         target: "node_holder::audit",
@@ -230,18 +194,6 @@ pub fn admin_router(readiness: Arc<Readiness>, state: Arc<WebhookState>) -> Rout
 }
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Serves the admin router over plain HTTP until `stop` is cancelled.
-pub async fn serve_admin(
-    listener: TcpListener,
-    router: Router,
-    stop: CancellationToken,
-) -> Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-        .context("admin server")
-}
 
 #[cfg(test)]
 mod tests;

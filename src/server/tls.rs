@@ -1,9 +1,7 @@
-//! The webhook port's TLS: the serving certificate and key and, optionally,
-//! the CA that webhook clients must present a certificate from
-//! (`--client-ca-file`), made into one rustls configuration from PEM files at
-//! start (refusing to start on any problem, naming the file), then polled for
-//! changes. Secret volumes rotate through a `..data` symlink swap that path
-//! watches miss; comparing the bytes catches every rotation.
+//! The webhook port's TLS: the serving certificate and key and, with
+//! `--client-ca-file`, the CA of client certificates, read from PEM files at
+//! start (refusing to start on any problem, naming the file), then polled:
+//! Secret volumes rotate by a `..data` symlink swap that path watches miss.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -30,43 +28,31 @@ pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 /// The process's one crypto provider, ring (kube-rs's, and no C toolchain
 /// to build), installed as rustls's default the first time it is asked for.
 pub fn crypto_provider() -> Arc<CryptoProvider> {
-    if let Some(provider) = CryptoProvider::get_default() {
-        return Arc::clone(provider);
-    }
-    // Another thread may install it first; either way one is installed.
+    // Refused once one is installed (by another thread, maybe): either way one is.
     let _ = rustls::crypto::ring::default_provider().install_default();
     CryptoProvider::get_default()
         .cloned()
         .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
 }
 
-/// The webhook port's TLS configuration, swapped in place whenever its
-/// files' bytes change and still make one (a broken change keeps the
-/// previous one). Connections already open keep the verdict of their
-/// handshake.
+/// The webhook port's TLS configuration, swapped when its files' bytes change
+/// and still make one. Open connections keep their handshake's verdict.
 pub struct ReloadingTls {
-    /// The certificate file, the key file and, with `--client-ca-file`, the
-    /// client CA file.
-    files: Vec<File>,
+    /// What each file is (for messages) and its path: the certificate, the
+    /// key and, with `--client-ca-file`, the client CA.
+    files: Vec<(&'static str, PathBuf)>,
     current: ArcSwap<Version>,
 }
 
-/// A file the configuration is read from, and what it is (for messages).
-struct File {
-    what: &'static str,
-    path: PathBuf,
-}
-
-/// One configuration, the bytes it was made from, and the leaf
-/// certificate's notAfter in Unix seconds.
+/// A configuration, its files' bytes and its leaf's notAfter (Unix seconds).
 struct Version {
     bytes: Vec<Vec<u8>>,
     config: Arc<ServerConfig>,
     not_after: i64,
 }
 
-/// The parts of the configuration that reload, by their files' indices, and
-/// what the log says when they do or do not.
+/// The parts that reload, by their files' indices, and what the log says
+/// when they do or do not.
 const PARTS: [(Range<usize>, &str, &str); 2] = [
     (
         0..2,
@@ -82,13 +68,9 @@ const PARTS: [(Range<usize>, &str, &str); 2] = [
 
 impl ReloadingTls {
     /// Loads the files or explains which one is wrong and how. An expired
-    /// certificate loads (the API server then fails open and the window task
-    /// holds new nodes late) with an error in the log and the metric.
+    /// certificate loads, with an error in the log and the metric.
     pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Self> {
-        let file = |what, path: &Path| File {
-            what,
-            path: path.to_path_buf(),
-        };
+        let file = |what, path: &Path| (what, path.to_path_buf());
         let mut files = vec![file("certificate file", cert), file("key file", key)];
         files.extend(client_ca.map(|ca| file("client CA file", ca)));
         let bytes = files.iter().map(read).collect::<Result<_>>()?;
@@ -101,36 +83,29 @@ impl ReloadingTls {
         TlsAcceptor::from(Arc::clone(&self.current.load().config))
     }
 
-    /// Polls the files every `interval` until the process ends, keeping
-    /// `not_after` (the expiry metric) current.
+    /// Polls the files every `interval`, keeping `not_after` current.
     pub fn spawn_reloader(self: &Arc<Self>, interval: Duration, not_after: Gauge<i64, AtomicI64>) {
         not_after.set(self.current.load().not_after);
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.tick().await;
             loop {
-                ticker.tick().await;
+                tokio::time::sleep(interval).await;
                 this.reload(&not_after);
             }
         });
     }
 
-    /// Re-reads the files; swaps in the configuration that changed bytes
-    /// make, or logs why the parts that changed stay as they were.
+    /// Swaps in the configuration changed bytes make, or logs why the parts
+    /// that changed stay as they were.
     fn reload(&self, not_after: &Gauge<i64, AtomicI64>) {
         let read: Vec<Result<Vec<u8>>> = self.files.iter().map(read).collect();
         let current = self.current.load_full();
-        let changed: Vec<_> = PARTS
-            .iter()
-            .filter(|(files, ..)| {
-                read.get(files.clone())
-                    .unwrap_or_default()
-                    .iter()
-                    .zip(&current.bytes[files.start..])
-                    .any(|(new, old)| new.as_ref().ok() != Some(old))
-            })
-            .collect();
+        let differs = |i: usize| match read.get(i) {
+            Some(new) => new.as_ref().ok() != current.bytes.get(i),
+            None => false,
+        };
+        let changed = PARTS.iter().filter(|(part, ..)| part.clone().any(differs));
+        let changed: Vec<_> = changed.collect();
         if changed.is_empty() {
             return;
         }
@@ -143,7 +118,7 @@ impl ReloadingTls {
                 not_after.set(version.not_after);
                 self.current.store(Arc::new(version));
                 for (files, reloaded, _) in changed {
-                    tracing::info!(file = %self.files[files.start].path.display(), "{reloaded}");
+                    tracing::info!(file = %self.files[files.start].1.display(), "{reloaded}");
                 }
             }
             Err(err) => {
@@ -155,31 +130,27 @@ impl ReloadingTls {
     }
 }
 
-fn read(file: &File) -> Result<Vec<u8>> {
-    std::fs::read(&file.path)
-        .with_context(|| format!("reading {} {}", file.what, file.path.display()))
+fn read((what, path): &(&str, PathBuf)) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {what} {}", path.display()))
 }
 
-/// The rustls server configuration (TLS 1.2 and 1.3, h2 and HTTP/1.1) the
-/// bytes of `files` make: it presents the certificate and, with a client CA,
-/// requires a client certificate that chains to it.
-fn configure(files: &[File], bytes: Vec<Vec<u8>>) -> Result<Version> {
+/// The server configuration (TLS 1.2 and 1.3, h2 and HTTP/1.1) the bytes of
+/// `files` make, requiring a client certificate with a client CA.
+fn configure(files: &[(&str, PathBuf)], bytes: Vec<Vec<u8>>) -> Result<Version> {
     let (certified, not_after) = parse_pair(files, &bytes)?;
     let builder = ServerConfig::builder_with_provider(crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("TLS protocol versions")?;
-    let client_ca = files.get(2).map(|file| &file.path);
+    let client_ca = files.get(2).map(|(_, path)| path);
     let mut config = match client_ca {
         Some(path) => builder.with_client_cert_verifier(parse_client_ca(path, &bytes[2])?),
         None => builder.with_no_client_auth(),
     }
     .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
     if client_ca.is_some() {
-        // A resumed session skips the client certificate check and keeps
-        // the verdict of its first handshake: a client of a CA rotated
-        // out would still get in. Every connection does a full handshake
-        // instead; the API server keeps its connections open, so this
-        // costs little.
+        // A resumed session keeps its first handshake's verdict: a client
+        // of a CA rotated out would still get in. A full handshake each
+        // time costs little: the API server keeps its connections open.
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
     }
@@ -191,11 +162,10 @@ fn configure(files: &[File], bytes: Vec<Vec<u8>>) -> Result<Version> {
     })
 }
 
-/// A verifier that accepts client certificates chaining to the CA
-/// certificates in `bytes` (PEM, one or more: during a rotation the old and
-/// the new CA). It sends no hints: an empty list is allowed and tells the
-/// client to send any certificate it has (the API server has exactly one
-/// per webhook), so a certificate of another CA is refused as such.
+/// A verifier of client certificates chaining to the CA certificates in
+/// `bytes` (one or more: the old and new CA during a rotation). It sends no
+/// hints, so the client sends the one certificate it has (the API server has
+/// one per webhook) and one of another CA is refused as such.
 fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifier>> {
     let path = path.display();
     let certs = CertificateDer::pem_slice_iter(bytes)
@@ -216,10 +186,9 @@ fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifi
         .with_context(|| format!("client CA file {path}"))
 }
 
-/// The serving pair from the bytes of `[certificate file, key file]`, and
-/// its leaf's notAfter.
-fn parse_pair(files: &[File], bytes: &[Vec<u8>]) -> Result<(CertifiedKey, i64)> {
-    let (cert, key) = (files[0].path.display(), files[1].path.display());
+/// The serving pair from the certificate and key files, and its notAfter.
+fn parse_pair(files: &[(&str, PathBuf)], bytes: &[Vec<u8>]) -> Result<(CertifiedKey, i64)> {
+    let (cert, key) = (files[0].1.display(), files[1].1.display());
     let chain = CertificateDer::pem_slice_iter(&bytes[0])
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("certificate file {cert} is not valid PEM"))?;

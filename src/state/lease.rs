@@ -1,7 +1,6 @@
 //! The Lease `node-holder-window` beside the record: who may act on the
-//! window. One notion of a live holder for everyone: the leader before each
-//! pass, `status` when it shows the leader, and `release` when it decides
-//! between waiting for a leader and releasing itself.
+//! window. One notion of a live holder for the leader before each pass,
+//! `status`, and `release` deciding whether to wait for a leader.
 
 use anyhow::{Context, Result};
 use jiff::{SignedDuration, Timestamp};
@@ -30,8 +29,7 @@ pub struct Holder {
     pub renewed_at: Option<Timestamp>,
     /// The lease ran out without renewal: nobody may act on its behalf.
     pub expired: bool,
-    /// When the hold ends (ended) without renewal: its renewal plus the
-    /// lease duration; `None` when it was never renewed.
+    /// Its renewal plus the lease duration; `None`: never renewed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live_until: Option<Timestamp>,
 }
@@ -86,12 +84,10 @@ pub async fn ensure_leading(client: &kube::Client, namespace: &str, identity: &s
 }
 
 /// The Lease beside the record, competed for as `identity`: held for
-/// `duration` seconds (at least 2), renewed a third of it before it ends.
-///
-/// Each identity writes the Lease as a field manager of its own: taking a free
-/// Lease is a server-side apply without force, and only distinct managers make
-/// a concurrent taker's apply conflict (with one shared manager both applies
-/// succeed and both competitors lead).
+/// `duration` seconds (at least 2), renewed a third of it before it ends. Each
+/// identity is a field manager of its own: taking a free Lease is an apply
+/// without force, and only distinct managers make a concurrent taker's apply
+/// conflict (with one shared manager both would lead).
 pub async fn lease_manager(
     client: &kube::Client,
     namespace: &str,

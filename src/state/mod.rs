@@ -1,8 +1,6 @@
-//! The state node-holder keeps in the cluster, which the leader's loop and
-//! the operator's commands (`status`, `release`, `hold`, `uninstall`,
-//! `self-check`) share: the record (ConfigMap `node-holder-window`: the
-//! window, the settings, the requests) and the Lease beside it. Neither
-//! runs a loop; both are read and written through the API.
+//! The state node-holder keeps in the cluster, shared by the leader and the
+//! operator's commands: the record (ConfigMap `node-holder-window`: the
+//! window, the settings, the requests) and the Lease beside it.
 
 pub mod lease;
 pub mod record;

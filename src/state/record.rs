@@ -20,40 +20,32 @@ use crate::core::known::LastRun;
 use crate::core::selector::NodeScope;
 use crate::core::window::{ManualHold, Window, WindowConfig};
 
-/// Name of the record's ConfigMap (and of the Lease beside it, see
-/// [`super::lease`]).
+/// The record's ConfigMap, and the Lease beside it ([`super::lease`]).
 pub const NAME: &str = "node-holder-window";
-/// Field manager of node-holder's writes.
 pub const FIELD_MANAGER: &str = "node-holder";
-/// Field manager of `release`'s request on the record.
+/// Field managers of `release`'s and `hold`'s requests on the record.
 const RELEASE_FIELD_MANAGER: &str = "node-holder-release";
-/// Field manager of `hold`'s request on the record.
 const HOLD_FIELD_MANAGER: &str = "node-holder-hold";
 
 const WINDOW_KEY: &str = "window.json";
-/// `--launch-cost`: what the schedule keeps, summed up, for `status`.
+/// `--launch-cost`: what the schedule keeps, for `status`, and each CronJob's
+/// last run, for a new leader to warm for runs whose nodes are gone.
 const SCHEDULE_KEY: &str = "schedule.json";
-/// `--launch-cost`: each CronJob's last run, for a new leader to warm for
-/// runs whose nodes are gone.
 const LAST_RUNS_KEY: &str = "last-runs.json";
 const SETTINGS_KEY: &str = "settings.json";
 
-/// Annotation through which `release` asks the leader to close the window:
-/// the RFC 3339 time of the request.
+/// `release`'s request to close the window: the request's RFC 3339 time.
 const RELEASE_REQUEST: &str = "node-holder.dev/release-requested-at";
-/// Annotation the leader (or `release` running without one) sets once a
-/// release request is done, every hold it covered removed: the request's
-/// time. `release` waits for it.
+/// The request's time, once every hold it covered is removed (by the leader,
+/// or by `release` without one). `release` waits for it.
 const RELEASE_DONE: &str = "node-holder.dev/release-done-at";
-/// Annotation the leader sets while it removes a closed window's holds: how
-/// many nodes that release started with (`status` shows the progress).
+/// While the leader removes a closed window's holds: how many nodes that
+/// release started with (`status` shows the progress).
 const RELEASING: &str = "node-holder.dev/releasing";
-/// Annotation through which `hold` asks the leader for a manual hold: the
-/// [`ManualHold`] as JSON.
+/// `hold`'s request for a manual hold: the [`ManualHold`] as JSON.
 const HOLD_REQUEST: &str = "node-holder.dev/hold-requested";
-/// Annotation the leader (or `hold` running without one) sets once a manual
-/// hold request is in the window and every node in scope carries the hold:
-/// the request's time. `hold` waits for it.
+/// The request's time, once it is in the window and every node in scope
+/// carries the hold (by the leader, or by `hold` without one).
 const HOLD_DONE: &str = "node-holder.dev/hold-done-at";
 
 /// The settings the leader runs with, kept beside the window so that `status`
@@ -96,7 +88,6 @@ pub struct Record {
     pub releasing: Option<u64>,
     /// The last manual hold `hold` asked for, while it is not done.
     pub pending_hold: Option<ManualHold>,
-    /// Whether the ConfigMap exists.
     pub exists: bool,
 }
 
@@ -160,8 +151,7 @@ impl RecordStore {
     }
 
     /// Writes the window and settings (creating the ConfigMap if needed).
-    /// Only the leader calls this: a merge patch of `data` leaves the release
-    /// annotation alone.
+    /// Only the leader calls this; the request annotations are not its fields.
     pub async fn save(
         &self,
         window: &Window,
@@ -191,14 +181,12 @@ impl RecordStore {
             .await
     }
 
-    /// Asks the leader to close the window (and end the manual hold) now:
-    /// the request made at `at`.
+    /// Asks the leader to close the window (and end the manual hold) now.
     pub async fn request_release(&self, at: Timestamp) -> Result<()> {
         self.request(RELEASE_FIELD_MANAGER, RELEASE_REQUEST, at.to_string())
             .await
     }
 
-    /// Asks the leader for a manual hold.
     pub async fn request_hold(&self, hold: &ManualHold) -> Result<()> {
         let request = json(hold, "the hold request")?;
         self.request(HOLD_FIELD_MANAGER, HOLD_REQUEST, request)
@@ -214,17 +202,15 @@ impl RecordStore {
         self.apply(manager, metadata, None).await
     }
 
-    /// Records that the manual hold requested at `at` is done. Only the
-    /// leader, or `hold` holding the Lease, calls this.
+    /// Records that the manual hold requested at `at` is done (under the Lease).
     pub async fn hold_done(&self, at: Timestamp) -> Result<()> {
         let annotations = serde_json::json!({HOLD_DONE: at.to_string()});
         self.annotate(annotations, "the manual hold").await
     }
 
-    /// Records the release progress: `releasing` the nodes a release in
-    /// progress started with (`None`: none in progress), and `done` a release
-    /// request now done. Only the leader, or `release` holding the Lease,
-    /// calls this, after the record exists.
+    /// Records the release progress: the nodes a release in progress started
+    /// with (`None`: none is), and a release request now done. Called under
+    /// the Lease, once the record exists.
     pub async fn release_progress(
         &self,
         releasing: Option<usize>,
@@ -252,10 +238,9 @@ impl RecordStore {
         Ok(())
     }
 
-    /// Server-side applies `metadata` and `data` to the record's ConfigMap as
-    /// `manager`, creating it when there is none: each writer owns its own
-    /// fields (the leader the data and label, `release` its request), and
-    /// none of them overwrites the other's.
+    /// Server-side applies `metadata` and `data` as `manager`, creating the
+    /// ConfigMap when there is none: each writer owns its own fields (the
+    /// leader the data and label, `release` and `hold` their requests).
     async fn apply(
         &self,
         manager: &str,
@@ -285,8 +270,8 @@ fn json(value: &impl Serialize, what: &str) -> Result<String> {
     serde_json::to_string(value).with_context(|| format!("serialising {what}"))
 }
 
-/// The JSON under `key` of the record's `data`, if there; `what` says what
-/// it should be, in the error.
+/// The JSON under `key` of the record's `data`, if there; `what` it should be
+/// names it in the error.
 fn parsed<T: DeserializeOwned>(
     data: Option<&BTreeMap<String, String>>,
     key: &str,
@@ -317,10 +302,9 @@ impl Record {
     }
 }
 
-/// Whether a release request made at `at` is still to be handled: not
-/// recorded as done (`done` at or after it), and not consumed by its window
-/// (`closed_through`, what the window last consumed, at or after it). The
-/// leader and `status` both decide it here.
+/// Whether a release request made at `at` is still to be handled: neither
+/// recorded as `done` nor consumed by its window (`closed_through` at or after
+/// it). The leader and `status` both decide it here.
 pub fn release_pending(
     at: Timestamp,
     done: Option<Timestamp>,
@@ -330,8 +314,7 @@ pub fn release_pending(
     !consumed && done.is_none_or(|done| done < at)
 }
 
-/// The release request in `meta`'s annotations (its time), if any and
-/// well-formed.
+/// The release request's time in `meta`'s annotations, if well-formed.
 pub fn release_request(meta: &ObjectMeta) -> Option<Timestamp> {
     annotation(meta, RELEASE_REQUEST)?.parse().ok()
 }
@@ -341,8 +324,7 @@ pub fn release_done_at(meta: &ObjectMeta) -> Option<Timestamp> {
     annotation(meta, RELEASE_DONE)?.parse().ok()
 }
 
-/// The manual hold request in `meta`'s annotations that is not done yet, if
-/// any and well-formed.
+/// The manual hold request in `meta`'s annotations not done yet, if well-formed.
 pub fn pending_hold(meta: &ObjectMeta) -> Option<ManualHold> {
     let hold: ManualHold = serde_json::from_str(annotation(meta, HOLD_REQUEST)?).ok()?;
     let done = hold_done_at(meta).is_some_and(|done| done >= hold.requested_at);
@@ -359,7 +341,6 @@ fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
 }
 
 impl Settings {
-    /// The window arithmetic these settings describe.
     pub fn window_config(&self) -> WindowConfig {
         WindowConfig {
             hold: self.hold_duration,
@@ -367,7 +348,6 @@ impl Settings {
         }
     }
 
-    /// The holds and node scope these settings describe.
     pub fn holding(&self) -> Result<Holding> {
         let holding = || -> Result<Holding, String> {
             let explicit: Vec<Hold> = self

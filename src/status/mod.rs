@@ -123,7 +123,6 @@ pub struct HeldNode {
     pub held_until: Option<Timestamp>,
 }
 
-/// Reads the status from the cluster.
 pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Result<Status> {
     let record = RecordStore::new(client.clone(), namespace).load().await?;
     let leader = lease::read_holder(client, namespace).await?;
@@ -170,18 +169,16 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
 
 /// The held nodes, by name.
 fn held_nodes(marked: Vec<PartialObjectMeta<Node>>) -> Vec<HeldNode> {
-    let mut held: Vec<HeldNode> = marked
-        .into_iter()
-        .map(|node| HeldNode {
-            holds: held_keys(&node.metadata)
-                .into_iter()
-                .map(str::to_string)
-                .collect(),
-            held_until: held_until_stamp(&node.metadata),
-            created: node.metadata.creation_timestamp.map(|t| t.0),
-            name: node.metadata.name.unwrap_or_default(),
-        })
-        .collect();
+    let held_node = |node: PartialObjectMeta<Node>| HeldNode {
+        holds: held_keys(&node.metadata)
+            .iter()
+            .map(|k| k.to_string())
+            .collect(),
+        held_until: held_until_stamp(&node.metadata),
+        created: node.metadata.creation_timestamp.map(|t| t.0),
+        name: node.metadata.name.unwrap_or_default(),
+    };
+    let mut held: Vec<HeldNode> = marked.into_iter().map(held_node).collect();
     held.sort_by(|a, b| a.name.cmp(&b.name));
     held
 }
@@ -204,15 +201,9 @@ fn window_opening(status: &Status) -> bool {
 fn release(status: &Status) -> Option<Release> {
     if let Some(of) = status.releasing_from {
         // The nodes of the closed windows that still carry the hold.
-        let left = status
-            .held_nodes
-            .iter()
-            .filter(|n| {
-                n.created
-                    .zip(status.closed_through)
-                    .is_some_and(|(created, through)| created <= through)
-            })
-            .count();
+        let through = status.closed_through;
+        let closed = |n: &&HeldNode| matches!((n.created, through), (Some(c), Some(t)) if c <= t);
+        let left = status.held_nodes.iter().filter(closed).count();
         return Some(Release::Releasing { left, of });
     }
     let requested_at = status.release_requested_at?;
@@ -223,7 +214,6 @@ fn release(status: &Status) -> Option<Release> {
     (pending && !superseded).then_some(Release::Requested { requested_at })
 }
 
-/// The `status` subcommand.
 pub async fn run(args: &StatusArgs) -> Result<()> {
     let client = crate::cluster::command_client("status", &args.client).await?;
     let now = Timestamp::now();

@@ -29,11 +29,15 @@ fn human(d: SignedDuration) -> String {
 /// "in 4m 2s" or "3s ago".
 pub fn relative(at: Timestamp, now: Timestamp) -> String {
     let d = at.duration_since(now);
-    if d.is_negative() {
-        format!("{} ago", human(d))
-    } else {
-        format!("in {}", human(d))
+    match d.is_negative() {
+        true => format!("{} ago", human(d)),
+        false => format!("in {}", human(d)),
     }
+}
+
+/// `at` and how far it is from now: "2026-11-22T12:45:00Z (in 35m)".
+fn when(at: Timestamp, now: Timestamp) -> String {
+    format!("{at} ({})", relative(at, now))
 }
 
 /// The readable form: the window, the release request, the leader, then a
@@ -90,34 +94,24 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
         (true, Some(deadline)) => {
             line("Window:", format!("open ({scope})"));
             if let Some(opened) = status.opened_at {
-                line("Opened:", format!("{opened} ({})", relative(opened, now)));
+                line("Opened:", when(opened, now));
             }
-            line(
-                "Deadline:",
-                format!("{deadline} ({})", relative(deadline, now)),
-            );
+            line("Deadline:", when(deadline, now));
             if let Some(cap) = status.cap {
-                line("Cap:", format!("{cap} ({})", relative(cap, now)));
+                line("Cap:", when(cap, now));
             }
         }
         _ if status.window_opening => {
             line("Window:", format!("opening ({scope})"));
-            line(
-                "Opening:",
-                "a node was held at admission; the leader opens the window at its next pass"
-                    .to_string(),
-            );
+            let why = "a node was held at admission; the leader opens the window at its next pass";
+            line("Opening:", why.to_string());
         }
         _ => {
             line("Window:", format!("closed ({scope})"));
             if let Some(deadline) = status.deadline {
-                line(
-                    "Deadline:",
-                    format!(
-                        "{deadline} ({}; the leader closes it at its next pass)",
-                        relative(deadline, now)
-                    ),
-                );
+                let ago = relative(deadline, now);
+                let text = format!("{deadline} ({ago}; the leader closes it at its next pass)");
+                line("Deadline:", text);
             }
             if let Some(through) = status.closed_through {
                 line(
@@ -132,25 +126,13 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
 /// The manual hold in force, and one asked for that waits for the leader.
 fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
     if let Some(manual) = &status.manual {
-        line(
-            "Manual hold:",
-            format!(
-                "until {} ({}), by {}: {}",
-                manual.until,
-                relative(manual.until, now),
-                manual.by,
-                manual.reason
-            ),
-        );
+        let (until, by, why) = (when(manual.until, now), &manual.by, &manual.reason);
+        line("Manual hold:", format!("until {until}, by {by}: {why}"));
     }
     if let Some(asked) = &status.manual_requested {
-        line(
-            "Manual hold:",
-            format!(
-                "requested by {} until {} ({}), waiting for the leader",
-                asked.by, asked.until, asked.reason
-            ),
-        );
+        let (by, until, why) = (&asked.by, asked.until, &asked.reason);
+        let text = format!("requested by {by} until {until} ({why}), waiting for the leader");
+        line("Manual hold:", text);
     }
 }
 
@@ -160,26 +142,15 @@ fn manual_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
 fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
     let kept = &status.scheduled;
     for run in &kept.runs {
-        line(
-            "Scheduled:",
-            format!(
-                "{} until {} ({}): cronjob {} runs at {}",
-                nodes_text(&run.nodes),
-                run.until,
-                relative(run.until, now),
-                run.cronjob,
-                run.run_at
-            ),
-        );
+        let (nodes, until) = (nodes_text(&run.nodes), when(run.until, now));
+        let (cronjob, at) = (&run.cronjob, run.run_at);
+        let text = format!("{nodes} until {until}: cronjob {cronjob} runs at {at}");
+        line("Scheduled:", text);
     }
     if kept.more_runs > 0 {
-        line(
-            "Scheduled:",
-            format!(
-                "and {} more runs keep {} nodes",
-                kept.more_runs, kept.more_nodes
-            ),
-        );
+        let (runs, nodes) = (kept.more_runs, kept.more_nodes);
+        let text = format!("and {runs} more runs keep {nodes} nodes");
+        line("Scheduled:", text);
     }
     for (nodes, why) in [
         (&kept.busy, "running a CronJob's pods"),
@@ -197,9 +168,7 @@ fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Ti
 fn warm_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
     for warm in &status.warms {
         let run = match (&warm.cronjob, warm.run_at) {
-            (Some(cronjob), Some(at)) => {
-                format!("cronjob {cronjob} runs at {at} ({})", relative(at, now))
-            }
+            (Some(cronjob), Some(at)) => format!("cronjob {cronjob} runs at {}", when(at, now)),
             _ => "a run it does not name".to_string(),
         };
         let so_far = &warm.so_far;
@@ -207,15 +176,12 @@ fn warm_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timesta
             [] => String::new(),
             nodes => format!(" ({})", nodes.join(", ")),
         };
+        let (ready, all) = (so_far.ready, so_far.ready.saturating_add(so_far.late));
+        let (nodes, seconds, job) = (so_far.nodes, so_far.node_seconds, &warm.job);
         line(
             "Warming:",
             format!(
-                "{run}: {} of {} placeholder pod(s) on {} node(s){on}, {:.0} node-seconds so far (Job {})",
-                so_far.ready,
-                so_far.ready.saturating_add(so_far.late),
-                so_far.nodes,
-                so_far.node_seconds,
-                warm.job,
+                "{run}: {ready} of {all} placeholder pod(s) on {nodes} node(s){on}, {seconds:.0} node-seconds so far (Job {job})"
             ),
         );
     }
@@ -238,29 +204,24 @@ fn nodes_text(nodes: &Nodes) -> String {
 /// A release that is not finished, in words.
 fn release_text(release: Option<&Release>, now: Timestamp) -> Option<String> {
     Some(match release? {
-        Release::Requested { requested_at } => format!(
-            "requested {requested_at} ({}), waiting for the leader",
-            relative(*requested_at, now)
-        ),
-        Release::Releasing { left, of } => format!(
-            "releasing {} of {} node(s) still held",
-            thousands(*left as u64),
-            thousands(*of)
-        ),
+        Release::Requested { requested_at } => {
+            let requested = when(*requested_at, now);
+            format!("requested {requested}, waiting for the leader")
+        }
+        Release::Releasing { left, of } => {
+            let (left, of) = (thousands(*left as u64), thousands(*of));
+            format!("releasing {left} of {of} node(s) still held")
+        }
     })
 }
 
 /// Who leads, and how fresh its Lease is.
 fn leader_text(status: &Status, now: Timestamp) -> String {
     match &status.leader {
-        Some(leader) if !leader.expired => format!(
-            "{}{}",
-            leader.identity,
-            leader
-                .renewed_at
-                .map(|r| format!(" (renewed {})", relative(r, now)))
-                .unwrap_or_default()
-        ),
+        Some(leader) if !leader.expired => match leader.renewed_at {
+            Some(renewed) => format!("{} (renewed {})", leader.identity, relative(renewed, now)),
+            None => leader.identity.clone(),
+        },
         Some(leader) => format!("none (lease of {} expired)", leader.identity),
         None => "none".to_string(),
     }
@@ -299,13 +260,8 @@ fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
     if status.held_nodes.is_empty() {
         return out;
     }
-    let width = status
-        .held_nodes
-        .iter()
-        .map(|n| n.name.len())
-        .max()
-        .unwrap_or(0)
-        .max("NODE".len());
+    let names = status.held_nodes.iter().map(|n| n.name.len());
+    let width = names.fold("NODE".len(), usize::max);
     out.push('\n');
     out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
     let shown = if limit == 0 { usize::MAX } else { limit };
@@ -313,12 +269,8 @@ fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
         let age = node.created.map_or("-".to_string(), |c| {
             human(now.duration_since(c)).replace(' ', "")
         });
-        out.push_str(&format!(
-            "{:<width$}  {:<9}  {}\n",
-            node.name,
-            age,
-            node.holds.join(",")
-        ));
+        let (name, holds) = (&node.name, node.holds.join(","));
+        out.push_str(&format!("{name:<width$}  {age:<9}  {holds}\n"));
     }
     let rest = status.held_nodes.len().saturating_sub(shown);
     if rest > 0 {

@@ -2,7 +2,7 @@
 //! in node-holder's namespace, the run each warms for, where its pods are
 //! and what their nodes have cost so far.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
 use jiff::Timestamp;
@@ -24,8 +24,6 @@ pub struct WarmShown {
     pub run_at: Option<Timestamp>,
     /// When the Job was created.
     pub since: Option<Timestamp>,
-    /// Its placeholder pods on a node and waiting for one, and the
-    /// node-seconds their nodes have been up since the warm started.
     pub so_far: HandOver,
     /// The nodes its pods are on.
     pub nodes: Vec<String>,
@@ -91,16 +89,14 @@ fn shown(
         now,
         since.unwrap_or(now),
     );
-    let mut nodes: Vec<String> = pods.iter().flatten().map(|n| n.to_string()).collect();
-    nodes.sort();
-    nodes.dedup();
+    let nodes: BTreeSet<&str> = pods.iter().flatten().copied().collect();
     WarmShown {
         job: name,
         cronjob,
         run_at,
         since,
         so_far,
-        nodes,
+        nodes: nodes.into_iter().map(String::from).collect(),
     }
 }
 
@@ -131,7 +127,7 @@ async fn node_creation(
 ) -> Result<BTreeMap<String, Timestamp>> {
     let api: Api<Node> = Api::all(client.clone());
     let mut created = BTreeMap::new();
-    let names: std::collections::BTreeSet<&str> = nodes.collect();
+    let names: BTreeSet<&str> = nodes.collect();
     for name in names {
         let node = api
             .get_metadata_opt(name)
