@@ -37,18 +37,14 @@ impl Exposition {
 }
 
 /// Exposes `label`'s series of `family` at 0, before its first event.
-pub fn show_at_zero<L>(family: &Family<L, Counter>, label: L)
-where
-    L: Clone + std::hash::Hash + Eq,
-{
+pub fn show_at_zero<L: Clone + std::hash::Hash + Eq>(family: &Family<L, Counter>, label: L) {
     let _created = family.get_or_create(&label);
 }
 
 /// An HTTP status as a label.
 pub fn code_label(code: u16) -> CodeLabel {
-    CodeLabel {
-        code: code.to_string(),
-    }
+    let code = code.to_string();
+    CodeLabel { code }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

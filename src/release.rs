@@ -23,16 +23,13 @@ pub async fn run(args: &ReleaseArgs) -> Result<()> {
     };
     let asked = Request::Release(now);
     let handled = request::ask(&client, namespace, asked, args.timeout, requested).await?;
+    let since = handled.status.open.then_some(" by a window opened since");
     println!(
         "released by {} in {:.1?}; {} node(s) still held{}",
         handled.leader,
         handled.took,
         handled.status.held_nodes.len(),
-        if handled.status.open {
-            " by a window opened since"
-        } else {
-            ""
-        }
+        since.unwrap_or_default()
     );
     Ok(())
 }

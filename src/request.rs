@@ -33,10 +33,9 @@ pub struct Handled {
     pub status: Status,
 }
 
-/// Writes `request` into the record, says so (`requested`, given the status
-/// before) and waits for the live leader to mark it done. An error, saying
-/// what to do, when no leader lives (nor a standby takes over) or it is not
-/// done within `timeout`.
+/// Writes `request` into the record, says so (`requested`, given the status before) and waits
+/// for the live leader to mark it done. An error, saying what to do, when no leader lives (nor
+/// a standby takes over) or it is not done within `timeout`.
 pub async fn ask(
     client: &kube::Client,
     namespace: &str,

@@ -31,23 +31,8 @@ fn process_metrics() -> (WebhookMetrics, TlsMetrics, WindowMetrics, Exposition) 
     (webhook, tls, window, Exposition::from(registry))
 }
 
-/// The window task's configuration the flags describe.
+/// The window task's configuration, refusing by name the flags a pass could not honour.
 fn controller_config(args: &ServeArgs, holding: Holding) -> Result<controller::Config> {
-    check_window_flags(args)?;
-    Ok(controller::Config {
-        window: args.window.window_config(),
-        holding,
-        namespace: args.record.namespace.clone(),
-        identity: controller::default_identity(),
-        lease_duration: args.lease_duration,
-        schedule: args.window.schedule_terms(),
-        warm_lead: args.window.warm_lead(),
-        qps: args.api_qps,
-    })
-}
-
-/// Window flags a pass could not honour, refused by name.
-fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if !args.window.warm_before_runs.is_zero() && args.window.launch_cost.is_zero() {
         bail!(
             "--warm-before-runs needs --launch-cost: warms are for the runs the schedule hold lets go"
@@ -72,7 +57,16 @@ fn check_window_flags(args: &ServeArgs) -> Result<()> {
     if args.lease_duration < Duration::from_secs(2) {
         bail!("--lease-duration must be at least 2s");
     }
-    Ok(())
+    Ok(controller::Config {
+        window: args.window.window_config(),
+        holding,
+        namespace: args.record.namespace.clone(),
+        identity: controller::default_identity(),
+        lease_duration: args.lease_duration,
+        schedule: args.window.schedule_terms(),
+        warm_lead: args.window.warm_lead(),
+        qps: args.api_qps,
+    })
 }
 
 pub async fn run(args: ServeArgs) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -41,11 +41,10 @@ pub async fn run(args: &UninstallArgs) -> Result<()> {
         .await
         .context("listing the nodes node-holder marked")?;
     let left = marked.items.len();
-    if left > 0 {
-        bail!(
-            "{left} node(s) still carry node-holder's marker after the release; run uninstall again"
-        );
-    }
+    ensure!(
+        left == 0,
+        "{left} node(s) still carry node-holder's marker after the release; run uninstall again"
+    );
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     delete(&config_maps, record::NAME).await?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);

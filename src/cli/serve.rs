@@ -8,8 +8,7 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, FromArgMatches as _, ValueEnum};
 
-use crate::core::holds::Holding;
-use crate::core::holds::{Hold, Holds, Preset};
+use crate::core::holds::{Hold, Holding, Holds, Preset};
 use crate::core::selector::NodeScope;
 use crate::core::window::WindowConfig;
 

@@ -19,14 +19,8 @@ use tokio_util::task::AbortOnDropHandle;
 pub type Key = (Box<str>, Box<str>);
 
 /// What is kept, by key. Cloning shares it: the watch task writes, passes read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Compact<V>(Arc<RwLock<HashMap<Key, V>>>);
-
-impl<V> Clone for Compact<V> {
-    fn clone(&self) -> Self {
-        Compact(self.0.clone())
-    }
-}
 
 impl<V> Compact<V> {
     pub fn read<T>(&self, read: impl FnOnce(&HashMap<Key, V>) -> T) -> T {
@@ -48,9 +42,8 @@ pub struct Watched<S> {
     pub task: AbortOnDropHandle<()>,
 }
 
-/// Starts a watch of `api` that keeps `read(object)` where it is `Some`;
-/// `tick` is bumped whenever what is kept changes. `report` says what a
-/// failure means and may set `listed` (a refused list counts as listed,
+/// Starts a watch of `api` keeping each `Some(read(object))`; `tick` is bumped when that changes.
+/// `report` says what a failure means and may set `listed` (a refused list counts as listed,
 /// empty); the watcher retries either way.
 pub fn watch_compact<K, V>(
     api: Api<K>,
@@ -62,7 +55,7 @@ pub fn watch_compact<K, V>(
 ) -> Watched<Compact<V>>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    V: PartialEq + Send + Sync + 'static,
+    V: Clone + PartialEq + Send + Sync + 'static,
 {
     let (store, listed) = (Compact(Arc::default()), Arc::new(AtomicBool::new(false)));
     let mut follower = Follower {

@@ -62,28 +62,13 @@ impl WindowTask {
         }
         let held_now = i64::try_from(marked.saturating_add(held).saturating_sub(released));
         self.metrics.held_nodes.set(held_now.unwrap_or(i64::MAX));
-        let failures = hold_failures + stamp_failures + release_failures;
-        Ok(self.wake(failures, wake_at, now))
-    }
-
-    /// When the next pass must run: after a backoff when patches failed,
-    /// else when the plan changes by itself (`at`).
-    fn wake(&mut self, failures: usize, at: Option<Timestamp>, now: Timestamp) -> Option<Instant> {
-        if failures > 0 {
-            return self.failed();
+        // The next pass: after a backoff when patches failed, else when the
+        // plan changes by itself.
+        if hold_failures + stamp_failures + release_failures > 0 {
+            return Ok(self.failed());
         }
         self.failures = 0;
-        instant_at(at?, now)
-    }
-
-    /// Adds what a release `patch` did to the report, if one is kept.
-    fn note(&self, action: Action, patch: &NodePatch) {
-        if let (Some(report), Action::Release) = (&self.report, action) {
-            let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
-            let left = patch.left.iter().map(|k| format!("{}: {k}", patch.name));
-            report.left.extend(left);
-            report.released.push(patch.name.clone());
-        }
+        Ok(wake_at.and_then(|at| instant_at(at, now)))
     }
 
     /// After a pass that removed every hold it had to, records the release
@@ -141,7 +126,13 @@ impl WindowTask {
                     if let Some(event) = HoldEvent::applied(action, &patch, applied, limit) {
                         self.events.send(event);
                     }
-                    self.note(action, &patch);
+                    // What a release did, for the report if one is kept.
+                    if let (Some(report), Action::Release) = (&self.report, action) {
+                        let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
+                        let left = patch.left.iter().map(|k| format!("{}: {k}", patch.name));
+                        report.left.extend(left);
+                        report.released.push(patch.name.clone());
+                    }
                 }
                 PatchResult::Gone => {}
                 PatchResult::Changed(code) => {

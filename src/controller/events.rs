@@ -266,11 +266,8 @@ impl EventSink {
             let mut pacer = tokio::time::interval(Duration::from_secs(1) / PER_SECOND);
             let mut failures = 0u64;
             loop {
-                let event = tokio::select! {
-                    _ = stop.cancelled() => None,
-                    event = events.recv() => event,
-                };
-                let Some(event) = event else { return };
+                let next = stop.run_until_cancelled(events.recv()).await;
+                let Some(event) = next.flatten() else { return };
                 pacer.tick().await;
                 let api: Api<K8sEvent> = Api::namespaced(client.clone(), event.namespace());
                 let k8s_event = event.to_k8s(&instance);

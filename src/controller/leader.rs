@@ -53,7 +53,15 @@ pub async fn run(
             }
         }
     }
-    hand_over(is_leader, lease_task).await;
+    // Dropping the receiver makes the lease task release the Lease, so a
+    // standby takes over at once instead of after the lease duration.
+    drop(is_leader);
+    match tokio::time::timeout(retry::LEASE_HANDOVER, lease_task).await {
+        Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
+        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "releasing the lease failed"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
+        Err(_) => tracing::warn!("releasing the lease timed out"),
+    }
     Ok(())
 }
 
@@ -89,25 +97,8 @@ async fn lead_while_leader(
     Ok(outcome)
 }
 
-/// Dropping the receiver makes the lease task release the Lease, so a
-/// standby takes over at once instead of after the lease duration.
-async fn hand_over(
-    is_leader: tokio::sync::watch::Receiver<bool>,
-    lease_task: tokio::task::JoinHandle<kube_lease_manager::Result<LeaseManager>>,
-) {
-    drop(is_leader);
-    match tokio::time::timeout(retry::LEASE_HANDOVER, lease_task).await {
-        Ok(Ok(Ok(_))) => tracing::info!("hold window lease released"),
-        Ok(Ok(Err(err))) => tracing::warn!(error = %err, "releasing the lease failed"),
-        Ok(Err(err)) => tracing::warn!(error = %err, "lease task failed"),
-        Err(_) => tracing::warn!("releasing the lease timed out"),
-    }
-}
-
-/// Carries out the release requested at `request` with the leader's own
-/// pass, as `config.identity`, which must hold the Lease: what `uninstall`
-/// does after the replicas stopped. A pass whose patches failed runs again
-/// from a fresh list, a few times.
+/// `uninstall`'s release (requested at `request`) by the leader's own pass, as `config.identity`,
+/// which must hold the Lease; a pass whose patches failed runs again from a fresh list, a few times.
 pub async fn release_once(
     client: kube::Client,
     config: Config,

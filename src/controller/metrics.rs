@@ -125,8 +125,7 @@ impl WindowMetrics {
         }
     }
 
-    /// The hold window's metrics, registered in `registry`; the counters by
-    /// label show their known label values from the start.
+    /// Registers the hold window's metrics, each label's known values at 0 from the start.
     pub fn register(registry: &mut Registry) -> Self {
         let window = WindowMetrics {
             deadline: Gauge::default(),

@@ -41,7 +41,6 @@ use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
-use kube_lease_manager::LeaseManager;
 use tokio_util::sync::CancellationToken;
 
 use crate::core::due::Terms;
@@ -189,10 +188,8 @@ impl WindowTask {
         let record_events = watch_record(self.client.clone(), &self.config.namespace);
         futures::pin_mut!(record_events);
         let (client, namespace) = (&self.client, &self.config.namespace);
-        self.scheduled = self
-            .config
-            .schedule
-            .map(|_| watch_scheduled(client.clone(), namespace));
+        let launch_cost = self.config.schedule.is_some();
+        self.scheduled = launch_cost.then(|| watch_scheduled(client.clone(), namespace));
         let mut schedule_changes = self.scheduled.as_ref().map(|w| w.changes.clone());
         let karpenter_v1 = self.config.holding.holds.includes(Preset::KarpenterV1);
         self.drift = karpenter_v1.then(|| drift::watch_drift(client.clone()));
@@ -272,14 +269,12 @@ impl WindowTask {
         let outcome = self.pass(nodes).await;
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.pass_duration.observe(elapsed);
-        let err = match outcome {
-            Ok(wake) => return wake,
-            Err(err) => err,
-        };
-        let kind = error::kind(&err);
-        self.metrics.pass_failed(kind);
-        tracing::warn!(error = %format_args!("{err:#}"), kind = kind.label(), "hold window pass failed");
-        self.failed()
+        outcome.unwrap_or_else(|err| {
+            let kind = error::kind(&err);
+            self.metrics.pass_failed(kind);
+            tracing::warn!(error = %format_args!("{err:#}"), kind = kind.label(), "hold window pass failed");
+            self.failed()
+        })
     }
 
     /// Counts a failure: the next pass runs after a backoff.

@@ -31,22 +31,6 @@ impl NodeStore {
         self.read().clone()
     }
 
-    /// Puts `node` in place of the node of its name, or adds it.
-    fn replace(&self, node: Arc<NodeMeta>) {
-        let mut nodes = self.write();
-        match position(&nodes, node.name()) {
-            Ok(i) => nodes[i] = node,
-            Err(i) => nodes.insert(i, node),
-        }
-    }
-
-    fn remove(&self, name: &str) {
-        let mut nodes = self.write();
-        if let Ok(i) = position(&nodes, name) {
-            nodes.remove(i);
-        }
-    }
-
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<NodeMeta>>> {
         // A panic while writing cannot leave the nodes half-changed: each
         // write is one insert, remove, swap or replacement.
@@ -111,12 +95,18 @@ impl Writer {
             }
             Event::Apply(node) => {
                 if let Some(node) = self.keep(node) {
-                    self.store.replace(node);
+                    let mut nodes = self.store.write();
+                    match position(&nodes, node.name()) {
+                        Ok(i) => nodes[i] = node,
+                        Err(i) => nodes.insert(i, node),
+                    }
                 }
             }
             Event::Delete(node) => {
-                if let Some(name) = node.metadata.name.as_deref() {
-                    self.store.remove(name);
+                let mut nodes = self.store.write();
+                let name = node.metadata.name.as_deref();
+                if let Some(i) = name.and_then(|name| position(&nodes, name).ok()) {
+                    nodes.remove(i);
                 }
             }
         }
@@ -149,11 +139,9 @@ pub struct Feed {
     pub broken: bool,
 }
 
-/// Watches Node metadata into a store, in a task of its own so that the
-/// watch is read even during a long pass (the API server closes watchers
-/// that fall behind). Returns the store, the watch's progress and the task.
-/// After any watch error the store is marked broken and the watch starts
-/// over: only a complete list proves no node was missed while it was down.
+/// Watches Node metadata into a store in a task of its own, read even during a long pass (the
+/// API server closes watchers that fall behind). After any watch error the store is marked
+/// broken and the watch starts over: only a complete list proves no node was missed meanwhile.
 pub fn watch_nodes(
     client: kube::Client,
     holding: Holding,

@@ -57,10 +57,8 @@ impl Patcher {
         }
     }
 
-    /// Applies `patches` (`total` of them) as they are taken: at most
-    /// [`MAX_IN_FLIGHT`] built and in flight at once. Yields each patch (its
-    /// operations dropped once sent) with its result as it completes, so one
-    /// slow request holds only its own slot.
+    /// Applies `patches` (`total` of them) as taken, at most [`MAX_IN_FLIGHT`] built and in
+    /// flight; yields each with its result as it completes: a slow one holds only its slot.
     pub fn apply<'a>(
         &'a self,
         patches: impl IntoIterator<Item = NodePatch, IntoIter: Send + 'a>,
@@ -96,11 +94,8 @@ impl Patcher {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PatchParams::default()
         };
-        match self
-            .api
-            .patch_metadata(name, &params, &KubePatch::<()>::Json(patch.clone()))
-            .await
-        {
+        let patch = KubePatch::<()>::Json(patch.clone());
+        match self.api.patch_metadata(name, &params, &patch).await {
             Ok(_) => PatchResult::Applied,
             Err(kube::Error::Api(status)) => match status.code {
                 404 => PatchResult::Gone,

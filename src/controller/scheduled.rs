@@ -86,8 +86,7 @@ fn fingerprint(in_scope: &[NodeView<'_>], remembered: &BTreeMap<String, LastRun>
     hasher.finish()
 }
 
-/// Whether `name` is among the pass's views (sorted by name, as the node
-/// store is: no set of every name is built a pass).
+/// Whether `name` is among the pass's views (sorted, as the node store is: no set built a pass).
 fn in_scope(views: &[NodeView<'_>], name: &str) -> bool {
     views.binary_search_by(|view| view.name.cmp(name)).is_ok()
 }
@@ -245,11 +244,7 @@ impl super::WindowTask {
     /// Adds the nodes the known CronJobs' pods explain now; forgets those
     /// gone from scope and those other work ran on.
     fn remember_explained(&mut self, known: &KnownWork, views: &[NodeView<'_>]) {
-        for node in &known.explained {
-            if !self.explained.contains(node) {
-                self.explained.insert(node.clone());
-            }
-        }
+        self.explained.extend(known.explained.iter().cloned());
         self.explained
             .retain(|node| in_scope(views, node) && !known.other_work.contains(node));
     }
@@ -316,8 +311,7 @@ impl super::WindowTask {
         say_first(ended, say_ended, "more nodes whose schedule hold ends");
     }
 
-    /// When the window counts `node` as created: with `--launch-cost` once
-    /// it settled ([`counted_at`]).
+    /// When the window counts `node` as created: with `--launch-cost`, once it settled.
     pub(super) fn counted_at(&self, node: &NodeMeta) -> Timestamp {
         let created = node.created();
         self.terms()
@@ -333,8 +327,7 @@ impl super::WindowTask {
         })
     }
 
-    /// Whether the window counts `node`: unless the schedule explains it or
-    /// it is still settling.
+    /// Whether the window counts `node`: not if the schedule explains it or it still settles.
     pub(super) fn counts_in_window(&self, node: &NodeMeta, now: Timestamp) -> bool {
         self.terms().is_none_or(|terms| {
             counts_in_window(node.name(), node.created(), &self.explained, now, &terms)

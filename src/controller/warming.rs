@@ -84,13 +84,10 @@ impl super::WindowTask {
         }
         let namespace = &self.config.namespace;
         let job = placeholder_job(warm, namespace, terms, now);
-        let job: Job = match serde_json::from_value(job) {
-            Ok(job) => job,
-            Err(err) => {
-                tracing::warn!(error = %err, job = %warm.name, "placeholder Job not built");
-                return false;
-            }
-        };
+        let job = serde_json::from_value::<Job>(job).inspect_err(|err| {
+            tracing::warn!(error = %err, job = %warm.name, "placeholder Job not built");
+        });
+        let Ok(job) = job else { return false };
         let api: Api<Job> = Api::namespaced(self.client.clone(), namespace);
         let created = match api.create(&PostParams::default(), &job).await {
             Ok(_) => true,
@@ -119,13 +116,10 @@ impl super::WindowTask {
 
     /// Creates the placeholders' PriorityClass if it is not there.
     async fn make_priority_class(&mut self) -> bool {
-        let class: PriorityClass = match serde_json::from_value(priority_class()) {
-            Ok(class) => class,
-            Err(err) => {
-                tracing::warn!(error = %err, "placeholder PriorityClass not built");
-                return false;
-            }
-        };
+        let class = serde_json::from_value::<PriorityClass>(priority_class()).inspect_err(|err| {
+            tracing::warn!(error = %err, "placeholder PriorityClass not built");
+        });
+        let Ok(class) = class else { return false };
         let api: Api<PriorityClass> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), &class).await {
             Ok(_) => {

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use std::borrow::Cow;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -148,10 +149,19 @@ pub fn decide(body: &[u8], holding: &Holding) -> Result<Decision, BadReview> {
         response.uid = request.uid.clone();
         (response, Outcome::Invalid { reason })
     };
+    let request = RequestSummary {
+        uid: request.uid,
+        kind: request.kind.kind,
+        name: request.name,
+        // `Create` as the API says it, `CREATE`.
+        operation: format!("{:?}", request.operation).to_uppercase(),
+        user: request.user_info.username.unwrap_or_default(),
+        dry_run: request.dry_run,
+    };
     Ok(Decision {
         response,
         outcome,
-        request: summarize(&request),
+        request,
     })
 }
 
@@ -163,23 +173,19 @@ fn hold_new_node(
     holding: &Holding,
 ) -> (AdmissionResponse, Outcome) {
     let mut response = AdmissionResponse::from(request);
-    let outcome = if !holding.scope.matches(labels(node)) {
-        Outcome::OutOfScope
-    } else {
-        let (patch, added) = add_holds(node, &holding.holds);
-        if added.is_empty() {
-            Outcome::AlreadyHeld
-        } else {
-            match response.clone().with_patch(patch) {
-                Ok(patched) => {
-                    response = patched;
-                    Outcome::Held { added }
-                }
-                Err(err) => Outcome::Unpatched {
-                    reason: format!("the patch could not be serialised: {err}"),
-                },
+    let in_scope = holding.scope.matches(labels(node));
+    let outcome = match in_scope.then(|| add_holds(node, &holding.holds)) {
+        None => Outcome::OutOfScope,
+        Some((_, added)) if added.is_empty() => Outcome::AlreadyHeld,
+        Some((patch, added)) => match response.clone().with_patch(patch) {
+            Ok(patched) => {
+                response = patched;
+                Outcome::Held { added }
             }
-        }
+            Err(err) => Outcome::Unpatched {
+                reason: format!("the patch could not be serialised: {err}"),
+            },
+        },
     };
     response.audit_annotations = audit_annotations(&outcome, &holding.scope.to_string());
     (response, outcome)
@@ -203,18 +209,6 @@ fn audit_annotations(outcome: &Outcome, scope: &str) -> HashMap<String, String> 
     };
     annotations.insert("reason".to_string(), reason);
     annotations
-}
-
-fn summarize(request: &AdmissionRequest<Admitted>) -> RequestSummary {
-    RequestSummary {
-        uid: request.uid.clone(),
-        kind: request.kind.kind.clone(),
-        name: request.name.clone(),
-        // `Create` as the API says it, `CREATE`.
-        operation: format!("{:?}", request.operation).to_uppercase(),
-        user: request.user_info.username.clone().unwrap_or_default(),
-        dry_run: request.dry_run,
-    }
 }
 
 /// The JSON body of the AdmissionReview that carries `response`. kube-rs keeps
@@ -252,10 +246,7 @@ pub fn review_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::E
             uid: &response.uid,
             allowed: response.allowed,
             status: &response.result,
-            patch: response
-                .patch
-                .as_ref()
-                .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+            patch: response.patch.as_ref().map(|p| STANDARD.encode(p)),
             patch_type: response.patch.is_some().then_some("JSONPatch"),
             audit_annotations: &response.audit_annotations,
             warnings: response.warnings.as_ref(),

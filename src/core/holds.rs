@@ -10,11 +10,9 @@ use super::names::is_qualified_name;
 use super::node::NodeFields;
 use super::selector::NodeScope;
 
-/// node-holder's own key prefix.
 pub const PREFIX: &str = "node-holder.dev";
-/// Label on every node that carries a hold node-holder placed.
+/// Label, and its value, on every node that carries a hold node-holder placed.
 pub const MARKER_LABEL: &str = "node-holder.dev/held";
-/// The marker label's value.
 pub const MARKER_VALUE: &str = "true";
 /// Annotation listing, comma-separated, the hold keys node-holder added.
 pub const HELD_KEYS_ANNOTATION: &str = "node-holder.dev/hold-keys";
@@ -39,8 +37,7 @@ pub fn held_until_stamp(meta: &(impl NodeFields + ?Sized)) -> Option<jiff::Times
 /// trimmed; its own keys skipped (removing the list twice would make a release
 /// patch fail forever).
 pub fn held_keys(meta: &(impl NodeFields + ?Sized)) -> Vec<&str> {
-    meta.annotation(HELD_KEYS_ANNOTATION)
-        .map_or_else(Vec::new, listed_keys)
+    listed_keys(meta.annotation(HELD_KEYS_ANNOTATION).unwrap_or_default())
 }
 
 /// The keys of a `hold-keys` list (see [`held_keys`]).
@@ -118,7 +115,6 @@ pub enum Preset {
 }
 
 impl Preset {
-    /// Every preset.
     pub const ALL: [Preset; 3] = [
         Preset::KarpenterV1,
         Preset::KarpenterV0,

@@ -255,9 +255,7 @@ fn cronjob_of<'k>(
     let (cronjob, minute) = job.rsplit_once('-')?;
     let minute: i64 = minute.parse().ok()?;
     key.clear();
-    key.push_str(namespace);
-    key.push('/');
-    key.push_str(cronjob);
+    key.extend([namespace, "/", cronjob]);
     keys.get(key.as_str()).map(|&cronjob| (cronjob, minute))
 }
 

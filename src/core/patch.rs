@@ -149,9 +149,7 @@ pub fn keep_what_patches_read(
     holds: &Holds,
     scope: &NodeScope,
 ) -> Option<NodeMeta> {
-    let listed: Vec<&str> = meta
-        .annotation(HELD_KEYS_ANNOTATION)
-        .map_or_else(Vec::new, listed_keys);
+    let listed = held_keys(meta);
     NodeMeta::read(
         meta,
         scope.matches(labels(meta)),

@@ -149,10 +149,7 @@ impl Planner<'_> {
     /// keeping it, or when its `held-until` passes before the hold ends (it
     /// is rewritten then).
     fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
-        let scheduled = self
-            .kept
-            .and_then(|kept| kept.get(node.name()))
-            .and_then(|kept| kept.until);
+        let scheduled = self.kept.and_then(|kept| kept.get(node.name())?.until);
         let (wanted, until) = self.wanted(node);
         let stamp = until.filter(|_| wanted).and_then(|until| {
             held_until_stamp(node).filter(|&stamp| {

@@ -91,10 +91,8 @@ impl Schedule {
     /// that never comes, as the 30th of February).
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         let at = t.to_zoned(self.zone.clone());
-        self.cron
-            .find_next_occurrence(&at, false)
-            .ok()
-            .map(|next| next.timestamp())
+        let next = self.cron.find_next_occurrence(&at, false).ok()?;
+        Some(next.timestamp())
     }
 }
 

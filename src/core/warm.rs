@@ -110,12 +110,9 @@ fn warming(at: Timestamp, lead: Duration, now: Timestamp) -> bool {
 
 /// The next instant after `now` a warm starts or hands over.
 pub fn next_change(known: &KnownWork, lead: Duration, now: Timestamp) -> Option<Timestamp> {
-    let instants = known.runs.iter().flat_map(|run| {
-        let start = run.at.saturating_sub(lead).ok();
-        let end = run.at.saturating_sub(HANDOVER).ok();
-        [start, end]
-    });
-    instants.flatten().filter(|&t| t > now).min()
+    let instants = |run: &Run| [lead, HANDOVER].map(|d| run.at.saturating_sub(d));
+    let instants = known.runs.iter().flat_map(instants).flatten();
+    instants.filter(|&t| t > now).min()
 }
 
 /// The placeholder Job for `warm`, in `namespace`: it ends by itself at the
@@ -190,9 +187,7 @@ fn pod_spec(run: &Run) -> Value {
         ("affinity", serde_json::to_value(&shape.affinity)),
     ];
     for (key, value) in fields {
-        if let Ok(value) = value
-            && !value.is_null()
-        {
+        if let Some(value) = value.ok().filter(|v| !v.is_null()) {
             spec[key] = value;
         }
     }

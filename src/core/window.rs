@@ -179,14 +179,12 @@ impl Window {
         if self.manual.as_ref().is_some_and(|m| m.until <= now) {
             self.manual = None;
         }
-        match self.open {
-            Some(open) if open.deadline <= now => {
-                self.open = None;
-                self.consume_through(open.counted_through);
-                true
-            }
-            _ => false,
-        }
+        let Some(open) = self.open.filter(|open| open.deadline <= now) else {
+            return false;
+        };
+        self.open = None;
+        self.consume_through(open.counted_through);
+        true
     }
 
     fn consume_through(&mut self, t: Timestamp) {
@@ -198,11 +196,8 @@ impl Window {
     /// When a node created at `creation` counts as created: then, or when it
     /// was first seen if earlier (clock skew).
     fn effective_creation(&self, creation: Timestamp, now: Timestamp) -> Timestamp {
-        self.future_creations
-            .get(&creation)
-            .copied()
-            .unwrap_or(creation)
-            .min(now)
+        let first_seen = self.future_creations.get(&creation).copied();
+        first_seen.unwrap_or(creation).min(now)
     }
 
     /// Closes the window and ends a manual hold now (`release`): later nodes
@@ -257,10 +252,8 @@ impl Window {
 
     /// Until when the manual hold holds, if it does at `now`.
     pub fn manual_held_until(&self, now: Timestamp) -> Option<Timestamp> {
-        self.manual
-            .as_ref()
-            .map(|m| m.until)
-            .filter(|&end| now < end)
+        let until = self.manual.as_ref().map(|m| m.until);
+        until.filter(|&end| now < end)
     }
 
     /// When the caller should call [`Window::tick`] next.

@@ -25,7 +25,6 @@ use tower::ServiceExt;
 use super::metrics::TlsMetrics;
 use super::tls::ReloadingTls;
 
-/// How the TLS port serves: its drain time, connection bound and metrics.
 #[derive(Clone)]
 pub struct TlsServing {
     /// After `stop`, how long in-flight requests may take ([`drain_time`]).
@@ -84,8 +83,7 @@ impl Drop for InFlight {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `stop` is cancelled, then
-/// drains (up to `drain`) and closes keep-alive connections.
+/// Serves `router` over TLS on `listener` until `stop`, then drains and closes the connections.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
@@ -93,12 +91,23 @@ pub async fn serve_tls(
     stop: CancellationToken,
     serving: TlsServing,
 ) -> Result<()> {
-    let (http1, http2) = protocols();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's timeouts need a timer; without one the first HTTP/1.1 request
+    // panics the connection task.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(Some(HEADER_TIMEOUT));
+    builder.http2().timer(TokioTimer::new());
     let connection = Connection {
         tls,
         router,
-        http1: Arc::new(http1),
-        http2: Arc::new(http2),
+        // The protocol comes from ALPN, as Go's servers do it: h2 only when the
+        // client asked for it. Letting hyper sniff the first bytes instead would
+        // wait for them without any timeout.
+        http1: Arc::new(builder.clone().http1_only()),
+        http2: Arc::new(builder.http2_only()),
         stop: stop.clone(),
         serving: serving.clone(),
     };
@@ -123,7 +132,12 @@ pub async fn serve_tls(
         });
     }
     drop(listener);
-    drain(&connections, max_connections, serving.drain).await;
+    // All the permits back means every connection has drained.
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    tokio::select! {
+        _ = connections.acquire_many(all) => tracing::info!("all webhook connections drained"),
+        _ = tokio::time::sleep(serving.drain) => tracing::warn!(drain = ?serving.drain, "webhook connections still open after the drain timeout"),
+    }
     Ok(())
 }
 
@@ -135,8 +149,7 @@ struct Sources {
 }
 
 impl Sources {
-    /// A slot for one more connection from `ip`, given back when dropped;
-    /// `None` (counted) when `ip` has the limit open already.
+    /// A slot for one more connection from `ip`; `None` (counted) at the limit.
     fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let count = open.entry(ip).or_insert(0);
@@ -172,23 +185,6 @@ impl Drop for SourceSlot {
     }
 }
 
-/// HTTP/1.1 and h2 as node-holder serves them.
-fn protocols() -> (auto::Builder<TokioExecutor>, auto::Builder<TokioExecutor>) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's timeouts need a timer; without one the first HTTP/1.1 request
-    // panics the connection task.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .header_read_timeout(Some(HEADER_TIMEOUT));
-    builder.http2().timer(TokioTimer::new());
-    // The protocol comes from ALPN, as Go's servers do it: h2 only when the
-    // client asked for it. Letting hyper sniff the first bytes instead would
-    // wait for them without any timeout.
-    (builder.clone().http1_only(), builder.http2_only())
-}
-
 /// The next connection, within the bound; `None` once `stop` is cancelled.
 async fn accept(
     listener: &TcpListener,
@@ -219,15 +215,6 @@ async fn accept(
     stop.run_until_cancelled(next).await.transpose()
 }
 
-/// All the permits back means every connection has drained.
-async fn drain(connections: &Semaphore, max_connections: usize, drain: Duration) {
-    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
-    tokio::select! {
-        _ = connections.acquire_many(all) => tracing::info!("all webhook connections drained"),
-        _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "webhook connections still open after the drain timeout"),
-    }
-}
-
 /// What serving one connection needs; cloned for each.
 #[derive(Clone)]
 struct Connection {
@@ -240,9 +227,8 @@ struct Connection {
 }
 
 impl Connection {
-    /// The TLS handshake (plain HTTP gets a 400), then requests until the
-    /// connection ends. A failed handshake is counted and logged before its
-    /// socket closes, so a client that saw it end finds it on `/metrics`.
+    /// The TLS handshake (plain HTTP gets a 400), then requests. A failed handshake is counted
+    /// and logged before its socket closes, so a client that saw it end finds it on `/metrics`.
     async fn serve(self, mut tcp: TcpStream, peer: SocketAddr) {
         let acceptor = self.tls.acceptor();
         let attempt = async move {
@@ -275,10 +261,9 @@ impl Connection {
         }
     }
 
-    /// Serves the connection's requests until it ends. Being closed (after
-    /// `stop`, or idle), it gets `CLOSE_GRACE` to end by itself, then is
-    /// dropped once no request is in flight: an h2 client that never sent its
-    /// preface would otherwise never let go.
+    /// Serves the connection's requests until it ends. Closed (after `stop`, or idle), it gets
+    /// `CLOSE_GRACE` to end by itself, then is dropped once no request is in flight: an h2
+    /// client that never sent its preface would otherwise never let go.
     async fn drive(&self, tls: TlsStream<TcpStream>, peer: SocketAddr) {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
         let builder = if h2 { &self.http2 } else { &self.http1 };
@@ -340,8 +325,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Logs a failed handshake (`err` is `None` for plain HTTP), loud when an
-/// operator should look.
+/// Logs a failed handshake (`err`: `None` for plain HTTP), loud when an operator should look.
 fn log_handshake_failure(reason: HandshakeFailure, peer: SocketAddr, err: Option<&std::io::Error>) {
     let Some(err) = err else {
         return tracing::debug!(%peer, "plain HTTP on the TLS port refused");

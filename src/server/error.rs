@@ -10,10 +10,8 @@ use crate::core::admission::BadReview;
 /// A webhook request node-holder does not answer with an AdmissionReview.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    /// The client asked whether to send a body over the limit.
     #[error("a request body of {length} bytes is over the limit of {MAX_BODY_BYTES}")]
     BodyTooLarge { length: u64 },
-    /// The body is not said to be JSON.
     #[error("expected Content-Type application/json, got {content_type:?}")]
     NotJson { content_type: String },
     /// The body is not an `admission.k8s.io/v1` AdmissionReview.

@@ -19,7 +19,6 @@ use crate::metrics::{CodeLabel, ReasonLabel, code_label, show_at_zero};
 /// rate over them is 0, not absent (as controller-runtime does).
 const WEBHOOK_CODES: [u16; 7] = [200, 400, 408, 413, 415, 500, 503];
 
-/// The webhook's requests.
 #[derive(Clone)]
 pub struct WebhookMetrics {
     requests: Family<CodeLabel, Counter>,

@@ -31,12 +31,10 @@ use metrics::WebhookMetrics;
 /// Largest AdmissionReview accepted, as controller-runtime does.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
-/// Webhook requests handled at once; more wait their turn (within the
-/// request timeout). It never limits a real load (docs/comparison.md): it
-/// keeps a flood's requests from all running at once.
+/// Webhook requests handled at once; more wait (within the request timeout). It never limits
+/// a real load (docs/comparison.md): it keeps a flood's requests from all running at once.
 const MAX_CONCURRENT_REQUESTS: usize = 256;
 
-/// What the handlers share.
 pub struct WebhookState {
     pub holding: Holding,
     pub metrics: WebhookMetrics,
@@ -61,30 +59,25 @@ pub fn webhook_router(state: Arc<WebhookState>, request_timeout: Duration) -> Ro
         .with_state(state)
 }
 
-/// The request bodies read at once, in KiB: four of the largest, or thousands
-/// of real (6 KiB) reviews; without it 256 bodies of 7 MiB (1.8 GB) could be
-/// read at once, far over the chart's memory limit.
+/// Request bodies read at once, in KiB: four of the largest, or thousands of real (6 KiB)
+/// reviews; not 256 of 7 MiB (1.8 GB), far over the chart's memory limit.
 const BODY_ALLOWANCE_KIB: usize = 32 * 1024;
 
-/// Answers `413` at once to a body declared over the limit (before any
-/// `100 Continue`; and a size over the whole allowance would otherwise wait
-/// for permits that never come). Otherwise reserves the body's size (its
-/// Content-Length, else the largest allowed) from the body allowance until
-/// the response is made.
+/// Answers `413` at once to a body declared over the limit (before any `100 Continue`; a size
+/// over the whole allowance would wait for permits that never come). Otherwise reserves the
+/// body's size (its Content-Length, else the largest allowed) until the response is made.
 async fn reserve_body(
     State(allowance): State<Arc<Semaphore>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let headers = request.headers();
-    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let declared = value(header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
+    let declared = request.headers().get(header::CONTENT_LENGTH);
+    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(length) = declared.filter(|&l| l > MAX_BODY_BYTES as u64) {
         return WebhookError::BodyTooLarge { length }.into_response();
     }
-    let declared = declared.and_then(|l| usize::try_from(l).ok());
-    let declared = declared.unwrap_or(MAX_BODY_BYTES);
-    let kib = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+    let bytes = declared.unwrap_or(MAX_BODY_BYTES as u64);
+    let kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let Ok(_reserved) = allowance.acquire_many(kib).await else {
         // The semaphore is never closed.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -92,7 +85,6 @@ async fn reserve_body(
     next.run(request).await
 }
 
-/// Counts the request, its status and latency in the webhook's metrics.
 async fn count_request(
     State(state): State<Arc<WebhookState>>,
     request: Request,
@@ -139,8 +131,9 @@ fn audit(decision: &Decision, started: Instant) {
         _ => None,
     };
     let holds: Vec<String> = added
-        .iter()
-        .flat_map(|a| a.iter().map(ToString::to_string))
+        .into_iter()
+        .flatten()
+        .map(ToString::to_string)
         .collect();
     tracing::info!(
         target: "node_holder::audit",

@@ -38,8 +38,7 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
 /// The webhook port's TLS configuration, swapped when its files' bytes change
 /// and still make one. Open connections keep their handshake's verdict.
 pub struct ReloadingTls {
-    /// What each file is (for messages) and its path: the certificate, the
-    /// key and, with `--client-ca-file`, the client CA.
+    /// The certificate, the key and, with `--client-ca-file`, the client CA: what, and where.
     files: Vec<(&'static str, PathBuf)>,
     current: ArcSwap<Version>,
 }
@@ -51,8 +50,7 @@ struct Version {
     not_after: i64,
 }
 
-/// The parts that reload, by their files' indices, and what the log says
-/// when they do or do not.
+/// The parts that reload, by their files' indices, and the log's lines when they do or not.
 const PARTS: [(Range<usize>, &str, &str); 2] = [
     (
         0..2,
@@ -95,8 +93,7 @@ impl ReloadingTls {
         });
     }
 
-    /// Swaps in the configuration changed bytes make, or logs why the parts
-    /// that changed stay as they were.
+    /// Swaps in the configuration changed bytes make, or logs why the changed parts stay.
     fn reload(&self, not_after: &Gauge<i64, AtomicI64>) {
         let read: Vec<Result<Vec<u8>>> = self.files.iter().map(read).collect();
         let current = self.current.load_full();
@@ -141,9 +138,9 @@ fn configure(files: &[(&str, PathBuf)], bytes: Vec<Vec<u8>>) -> Result<Version> 
     let builder = ServerConfig::builder_with_provider(crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .context("TLS protocol versions")?;
-    let client_ca = files.get(2).map(|(_, path)| path);
+    let client_ca = files.get(2);
     let mut config = match client_ca {
-        Some(path) => builder.with_client_cert_verifier(parse_client_ca(path, &bytes[2])?),
+        Some(file) => builder.with_client_cert_verifier(parse_client_ca(file, &bytes[2])?),
         None => builder.with_no_client_auth(),
     }
     .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
@@ -162,18 +159,12 @@ fn configure(files: &[(&str, PathBuf)], bytes: Vec<Vec<u8>>) -> Result<Version> 
     })
 }
 
-/// A verifier of client certificates chaining to the CA certificates in
-/// `bytes` (one or more: the old and new CA during a rotation). It sends no
-/// hints, so the client sends the one certificate it has (the API server has
-/// one per webhook) and one of another CA is refused as such.
-fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifier>> {
-    let path = path.display();
-    let certs = CertificateDer::pem_slice_iter(bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("client CA file {path} is not valid PEM"))?;
-    if certs.is_empty() {
-        bail!("client CA file {path} holds no certificate");
-    }
+/// A verifier of client certificates chaining to the CA certificates of `file` (one or more:
+/// the old and new CA during a rotation). It sends no hints, so the client sends the one
+/// certificate it has (the API server has one per webhook) and one of another CA is refused.
+fn parse_client_ca(file: &(&str, PathBuf), bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifier>> {
+    let certs = pem_certs(file, bytes)?;
+    let path = file.1.display();
     let mut roots = RootCertStore::empty();
     for (n, cert) in (1..).zip(certs) {
         roots.add(cert).map_err(|e| {
@@ -188,13 +179,8 @@ fn parse_client_ca(path: &Path, bytes: &[u8]) -> Result<Arc<dyn ClientCertVerifi
 
 /// The serving pair from the certificate and key files, and its notAfter.
 fn parse_pair(files: &[(&str, PathBuf)], bytes: &[Vec<u8>]) -> Result<(CertifiedKey, i64)> {
+    let chain = pem_certs(&files[0], &bytes[0])?;
     let (cert, key) = (files[0].1.display(), files[1].1.display());
-    let chain = CertificateDer::pem_slice_iter(&bytes[0])
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("certificate file {cert} is not valid PEM"))?;
-    if chain.is_empty() {
-        bail!("certificate file {cert} holds no certificate");
-    }
     let private = PrivateKeyDer::from_pem_slice(&bytes[1])
         .with_context(|| format!("key file {key} holds no PEM private key"))?;
     let certified = CertifiedKey::from_der(chain, private, &crypto_provider())
@@ -214,4 +200,16 @@ fn parse_pair(files: &[(&str, PathBuf)], bytes: &[Vec<u8>]) -> Result<(Certified
         );
     }
     Ok((certified, not_after))
+}
+
+/// The PEM certificates of `file` (what it is, its path): one at least.
+fn pem_certs((what, path): &(&str, PathBuf), bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
+    let path = path.display();
+    let certs = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{what} {path} is not valid PEM"))?;
+    if certs.is_empty() {
+        bail!("{what} {path} holds no certificate");
+    }
+    Ok(certs)
 }

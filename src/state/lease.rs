@@ -83,11 +83,10 @@ pub async fn ensure_leading(client: &kube::Client, namespace: &str, identity: &s
     }
 }
 
-/// The Lease beside the record, competed for as `identity`: held for
-/// `duration` seconds (at least 2), renewed a third of it before it ends. Each
-/// identity is a field manager of its own: taking a free Lease is an apply
-/// without force, and only distinct managers make a concurrent taker's apply
-/// conflict (with one shared manager both would lead).
+/// The Lease beside the record, competed for as `identity`: held for `duration` seconds (at
+/// least 2), renewed a third of it before it ends. Each identity is a field manager of its own:
+/// taking a free Lease is an apply without force, and only distinct managers make a concurrent
+/// taker's apply conflict (with one shared manager both would lead).
 pub async fn lease_manager(
     client: &kube::Client,
     namespace: &str,

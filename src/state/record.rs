@@ -139,15 +139,9 @@ impl RecordStore {
 
     /// The record; an empty one when the ConfigMap does not exist yet.
     pub async fn load(&self) -> Result<Record> {
-        let Some(config_map) = self
-            .api
-            .get_opt(NAME)
-            .await
-            .with_context(|| format!("reading ConfigMap {NAME}"))?
-        else {
-            return Ok(Record::default());
-        };
-        Record::from_config_map(&config_map)
+        let config_map = self.api.get_opt(NAME).await;
+        let config_map = config_map.with_context(|| format!("reading ConfigMap {NAME}"))?;
+        config_map.map_or_else(|| Ok(Record::default()), |cm| Record::from_config_map(&cm))
     }
 
     /// Writes the window and settings (creating the ConfigMap if needed).
@@ -160,25 +154,24 @@ impl RecordStore {
         settings: &Settings,
     ) -> Result<()> {
         let mut data = BTreeMap::from([
-            (WINDOW_KEY, json(window, "the window")?),
-            (SETTINGS_KEY, json(settings, "the settings")?),
+            (WINDOW_KEY.into(), json(window, "the window")?),
+            (SETTINGS_KEY.into(), json(settings, "the settings")?),
         ]);
         if !schedule.is_empty() {
-            data.insert(SCHEDULE_KEY, json(schedule, "what the schedule keeps")?);
+            data.insert(
+                SCHEDULE_KEY.into(),
+                json(schedule, "what the schedule keeps")?,
+            );
         }
         if !last_runs.is_empty() {
-            data.insert(LAST_RUNS_KEY, remembered_runs(last_runs)?);
+            data.insert(LAST_RUNS_KEY.into(), remembered_runs(last_runs)?);
         }
+        let labels = BTreeMap::from([("app.kubernetes.io/name".into(), "node-holder".into())]);
         let metadata = ObjectMeta {
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/name".to_string(),
-                "node-holder".to_string(),
-            )])),
+            labels: Some(labels),
             ..ObjectMeta::default()
         };
-        let data = data.into_iter().map(|(k, v)| (k.to_string(), v));
-        self.apply(FIELD_MANAGER, metadata, Some(data.collect()))
-            .await
+        self.apply(FIELD_MANAGER, metadata, Some(data)).await
     }
 
     /// Asks the leader to close the window (and end the manual hold) now.
@@ -227,10 +220,8 @@ impl RecordStore {
     /// removes one); `what` names them in the error.
     async fn annotate(&self, annotations: serde_json::Value, what: &str) -> Result<()> {
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
+        // `apply` only names the field manager; the patch is a merge.
+        let params = PatchParams::apply(FIELD_MANAGER);
         self.api
             .patch(NAME, &params, &Patch::Merge(&patch))
             .await
@@ -303,14 +294,10 @@ impl Record {
 }
 
 /// Whether a release request made at `at` is still to be handled: neither
-/// recorded as `done` nor consumed by its window (`closed_through` at or after
+/// recorded as `done` nor consumed by its window (closed `through` at or after
 /// it). The leader and `status` both decide it here.
-pub fn release_pending(
-    at: Timestamp,
-    done: Option<Timestamp>,
-    closed_through: Option<Timestamp>,
-) -> bool {
-    let consumed = closed_through.is_some_and(|through| through >= at);
+pub fn release_pending(at: Timestamp, done: Option<Timestamp>, through: Option<Timestamp>) -> bool {
+    let consumed = through.is_some_and(|through| through >= at);
     !consumed && done.is_none_or(|done| done < at)
 }
 
@@ -350,13 +337,9 @@ impl Settings {
 
     pub fn holding(&self) -> Result<Holding> {
         let holding = || -> Result<Holding, String> {
-            let explicit: Vec<Hold> = self
-                .holds
-                .iter()
-                .map(|h| h.parse())
-                .collect::<Result<_, _>>()?;
+            let explicit: Result<Vec<Hold>, _> = self.holds.iter().map(|h| h.parse()).collect();
             Ok(Holding {
-                holds: Holds::new(&[], &explicit)?,
+                holds: Holds::new(&[], &explicit?)?,
                 scope: NodeScope::parse(&self.node_selector)?,
             })
         };

@@ -142,13 +142,14 @@ pub async fn read(client: &kube::Client, namespace: &str, now: Timestamp) -> Res
         Some(_) => warms::read(client, namespace, now).await?,
         None => Vec::new(),
     };
+    let cap = cfg
+        .zip(open)
+        .and_then(|(cfg, open)| cfg.cap(open.opened_at));
     let mut status = Status {
         open: window.holds(now),
         opened_at: open.map(|o| o.opened_at),
         deadline: window.deadline(),
-        cap: open
-            .zip(cfg)
-            .and_then(|(open, cfg)| cfg.cap(open.opened_at)),
+        cap,
         closed_through: window.closed_through(),
         release_requested_at: record.release_request,
         scheduled: record.schedule,
@@ -220,17 +221,14 @@ pub async fn run(args: &StatusArgs) -> Result<()> {
     let status = read(&client, &args.record.namespace, now)
         .await?
         .orphaned_after(args.orphaned_after, now);
-    match args.output {
-        Output::Text => print!("{}", render_text_limited(&status, now, args.limit)),
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&status).context("serialising the status")?
-        ),
-        Output::Yaml => print!(
-            "{}",
-            serde_saphyr::to_string(&status).context("serialising as YAML")?
-        ),
-    }
+    let text = match args.output {
+        Output::Text => render_text_limited(&status, now, args.limit),
+        Output::Json => {
+            serde_json::to_string_pretty(&status).context("serialising the status")? + "\n"
+        }
+        Output::Yaml => serde_saphyr::to_string(&status).context("serialising as YAML")?,
+    };
+    print!("{text}");
     Ok(())
 }
 

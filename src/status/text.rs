@@ -114,10 +114,8 @@ fn window_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Times
                 line("Deadline:", text);
             }
             if let Some(through) = status.closed_through {
-                line(
-                    "Last closed:",
-                    format!("covers nodes created up to {through}"),
-                );
+                let text = format!("covers nodes created up to {through}");
+                line("Last closed:", text);
             }
         }
     }
@@ -178,12 +176,10 @@ fn warm_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timesta
         };
         let (ready, all) = (so_far.ready, so_far.ready.saturating_add(so_far.late));
         let (nodes, seconds, job) = (so_far.nodes, so_far.node_seconds, &warm.job);
-        line(
-            "Warming:",
-            format!(
-                "{run}: {ready} of {all} placeholder pod(s) on {nodes} node(s){on}, {seconds:.0} node-seconds so far (Job {job})"
-            ),
+        let text = format!(
+            "{run}: {ready} of {all} placeholder pod(s) on {nodes} node(s){on}, {seconds:.0} node-seconds so far (Job {job})"
         );
+        line("Warming:", text);
     }
 }
 
@@ -193,11 +189,8 @@ fn nodes_text(nodes: &Nodes) -> String {
         1 => "1 node".to_string(),
         n => format!("{n} nodes"),
     };
-    let more = if nodes.count > nodes.named.len() {
-        ", …"
-    } else {
-        ""
-    };
+    let hidden = nodes.count > nodes.named.len();
+    let more = if hidden { ", …" } else { "" };
     format!("{count} ({}{more})", nodes.named.join(", "))
 }
 
@@ -256,14 +249,12 @@ fn orphaned_text(orphaned: &Orphaned, now: Timestamp) -> String {
 
 /// The held nodes as a table (nothing when there are none).
 fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
-    let mut out = String::new();
     if status.held_nodes.is_empty() {
-        return out;
+        return String::new();
     }
     let names = status.held_nodes.iter().map(|n| n.name.len());
     let width = names.fold("NODE".len(), usize::max);
-    out.push('\n');
-    out.push_str(&format!("{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE"));
+    let mut out = format!("\n{:<width$}  {:<9}  HOLDS\n", "NODE", "AGE");
     let shown = if limit == 0 { usize::MAX } else { limit };
     for node in status.held_nodes.iter().take(shown) {
         let age = node.created.map_or("-".to_string(), |c| {
@@ -274,10 +265,8 @@ fn held_table(status: &Status, now: Timestamp, limit: usize) -> String {
     }
     let rest = status.held_nodes.len().saturating_sub(shown);
     if rest > 0 {
-        out.push_str(&format!(
-            "… and {} more (--limit 0 shows all)\n",
-            thousands(rest as u64)
-        ));
+        let rest = thousands(rest as u64);
+        out.push_str(&format!("… and {rest} more (--limit 0 shows all)\n"));
     }
     out
 }

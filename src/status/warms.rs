@@ -37,16 +37,12 @@ pub async fn read(
     now: Timestamp,
 ) -> Result<Vec<WarmShown>> {
     let params = ListParams::default().labels(WARM_SELECTOR);
-    let jobs = match Api::<Job>::namespaced(client.clone(), namespace)
-        .list(&params)
-        .await
-    {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    let jobs = match jobs.list(&params).await {
         Ok(jobs) => jobs.items,
         Err(kube::Error::Api(e)) if e.code == 403 => {
-            eprintln!(
-                "warning: may not list Jobs in {namespace}: warms not shown ({})",
-                e.message
-            );
+            let why = e.message;
+            eprintln!("warning: may not list Jobs in {namespace}: warms not shown ({why})");
             return Ok(Vec::new());
         }
         Err(err) => return Err(err).context("listing the placeholder Jobs"),
@@ -61,10 +57,8 @@ pub async fn read(
         .items;
     let by_job = pods_by_job(&pods);
     let created = node_creation(client, by_job.values().flatten().flatten().copied()).await?;
-    let mut warms: Vec<WarmShown> = jobs
-        .iter()
-        .map(|job| shown(job, &by_job, &created, now))
-        .collect();
+    let show = |job| shown(job, &by_job, &created, now);
+    let mut warms: Vec<WarmShown> = jobs.iter().map(show).collect();
     warms.sort_by(|a, b| (a.run_at, &a.job).cmp(&(b.run_at, &b.job)));
     Ok(warms)
 }
@@ -79,16 +73,9 @@ fn shown(
     let name = job.metadata.name.clone().unwrap_or_default();
     let (cronjob, run_at) = warmed_for(job.metadata.annotations.as_ref());
     let since = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let pods = by_job
-        .get(name.as_str())
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let so_far = HandOver::of(
-        pods.iter().copied(),
-        |node| created.get(node).copied(),
-        now,
-        since.unwrap_or(now),
-    );
+    let pods = by_job.get(name.as_str()).map_or(&[][..], Vec::as_slice);
+    let created = |node: &str| created.get(node).copied();
+    let so_far = HandOver::of(pods.iter().copied(), created, now, since.unwrap_or(now));
     let nodes: BTreeSet<&str> = pods.iter().flatten().copied().collect();
     WarmShown {
         job: name,
@@ -107,11 +94,8 @@ fn pods_by_job(pods: &[Pod]) -> BTreeMap<&str, Vec<Option<&str>>> {
     for pod in pods {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let over = matches!(phase, Some("Succeeded" | "Failed"));
-        let job = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("batch.kubernetes.io/job-name"));
+        let labels = pod.metadata.labels.as_ref();
+        let job = labels.and_then(|l| l.get("batch.kubernetes.io/job-name"));
         if let (Some(job), false, None) = (job, over, &pod.metadata.deletion_timestamp) {
             let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
             by_job.entry(job.as_str()).or_default().push(node);
