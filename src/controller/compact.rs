@@ -114,9 +114,9 @@ impl<V: PartialEq, F> Follower<V, F> {
                 return true;
             }
             Event::Apply(object) => {
-                let key = key(&object);
+                let (key, read) = (key(&object), (self.read)(&object));
                 let mut store = self.store.write();
-                return match (self.read)(&object) {
+                return match read {
                     Some(value) if store.get(&key) == Some(&value) => false,
                     Some(value) => {
                         store.insert(key, value);

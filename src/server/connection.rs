@@ -241,7 +241,10 @@ impl Connection {
             }
             .map_err(|(err, tcp)| failed(err, tcp))
         };
-        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, attempt);
+        // Pinned here, not moved into the timeout: a handshake that times out
+        // keeps its socket until the timeout is counted below.
+        tokio::pin!(attempt);
+        let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, &mut attempt);
         let Some(ended) = self.stop.run_until_cancelled(handshake).await else {
             return;
         };
