@@ -33,19 +33,7 @@ pub const TARGET: &str = "x86_64-unknown-linux-gnu";
 pub fn build_static() -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let target_dir = workspace.join("target/static");
-    let mut cargo =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // What Cargo set for the process that runs this (xtask's or a test's
-    // package, manifest, OUT_DIR...) must not reach the build: build scripts
-    // (ring's) rerun when such a variable changes, and every crate after
-    // them rebuilds, at each switch between `cargo xtask image` and a test.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        if is_set_by_cargo(&name) {
-            cargo.env_remove(name);
-        }
-    }
-    let status = cargo
+    let status = crate::cargo()
         .current_dir(&workspace)
         .args(["build", "--release", "--locked", "--bin", "node-holder"])
         .args(["--target", TARGET, "--target-dir"])
@@ -57,25 +45,6 @@ pub fn build_static() -> Result<PathBuf> {
         anyhow::bail!("the static build of node-holder failed: {status}");
     }
     Ok(target_dir.join(TARGET).join("release/node-holder"))
-}
-
-/// A variable Cargo sets for the program it runs (a build script, a test,
-/// `cargo run`), of the package that program belongs to.
-fn is_set_by_cargo(name: &str) -> bool {
-    const PREFIXES: [&str; 5] = [
-        "CARGO_PKG_",
-        "CARGO_MANIFEST_",
-        "CARGO_CFG_",
-        "CARGO_CRATE_",
-        "CARGO_BIN_",
-    ];
-    const NAMES: [&str; 4] = [
-        "CARGO_PRIMARY_PACKAGE",
-        "CARGO_TARGET_TMPDIR",
-        "CARGO_RUSTC_CURRENT_DIR",
-        "OUT_DIR",
-    ];
-    PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || NAMES.contains(&name)
 }
 
 /// What was written: where, and the manifest's digest.

@@ -1,6 +1,6 @@
 //! `cargo xtask test` runs everything CI runs; `cargo xtask demo` runs the local demo.
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -102,7 +102,7 @@ fn test() -> Result<()> {
     step(
         "cargo-nextest, the test runner (installed from crates.io if missing)",
         || {
-            let installed = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            let installed = xtask::cargo()
                 .args(["nextest", "--version"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
@@ -159,11 +159,10 @@ fn step<T>(name: &str, run: impl FnOnce() -> Result<T>) -> Result<T> {
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
+    let status = xtask::cargo()
         .args(args)
         .status()
-        .with_context(|| format!("running {cargo}"))?;
+        .context("running cargo")?;
     if !status.success() {
         bail!("`cargo {}` exited with {status}", args.join(" "));
     }

@@ -7,7 +7,7 @@
 //! `test result:` lines.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{Context, Result, bail};
 
@@ -70,8 +70,7 @@ impl Counts {
 /// Runs nextest, then the doc tests; both run to their end whatever fails.
 /// Errs when either failed.
 pub fn run(counts: &mut Counts) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let nextest = Command::new(&cargo)
+    let nextest = xtask::cargo()
         .args([
             "nextest",
             "run",
@@ -88,7 +87,7 @@ pub fn run(counts: &mut Counts) -> Result<()> {
     let xml = std::fs::read_to_string(&report)
         .with_context(|| format!("reading {}", report.display()))?;
     counts.add_junit(&xml)?;
-    let doc = Command::new(&cargo)
+    let doc = xtask::cargo()
         .args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
