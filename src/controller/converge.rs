@@ -2,7 +2,40 @@
 
 use super::*;
 
+/// The indices of the nodes whose plan holds, releases or re-stamps them.
+fn by_action<'a>(
+    planner: &Planner<'_>,
+    nodes: impl Iterator<Item = &'a NodeMeta>,
+) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let (mut hold, mut release, mut stamp) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, node) in nodes.enumerate() {
+        match planner.node(node).map(|(action, _)| action) {
+            Some(Action::Hold) => hold.push(i),
+            Some(Action::Release) => release.push(i),
+            Some(Action::Stamp) => stamp.push(i),
+            None => {}
+        }
+    }
+    (hold, release, stamp)
+}
+
 impl WindowTask {
+    /// Before the holds come off, the record says how many nodes the release
+    /// starts with, for `status`; a failed write costs only that line of
+    /// `status`: logged, not retried. Whether it was recorded.
+    async fn record_release_start(&self, nodes: usize) -> bool {
+        if nodes == 0 {
+            return false;
+        }
+        match self.store.release_progress(Some(nodes), None).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(error = %err, "recording the release progress failed");
+                false
+            }
+        }
+    }
+
     /// Brings every node to the plan: holds first, then releases (recorded
     /// as a release under way while they run); returns when to wake.
     pub(super) async fn converge(
@@ -23,15 +56,7 @@ impl WindowTask {
         // Which nodes change is decided first (their patches are dropped at
         // once), so the logs know the totals; each patch is built again when
         // the patcher takes it.
-        let (mut hold, mut release, mut stamp) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, node) in metas().enumerate() {
-            match planner.node(node).map(|(action, _)| action) {
-                Some(Action::Hold) => hold.push(i),
-                Some(Action::Release) => release.push(i),
-                Some(Action::Stamp) => stamp.push(i),
-                None => {}
-            }
-        }
+        let (hold, release, stamp) = by_action(planner, metas());
         let patches = |indices: Vec<usize>| {
             let planned = indices
                 .into_iter()
@@ -42,14 +67,8 @@ impl WindowTask {
         let wake_at = planner.wake(metas());
         let (held, hold_failures) = self.apply(Action::Hold, hold.len(), patches(hold)).await;
         let (_, stamp_failures) = self.apply(Action::Stamp, stamp.len(), patches(stamp)).await;
-        // Before the holds come off, the record says how many nodes the
-        // release starts with, for `status`; a failed write costs only that
-        // line of `status`: logged, not retried.
-        if !release.is_empty() {
-            match self.store.release_progress(Some(release.len()), None).await {
-                Ok(()) => self.releasing = true,
-                Err(err) => tracing::warn!(error = %err, "recording the release progress failed"),
-            }
+        if self.record_release_start(release.len()).await {
+            self.releasing = true;
         }
         let (released, release_failures) = self
             .apply(Action::Release, release.len(), patches(release))

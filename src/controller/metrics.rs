@@ -142,15 +142,28 @@ impl WindowMetrics {
             pass_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             schedule: ScheduleMetrics::register(registry),
         };
+        window.show_labels_at_zero();
+        window.register_holds(registry);
+        window.register_passes(registry);
+        window
+    }
+
+    /// Each label's known values, at 0 before anything happens.
+    fn show_labels_at_zero(&self) {
         for code in PATCH_ERROR_CODES {
-            show_at_zero(&window.patch_errors, code_label(code));
+            show_at_zero(&self.patch_errors, code_label(code));
         }
         for at_create in ["held", "unheld"] {
-            show_at_zero(&window.new_nodes, AtCreateLabel { at_create });
+            show_at_zero(&self.new_nodes, AtCreateLabel { at_create });
         }
         for kind in FailureKind::iter() {
-            show_at_zero(&window.pass_failures, KindLabel { kind: kind.label() });
+            show_at_zero(&self.pass_failures, KindLabel { kind: kind.label() });
         }
+    }
+
+    /// The window's deadline, the held nodes and the patches.
+    fn register_holds(&self, registry: &mut Registry) {
+        let window = self;
         registry.register(
             "window_deadline_seconds",
             "Unix time the hold window closes; 0 while closed",
@@ -181,6 +194,11 @@ impl WindowMetrics {
             "Failed node PATCH requests by HTTP status code",
             window.patch_errors.clone(),
         );
+    }
+
+    /// Leadership, the passes and the new nodes they saw.
+    fn register_passes(&self, registry: &mut Registry) {
+        let window = self;
         registry.register(
             "leader",
             "1 while this replica leads the hold window",
@@ -206,7 +224,6 @@ impl WindowMetrics {
             "New nodes in scope the window task saw (once per node and leader), by whether they already carried the hold (held at their CREATE by the webhook or the admission policy)",
             window.new_nodes.clone(),
         );
-        window
     }
 
     pub fn new_node(&self, held_at_create: bool) {
