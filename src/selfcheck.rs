@@ -26,7 +26,7 @@ const POLL: Duration = Duration::from_secs(2);
 
 /// The `self-check` subcommand.
 pub async fn run(args: &SelfCheckArgs) -> Result<()> {
-    let holds = Holds::new(&args.hold_preset, &args.hold_annotation).map_err(|e| anyhow!(e))?;
+    let holds = args.holds.holds()?;
     let node = test_node(node_labels(&args.node_label)?);
     let client = crate::cluster::command_client("self-check", &args.client).await?;
     let namespace = args.record.namespace.as_str();

@@ -100,7 +100,8 @@ pub async fn run(args: ServeArgs) -> Result<()> {
         exposition,
     });
     let window = Task::spawn(|stop| controller::run(client, controller_config, window, stop));
-    let webhook = webhook.map(|w| serve_webhook(&args, w, Arc::clone(&state), tls_metrics));
+    let closing = readiness.shutting_down.clone();
+    let webhook = webhook.map(|w| serve_webhook(&args, w, &state, tls_metrics, closing));
     let admin_router = admin_router(Arc::clone(&readiness), state);
     let admin = Task::spawn(|stop| async move {
         axum::serve(admin_listener, admin_router)
@@ -110,7 +111,7 @@ pub async fn run(args: ServeArgs) -> Result<()> {
     });
 
     shutdown_signal().await?;
-    readiness.shutting_down.store(true, Ordering::Relaxed);
+    readiness.shutting_down.cancel();
     // The window task stops first and hands its lease over; the webhook keeps
     // serving through the grace period.
     if let Err(err) = window.stop("hold window task").await {
@@ -152,23 +153,26 @@ fn log_start(
     Ok(())
 }
 
-/// Keeps the webhook's TLS configuration current and serves the webhook.
+/// Keeps the webhook's TLS configuration current and serves the webhook; `closing` is
+/// cancelled at SIGTERM.
 fn serve_webhook(
     args: &ServeArgs,
     (tls, listener): (ReloadingTls, TcpListener),
-    state: Arc<WebhookState>,
+    state: &Arc<WebhookState>,
     metrics: TlsMetrics,
+    closing: CancellationToken,
 ) -> Task {
     let tls = Arc::new(tls);
     tls.spawn_reloader(RELOAD_INTERVAL, metrics.not_after.clone());
     let serving = TlsServing {
+        closing,
         drain: drain_time(args.request_timeout),
         max_connections: args.max_connections,
         max_per_source: per_source(args.max_connections),
         idle_timeout: args.idle_timeout,
         metrics,
     };
-    let router = webhook_router(state, args.request_timeout);
+    let router = webhook_router(Arc::clone(state), args.request_timeout);
     Task::spawn(|stop| serve_tls(listener, tls, router, stop, serving))
 }
 

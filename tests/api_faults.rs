@@ -382,6 +382,7 @@ async fn register_injector(
         router,
         stop.clone(),
         TlsServing {
+            closing: CancellationToken::new(),
             drain: secs(1),
             max_connections: 64,
             max_per_source: 64,

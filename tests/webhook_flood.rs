@@ -48,8 +48,9 @@ const RSS_GROWTH_KIB: u64 = 8 * 1024;
 const FD_SLACK: usize = 8;
 /// Scheduling delay allowed on top of a timeout on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);
-/// A slowloris gets 1 s (its second byte tells hyper it is not h2), then the
-/// 10 s header timeout (`src/server/mod.rs`, not a flag), plus `SLACK`.
+/// A slowloris gets the 10 s a request's head has from its first byte
+/// (`HEADER_TIMEOUT`, `src/server/connection.rs`, not a flag), the second
+/// after which a closed connection is dropped, plus `SLACK`.
 const SLOWLORIS_BOUND: Duration = Duration::from_secs(1 + 10 + 3);
 /// See where the good client connects.
 const GOOD_CLIENT_BOUND: Duration = Duration::from_secs(60);
@@ -383,8 +384,8 @@ async fn a_flood_of_idle_and_slow_connections_stays_bounded_serves_a_good_client
     // A well-behaved client on a fresh connection, behind the flood. At most
     // MAX_CONNECTIONS + the backlog (128) flood connections are ahead of it,
     // about three rounds of the slots; each slot lets a flood connection go
-    // within its longest timeout (a slowloris: 1 s until hyper knows it is
-    // HTTP/1.1, then the 10 s header timeout, plus its TLS handshake). Its
+    // within its longest timeout (a slowloris: the 10 s header timeout from
+    // its first byte, plus its TLS handshake). Its
     // own dropped SYNs retry at 1, 3, 7, 15 s. One minute covers both with
     // room for a loaded machine; the flood's mix takes about 15 s.
     let waiting = Instant::now();

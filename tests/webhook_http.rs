@@ -323,24 +323,39 @@ async fn metrics_count_requests_by_code_latency_in_flight_and_mutations() {
     assert!(metrics.contains("node_holder_webhook_latency_seconds_bucket{le="));
 }
 
+/// From SIGTERM on, each HTTP/1.1 response closes its connection (`Connection: close`): the
+/// API server then drops a connection to a terminating replica at its next use instead of
+/// pooling it for a call that would meet the close at the end of the grace. Only connections
+/// left idle for the whole grace are closed then.
 #[tokio::test]
-async fn sigterm_turns_not_ready_keeps_serving_through_the_grace_then_drains_and_exits_0() {
+async fn sigterm_turns_not_ready_serves_through_the_grace_closing_each_used_connection_then_drains()
+{
     let cp = ControlPlane::start().await.unwrap();
-    let mut served = serve(&cp, &["--shutdown-grace=2s"]).await;
-    let mut keep_alive = Http1::connect(&served).await;
-    let reply = keep_alive
-        .send(request(
+    // Long enough that the grace cannot end while the requests below run, however busy the
+    // machine: each step waits for its condition, none for the grace.
+    let mut served = serve(&cp, &["--shutdown-grace=15s"]).await;
+    let create = |name: &str| {
+        request(
             "POST",
             "/mutate",
             Some("application/json"),
-            node_create("k1"),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(reply.status, 200);
+            node_create(name),
+        )
+    };
+    let mut used = Http1::connect(&served).await;
+    let mut idle = Http1::connect(&served).await;
+    for connection in [&mut used, &mut idle] {
+        let reply = connection.send(create("before")).await.unwrap();
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.headers.get("connection"),
+            None,
+            "keep-alive before SIGTERM"
+        );
+    }
 
     served.terminate();
-    let deadline = Instant::now() + Duration::from_secs(1);
+    let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if let Ok((503, _)) = http_get(served.admin_port, "/readyz").await {
             break;
@@ -348,24 +363,35 @@ async fn sigterm_turns_not_ready_keeps_serving_through_the_grace_then_drains_and
         assert!(Instant::now() < deadline, "still ready after SIGTERM");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // During the grace the open connection and new ones are still served.
-    let reply = keep_alive
-        .send(request(
-            "POST",
-            "/mutate",
-            Some("application/json"),
-            node_create("k2"),
-        ))
-        .await
-        .unwrap();
+    // During the grace an open connection is served once more and then closed by the server.
+    let reply = used.send(create("k2")).await.unwrap();
     assert_eq!(reply.status, 200);
-    assert_eq!(post_json(&served, node_create("k3")).await.status, 200);
+    assert_eq!(
+        reply.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(10), used.connection)
+        .await
+        .expect("the connection used during the grace is closed after its response");
+    assert!(closed.unwrap().is_ok());
+    // The grace has not ended: a new connection is still served, and closed the same way.
+    let reply = post_json(&served, node_create("k3")).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    assert!(
+        !idle.connection.is_finished(),
+        "an idle connection is closed only after the grace"
+    );
 
     // After the grace the server closes the idle keep-alive connection and exits 0.
-    let closed = tokio::time::timeout(Duration::from_secs(5), keep_alive.connection)
+    let closed = tokio::time::timeout(Duration::from_secs(30), idle.connection)
         .await
-        .expect("the keep-alive connection is closed by the server");
-    assert!(closed.unwrap().is_ok());
+        .expect("the idle keep-alive connection is closed by the server");
+    let closed = closed.unwrap();
+    assert!(closed.is_ok(), "{closed:?}");
     let exit = wait_exit(&mut served, Duration::from_secs(10));
     assert_eq!(exit.code(), Some(0), "{}", served.log());
     let log = served.log();
@@ -609,6 +635,39 @@ async fn idle_connections_are_closed_after_the_idle_timeout_silent_ones_included
 
     // The server still serves new connections.
     assert_eq!(post_json(&served, node_create("after")).await.status, 200);
+}
+
+/// An HTTP/1.1 keep-alive connection that served a request stays open until `--idle-timeout`,
+/// past the 10 s a request's head has from its first byte: hyper's own header timeout, which
+/// runs from the last response, closed such connections after 10 s while the API server (90 s)
+/// still pooled them, and a call written into that close failed open.
+#[tokio::test]
+async fn an_http1_connection_idle_after_a_request_stays_open_until_the_idle_timeout() {
+    let idle = Duration::from_secs(15);
+    let served = serve_offline(&["--idle-timeout=15s"]).await;
+    let mut connection = Http1::connect(&served).await;
+    // Before the request: the server's idle clock starts after its answer, never earlier.
+    let sent_at = Instant::now();
+    let create = request(
+        "POST",
+        "/mutate",
+        Some("application/json"),
+        node_create("kept"),
+    );
+    assert_eq!(connection.send(create).await.unwrap().status, 200);
+    let ended = tokio::time::timeout(idle * 2, connection.connection)
+        .await
+        .expect("the idle connection is closed after the idle timeout");
+    let ended = ended.unwrap();
+    assert!(
+        ended.is_ok(),
+        "closed gracefully (TLS close_notify): {ended:?}"
+    );
+    assert!(
+        sent_at.elapsed() >= idle,
+        "closed after {:?}",
+        sent_at.elapsed()
+    );
 }
 
 /// Window flags a pass could not honour are refused at start, by name:

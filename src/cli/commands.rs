@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::core::holds::{Hold, Preset};
-
-use super::{ClientArgs, Output, RecordArgs, parse_manual_hold, parse_reason};
+use super::{ClientArgs, HoldKeysArgs, Output, RecordArgs, parse_manual_hold, parse_reason};
 
 /// `self-check` (`crate::selfcheck`).
 #[derive(Debug, Args)]
@@ -18,20 +16,8 @@ pub struct SelfCheckArgs {
     #[command(flatten)]
     pub record: RecordArgs,
 
-    /// The well-known holds the test Node must get, as `serve` takes them
-    /// (karpenter-v1 when neither this nor --hold-annotation is given).
-    #[arg(
-        long,
-        env = "NODE_HOLDER_HOLD_PRESETS",
-        value_enum,
-        value_delimiter = ','
-    )]
-    pub hold_preset: Vec<Preset>,
-
-    /// More holds the test Node must get, as key=value, as `serve` takes
-    /// them; repeat or comma-separate.
-    #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
-    pub hold_annotation: Vec<Hold>,
+    #[command(flatten)]
+    pub holds: HoldKeysArgs,
 
     /// Labels of the test Node, as key=value, so that it falls inside
     /// --node-selector and the webhook's objectSelector; repeat or

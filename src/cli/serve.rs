@@ -95,9 +95,10 @@ pub struct ServeArgs {
     pub max_connections: usize,
 
     /// A webhook connection with no request in flight for this long is closed
-    /// (h2 gets a GOAWAY; the API server opens a new one when it needs it), so
-    /// idle or silent clients cannot keep every connection slot.
-    #[arg(long, env = "NODE_HOLDER_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    /// (h2 gets a GOAWAY), so idle or silent clients cannot keep every
+    /// connection slot. Keep it over the API server's own 90 s: it then closes
+    /// an idle connection first, and never writes a call into this side's close.
+    #[arg(long, env = "NODE_HOLDER_IDLE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
     /// On SIGTERM, how long to keep serving while not ready, so that the API
@@ -118,11 +119,11 @@ impl ServeArgs {
     }
 }
 
-/// Which nodes are held, and with what.
+/// The holds node-holder places: `serve`'s, and those `self-check` expects on its test Node.
 #[derive(Debug, Clone, Args)]
-pub struct HoldingArgs {
-    /// Well-known holds to place (karpenter-v1 when neither this nor
-    /// --hold-annotation is given).
+pub struct HoldKeysArgs {
+    /// Well-known holds node-holder places (karpenter-v1 when neither this
+    /// nor --hold-annotation is given).
     #[arg(
         long,
         env = "NODE_HOLDER_HOLD_PRESETS",
@@ -131,9 +132,25 @@ pub struct HoldingArgs {
     )]
     pub hold_preset: Vec<Preset>,
 
-    /// Hold annotations to place, as key=value; repeat or comma-separate.
+    /// Hold annotations node-holder places, as key=value; repeat or
+    /// comma-separate.
     #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
     pub hold_annotation: Vec<Hold>,
+}
+
+impl HoldKeysArgs {
+    /// The holds the flags name, or an error naming the flag.
+    pub fn holds(&self) -> anyhow::Result<Holds> {
+        let holds = Holds::new(&self.hold_preset, &self.hold_annotation);
+        holds.map_err(|e| anyhow::anyhow!("--hold-annotation: {e}"))
+    }
+}
+
+/// Which nodes are held, and with what.
+#[derive(Debug, Clone, Args)]
+pub struct HoldingArgs {
+    #[command(flatten)]
+    pub holds: HoldKeysArgs,
 
     /// Label selector of the nodes in scope (kubectl syntax); empty means all.
     #[arg(long, env = "NODE_HOLDER_NODE_SELECTOR", default_value = "")]
@@ -187,8 +204,7 @@ impl HoldingArgs {
     /// The admission policy the flags describe, or an error naming the flag.
     pub fn holding(&self) -> anyhow::Result<Holding> {
         Ok(Holding {
-            holds: Holds::new(&self.hold_preset, &self.hold_annotation)
-                .map_err(|e| anyhow::anyhow!("--hold-annotation: {e}"))?,
+            holds: self.holds.holds()?,
             scope: NodeScope::parse(&self.node_selector)
                 .map_err(|e| anyhow::anyhow!("--node-selector: {e}"))?,
         })

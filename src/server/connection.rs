@@ -1,8 +1,12 @@
 //! The webhook port's connections: accepted within a bound, TLS handshakes
 //! classified for the metrics and logs, each connection driven until it
 //! ends, idles out or is closed at shutdown, and the drain at the end.
+//! From `closing` (SIGTERM) on, HTTP/1.1 responses say `Connection: close`, so the API
+//! server drops each connection it uses instead of writing a call into the close at `stop`
+//! (docs/architecture.md).
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -11,14 +15,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use axum::Router;
 use axum::extract::Request;
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
+use tokio_util::io::InspectReader;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -27,6 +34,8 @@ use super::tls::ReloadingTls;
 
 #[derive(Clone)]
 pub struct TlsServing {
+    /// Cancelled at SIGTERM, before `stop`: then each HTTP/1.1 response closes its connection.
+    pub closing: CancellationToken,
     /// After `stop`, how long in-flight requests may take ([`drain_time`]).
     pub drain: Duration,
     /// Connections open at once; more wait in the listen backlog.
@@ -49,19 +58,52 @@ pub fn drain_time(request_timeout: Duration) -> Duration {
     request_timeout.saturating_add(2 * CLOSE_GRACE)
 }
 
-/// A connection's requests in flight, and when the last one ended.
-struct Activity(Mutex<(usize, Instant)>);
+/// A connection's requests in flight, when the last one ended, and since when a next
+/// request's head has been arriving (HTTP/1.1, from its first byte).
+#[derive(Clone, Copy)]
+struct Load {
+    in_flight: usize,
+    last: Instant,
+    head_since: Option<Instant>,
+}
+
+/// A connection's [`Load`], and a wake-up for its task when a head starts arriving.
+struct Activity(Mutex<Load>, Notify);
 
 impl Activity {
-    fn get(&self) -> std::sync::MutexGuard<'_, (usize, Instant)> {
+    fn new() -> Arc<Self> {
+        let load = Load {
+            in_flight: 0,
+            last: Instant::now(),
+            head_since: None,
+        };
+        Arc::new(Activity(Mutex::new(load), Notify::new()))
+    }
+
+    fn get(&self) -> std::sync::MutexGuard<'_, Load> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When the connection turns idle if nothing happens; `None` for never.
-    fn idle_at(&self, timeout: Duration) -> Option<Instant> {
-        let (in_flight, last) = *self.get();
-        let since = if in_flight > 0 { Instant::now() } else { last };
-        since.checked_add(timeout)
+    /// Bytes arrived between requests: a request's head, which has `HEADER_TIMEOUT` from them.
+    fn head_arriving(&self) {
+        let mut load = self.get();
+        if load.in_flight == 0 && load.head_since.is_none() {
+            load.head_since = Some(Instant::now());
+            self.1.notify_one();
+        }
+    }
+
+    /// When the connection is closed if nothing happens: `HEADER_TIMEOUT` after a head's first
+    /// byte, `idle` after the last request ended; `None` for never. As Go's servers do it: hyper's
+    /// own header timeout runs from the last response, and closed keep-alive connections the API
+    /// server was about to reuse after 10 s.
+    fn close_at(&self, idle: Duration) -> Option<Instant> {
+        let load = *self.get();
+        match load.head_since {
+            _ if load.in_flight > 0 => Instant::now().checked_add(idle),
+            Some(since) => since.checked_add(HEADER_TIMEOUT),
+            None => load.last.checked_add(idle),
+        }
     }
 }
 
@@ -70,16 +112,19 @@ struct InFlight(Arc<Activity>);
 
 impl InFlight {
     fn begin(activity: &Arc<Activity>) -> Self {
-        let in_flight = &mut activity.get().0;
-        *in_flight = in_flight.saturating_add(1);
+        let mut load = activity.get();
+        load.in_flight = load.in_flight.saturating_add(1);
+        load.head_since = None;
+        drop(load);
         InFlight(Arc::clone(activity))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let mut activity = self.0.get();
-        *activity = (activity.0.saturating_sub(1), Instant::now());
+        let mut load = self.0.get();
+        load.in_flight = load.in_flight.saturating_sub(1);
+        load.last = Instant::now();
     }
 }
 
@@ -98,7 +143,7 @@ pub async fn serve_tls(
         .http1()
         .timer(TokioTimer::new())
         .keep_alive(true)
-        .header_read_timeout(Some(HEADER_TIMEOUT));
+        .header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
     let connection = Connection {
         tls,
@@ -270,25 +315,27 @@ impl Connection {
     async fn drive(&self, tls: TlsStream<TcpStream>, peer: SocketAddr) {
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
         let builder = if h2 { &self.http2 } else { &self.http1 };
-        let activity = Arc::new(Activity(Mutex::new((0, Instant::now()))));
+        let activity = Activity::new();
         let (counted, router) = (Arc::clone(&activity), self.router.clone());
-        // Each request counts as in flight until its response is made.
+        let closing = (!h2).then(|| self.serving.closing.clone());
         let service = tower::service_fn(move |request: Request<Incoming>| {
-            let in_flight = InFlight::begin(&counted);
-            let response = router.clone().oneshot(request);
-            async move {
-                let _in_flight = in_flight;
-                response.await
-            }
+            let close = closing.as_ref().is_some_and(|c| c.is_cancelled());
+            respond(router.clone(), request, InFlight::begin(&counted), close)
         });
         let service = TowerToHyperService::new(service);
+        let reading = Arc::clone(&activity);
+        let tls = InspectReader::new(tls, move |bytes: &[u8]| {
+            if !h2 && !bytes.is_empty() {
+                reading.head_arriving();
+            }
+        });
         let connection = builder.serve_connection(TokioIo::new(tls), service);
         futures::pin_mut!(connection);
         let mut closing_since: Option<Instant> = None;
         loop {
             let give_up_at = match closing_since {
                 Some(since) => since.checked_add(CLOSE_GRACE),
-                None => activity.idle_at(self.serving.idle_timeout),
+                None => activity.close_at(self.serving.idle_timeout),
             };
             tokio::select! {
                 ended = connection.as_mut() => {
@@ -297,18 +344,20 @@ impl Connection {
                     }
                     return;
                 }
+                // A head started arriving: its deadline comes before the idle one.
+                () = activity.1.notified(), if closing_since.is_none() => {}
                 _ = self.stop.cancelled(), if closing_since.is_none() => {
                     connection.as_mut().graceful_shutdown();
                     closing_since = Some(Instant::now());
                 }
                 () = sleep_until(give_up_at) => {
                     if closing_since.is_none() {
-                        if activity.idle_at(self.serving.idle_timeout).is_some_and(|at| at <= Instant::now()) {
-                            tracing::debug!(%peer, idle_timeout = ?self.serving.idle_timeout, "closing an idle connection");
+                        if activity.close_at(self.serving.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+                            tracing::debug!(%peer, idle_timeout = ?self.serving.idle_timeout, "closing a connection idle too long, or slow to send a request's head");
                             connection.as_mut().graceful_shutdown();
                             closing_since = Some(Instant::now());
                         }
-                    } else if activity.get().0 == 0 {
+                    } else if activity.get().in_flight == 0 {
                         tracing::debug!(%peer, "connection dropped: it did not close by itself");
                         return;
                     } else {
@@ -318,6 +367,22 @@ impl Connection {
             }
         }
     }
+}
+
+/// One request, in flight until its response is made; `close` (HTTP/1.1 from SIGTERM on) makes
+/// hyper close the connection once the response is written.
+async fn respond(
+    router: Router,
+    request: Request<Incoming>,
+    _in_flight: InFlight,
+    close: bool,
+) -> Result<Response, Infallible> {
+    let mut response = router.oneshot(request).await?;
+    if close {
+        let value = HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, value);
+    }
+    Ok(response)
 }
 
 /// Sleeps until `at`; for ever when there is no such time.
@@ -397,7 +462,7 @@ pub enum HandshakeFailure {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection being closed may take to end by itself.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
-/// How long an HTTP/1.1 client may take to send a request's headers.
+/// How long an HTTP/1.1 client may take to send a request's head, from its first byte.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether the connection opens with a method's letters (TLS opens with

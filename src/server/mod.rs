@@ -20,6 +20,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
@@ -156,12 +157,13 @@ fn audit(decision: &Decision, started: Instant) {
 #[derive(Debug, Default)]
 pub struct Readiness {
     pub api_reachable: AtomicBool,
-    pub shutting_down: AtomicBool,
+    /// Cancelled at SIGTERM; the webhook's connections close after each answer from then on.
+    pub shutting_down: CancellationToken,
 }
 
 impl Readiness {
     fn ready(&self) -> bool {
-        self.api_reachable.load(Ordering::Relaxed) && !self.shutting_down.load(Ordering::Relaxed)
+        self.api_reachable.load(Ordering::Relaxed) && !self.shutting_down.is_cancelled()
     }
 }
 

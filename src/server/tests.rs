@@ -164,7 +164,7 @@ async fn the_admin_port_says_healthy_ready_only_when_ready_and_serves_openmetric
     );
     readiness.api_reachable.store(true, Ordering::Relaxed);
     assert_eq!(answer(admin(), get("/readyz")).await.0, StatusCode::OK);
-    readiness.shutting_down.store(true, Ordering::Relaxed);
+    readiness.shutting_down.cancel();
     assert_eq!(
         answer(admin(), get("/readyz")).await.0,
         StatusCode::SERVICE_UNAVAILABLE
