@@ -49,11 +49,13 @@ pub fn ensure_built() -> Result<Binaries> {
                 package: KUBE_APISERVER_PKG,
                 binary: "kube-apiserver",
                 ldflags: &stamp,
+                tags: "",
             },
             GoTool {
                 package: ETCD_PKG,
                 binary: "etcd",
                 ldflags: "",
+                tags: "",
             },
         ],
     )?;
@@ -82,10 +84,12 @@ pub fn kubernetes_version(module: &Path) -> Result<String> {
     required_version(module, "k8s.io/kubernetes")
 }
 
-fn go_build(module: &Path, package: &str, ldflags: &str, output: &Path) -> Result<()> {
+fn go_build(module: &Path, tool: &GoTool<'_>, output: &Path) -> Result<()> {
+    let (package, ldflags) = (tool.package, tool.ldflags);
     let mut cmd = go_command(module);
     cmd.args(["build", "-trimpath"])
         .arg(format!("-ldflags=-s -w {ldflags}"))
+        .arg(format!("-tags={}", tool.tags))
         .arg("-o")
         .arg(output)
         .arg(package);
@@ -112,10 +116,14 @@ fn go_command(module: &Path) -> Command {
 }
 
 /// Digest of what decides the binaries: the pins, the module's own Go
-/// sources (the cert-manager tool module has mains of its own) and the Go
-/// toolchain. A module without sources of its own digests as before.
-fn pins_digest(module: &Path) -> Result<String> {
+/// sources (the cert-manager tool module has mains of its own), the build
+/// tags and the Go toolchain. A module without sources of its own, or tools
+/// without tags, digest as before.
+fn pins_digest(module: &Path, tools: &[GoTool<'_>]) -> Result<String> {
     let mut hasher = Sha256::new();
+    for tool in tools.iter().filter(|t| !t.tags.is_empty()) {
+        hasher.update(format!("{} -tags={}\n", tool.package, tool.tags).as_bytes());
+    }
     for file in ["go.mod", "go.sum"] {
         let path = module.join(file);
         let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -169,12 +177,13 @@ const HELM_PKG: &str = "helm.sh/helm/v4/cmd/helm";
 const CERT_MANAGER_MODULE: &str = "github.com/cert-manager/cert-manager";
 
 /// One program to build from a tool module: its package, the file name of the
-/// binary and extra `-ldflags`.
+/// binary, extra `-ldflags` and build tags (comma-separated; empty for none).
 #[derive(Debug, Clone, Copy)]
 pub struct GoTool<'a> {
     pub package: &'a str,
     pub binary: &'a str,
     pub ldflags: &'a str,
+    pub tags: &'a str,
 }
 
 /// The Go module under `testenv/tools/` named `name`.
@@ -199,7 +208,7 @@ pub fn ensure_tools_built(name: &str, module: &Path, tools: &[GoTool<'_>]) -> Re
 /// in `root` lets concurrent processes share one build, and a build lands
 /// whole or not at all.
 fn build_once(what: &str, root: &Path, module: &Path, tools: &[GoTool<'_>]) -> Result<PathBuf> {
-    let digest = pins_digest(module)?;
+    let digest = pins_digest(module, tools)?;
     let out = root.join(&digest);
     let complete = out.join(".complete");
     if complete.exists() {
@@ -228,12 +237,7 @@ fn build_once(what: &str, root: &Path, module: &Path, tools: &[GoTool<'_>]) -> R
     }
     fs::create_dir_all(&staging)?;
     for tool in tools {
-        go_build(
-            module,
-            tool.package,
-            tool.ldflags,
-            &staging.join(tool.binary),
-        )?;
+        go_build(module, tool, &staging.join(tool.binary))?;
     }
     if out.exists() {
         fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
@@ -282,6 +286,7 @@ pub fn ensure_helm_built() -> Result<PathBuf> {
             package: HELM_PKG,
             binary: "helm",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     Ok(out.join("helm"))
@@ -376,11 +381,13 @@ pub fn ensure_cert_manager_built() -> Result<CertManagerBinaries> {
                 package: &format!("{MAIN}/controller"),
                 binary: "cert-manager-controller",
                 ldflags: "",
+                tags: "",
             },
             GoTool {
                 package: &format!("{MAIN}/cainjector"),
                 binary: "cert-manager-cainjector",
                 ldflags: "",
+                tags: "",
             },
         ],
     )?;
@@ -437,6 +444,7 @@ pub fn ensure_kubectl_built() -> Result<PathBuf> {
             package: "k8s.io/kubernetes/cmd/kubectl",
             binary: "kubectl",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     Ok(out.join("kubectl"))
@@ -508,11 +516,13 @@ pub fn ensure_kube_components_built() -> Result<KubeComponents> {
                 package: KUBE_SCHEDULER_PKG,
                 binary: "kube-scheduler",
                 ldflags: &stamp,
+                tags: "",
             },
             GoTool {
                 package: KUBE_CONTROLLER_MANAGER_PKG,
                 binary: "kube-controller-manager",
                 ldflags: &stamp,
+                tags: "",
             },
         ],
     )?;
@@ -536,6 +546,7 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
             package: KWOK_PKG,
             binary: "kwok",
             ldflags: "",
+            tags: "",
         }],
     )?;
     let karpenter_module = karpenter_module_dir();
@@ -549,6 +560,7 @@ pub fn ensure_cluster_built() -> Result<ClusterBinaries> {
                 "-X sigs.k8s.io/karpenter/pkg/operator.Version={}",
                 karpenter_version()?
             ),
+            tags: "",
         }],
     )?;
     Ok(ClusterBinaries {
@@ -621,6 +633,9 @@ pub fn ensure_promtool_built() -> Result<PathBuf> {
             package: PROMTOOL_PKG,
             binary: "promtool",
             ldflags: &stamp,
+            // Prometheus's own tag for builds without its service discoveries (the clouds'
+            // SDKs, client-go): promtool checks and tests rules, it discovers nothing.
+            tags: "remove_all_sd",
         }],
     )?;
     Ok(out.join("promtool"))
@@ -666,6 +681,7 @@ pub fn ensure_crane_built() -> Result<PathBuf> {
             package: CRANE_PKG,
             binary: "crane",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     Ok(out.join("crane"))
@@ -693,6 +709,7 @@ pub fn ensure_actionlint_built() -> Result<PathBuf> {
             package: ACTIONLINT_PKG,
             binary: "actionlint",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     Ok(out.join("actionlint"))
@@ -742,6 +759,7 @@ pub fn ensure_real_node_built() -> Result<RealNodeBinaries> {
             package: KUBELET_PKG,
             binary: "kubelet",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     let kube_proxy = ensure_tools_built(
@@ -751,6 +769,7 @@ pub fn ensure_real_node_built() -> Result<RealNodeBinaries> {
             package: KUBE_PROXY_PKG,
             binary: "kube-proxy",
             ldflags: &stamp,
+            tags: "",
         }],
     )?;
     Ok(RealNodeBinaries {

@@ -67,17 +67,18 @@ impl Counts {
     }
 }
 
+/// What nextest runs; the same with `--no-run` builds exactly the binaries it will run.
+const NEXTEST: [&str; 4] = ["nextest", "run", "--workspace", "--locked"];
+
+/// `cargo nextest run --no-run`: the test binaries, built before the suite starts.
+pub const NEXTEST_BUILD: [&str; 5] = [NEXTEST[0], NEXTEST[1], NEXTEST[2], NEXTEST[3], "--no-run"];
+
 /// Runs nextest, then the doc tests; both run to their end whatever fails.
 /// Errs when either failed.
 pub fn run(counts: &mut Counts) -> Result<()> {
     let nextest = xtask::cargo()
-        .args([
-            "nextest",
-            "run",
-            "--workspace",
-            "--locked",
-            "--no-fail-fast",
-        ])
+        .args(NEXTEST)
+        .arg("--no-fail-fast")
         // A test marked ignored runs too: every test runs on every run.
         .args(["--run-ignored", "all"])
         .stdin(Stdio::null())
