@@ -428,7 +428,7 @@ fn the_deployment_sets_every_serve_flag_and_runs_locked_down() {
         ("NODE_HOLDER_API_QPS", "250"),
         ("NODE_HOLDER_REQUEST_TIMEOUT", "2s"),
         ("NODE_HOLDER_MAX_CONNECTIONS", "1024"),
-        ("NODE_HOLDER_IDLE_TIMEOUT", "60s"),
+        ("NODE_HOLDER_IDLE_TIMEOUT", "120s"),
         ("NODE_HOLDER_SHUTDOWN_GRACE", "10s"),
         ("NODE_HOLDER_LOG_FORMAT", "json"),
         ("NODE_HOLDER_LOG_LEVEL", "info"),

@@ -529,8 +529,10 @@ fn build_node_holder() -> Result<PathBuf> {
         .parent()
         .context("the workspace root")?
         .to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
+    // Without the variables Cargo set for this process: under `cargo test` (the demo's own
+    // test) they made ring's build script rerun, and every crate after it rebuild, twice a
+    // suite run (here, then at the doc tests).
+    let status = xtask::cargo()
         .args([
             "build",
             "--quiet",
@@ -542,7 +544,7 @@ fn build_node_holder() -> Result<PathBuf> {
         ])
         .current_dir(&root)
         .status()
-        .with_context(|| format!("running {cargo} build"))?;
+        .context("running cargo build")?;
     if !status.success() {
         bail!("building node-holder failed: {status}");
     }
