@@ -1,9 +1,6 @@
 //! The webhook port's connections: accepted within a bound, TLS handshakes
 //! classified for the metrics and logs, each connection driven until it
 //! ends, idles out or is closed at shutdown, and the drain at the end.
-//! From `closing` (SIGTERM) on, HTTP/1.1 responses say `Connection: close`, so the API
-//! server drops each connection it uses instead of writing a call into the close at `stop`
-//! (docs/architecture.md).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -34,7 +31,8 @@ use super::tls::ReloadingTls;
 
 #[derive(Clone)]
 pub struct TlsServing {
-    /// Cancelled at SIGTERM, before `stop`: then each HTTP/1.1 response closes its connection.
+    /// Cancelled at SIGTERM, before `stop`: then each HTTP/1.1 response closes its connection,
+    /// so the API server never writes a call into the close at `stop` (docs/architecture.md).
     pub closing: CancellationToken,
     /// After `stop`, how long in-flight requests may take ([`drain_time`]).
     pub drain: Duration,
@@ -94,9 +92,7 @@ impl Activity {
     }
 
     /// When the connection is closed if nothing happens: `HEADER_TIMEOUT` after a head's first
-    /// byte, `idle` after the last request ended; `None` for never. As Go's servers do it: hyper's
-    /// own header timeout runs from the last response, and closed keep-alive connections the API
-    /// server was about to reuse after 10 s.
+    /// byte, `idle` after the last request ended, as in Go's servers (docs/architecture.md).
     fn close_at(&self, idle: Duration) -> Option<Instant> {
         let load = *self.get();
         match load.head_since {
