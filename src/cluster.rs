@@ -6,8 +6,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::cli::ClientArgs;
 
-/// `serve`'s client: `KUBECONFIG` or `~/.kube/config`, else the in-cluster
-/// ServiceAccount.
+/// `serve`'s client: `KUBECONFIG` or `~/.kube/config`, else the in-cluster ServiceAccount.
 pub async fn client() -> Result<kube::Client> {
     build(infer().await?, None)
 }

@@ -1,6 +1,5 @@
-//! `node-holder release`: asks the leader to close the hold window now (and
-//! end a manual hold) and strip node-holder's holds (see
-//! [`crate::request`]).
+//! `node-holder release`: asks the leader to close the hold window now (and end a manual hold) and
+//! strip node-holder's holds (see [`crate::request`]).
 
 use anyhow::Result;
 use jiff::Timestamp;

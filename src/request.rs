@@ -1,7 +1,6 @@
-//! What `release` and `hold` share: each writes its request into the record
-//! and waits for the live leader to mark it done there. With no live leader
-//! they say so and stop, the request recorded for the next leader (only
-//! [`crate::uninstall`] acts without a leader).
+//! What `release` and `hold` share: each writes its request into the record and waits for the live
+//! leader to mark it done there. With no live leader they say so and stop, the request recorded for
+//! the next leader (only [`crate::uninstall`] acts without a leader).
 
 use std::pin::pin;
 use std::time::{Duration, Instant};

@@ -32,19 +32,16 @@ pub fn pass_backoff(failures: u32) -> Duration {
     Duration::from_millis(500 * 2u64.pow(failures.min(6))).min(Duration::from_secs(30))
 }
 
-/// The wait before the window task starts again after it failed as a whole
-/// (its leadership kept).
+/// The wait before the window task starts again after it failed as a whole (its leadership kept).
 pub const TASK_RESTART: Duration = Duration::from_secs(2);
 
 /// How long a replica that stops waits for its Lease to be given back.
 pub const LEASE_HANDOVER: Duration = Duration::from_secs(5);
 
-/// Passes `uninstall` runs at most while node patches fail (each after
-/// [`pass_backoff`]).
+/// Passes `uninstall` runs at most while node patches fail (each after [`pass_backoff`]).
 pub const ONCE_ATTEMPTS: u32 = 5;
 
-/// How often a command waiting for the leader checks the Lease is still
-/// held.
+/// How often a command waiting for the leader checks the Lease is still held.
 pub const LEADER_POLL: Duration = Duration::from_secs(1);
 
 /// How often `serve` checks the API server for its readiness: often while it

@@ -1,8 +1,7 @@
-//! `node-holder self-check`, what the chart's `helm test` runs. Two checks,
-//! each tried again until `--timeout`: a Node created as a server-side dry run
-//! (nothing stored, no kubelet) comes back with every hold; a replica holds
-//! the Lease, live. It needs `create` on nodes (a dry run is authorized as a
-//! create) and `get` on the Lease, nothing else.
+//! `node-holder self-check`, what the chart's `helm test` runs. Two checks, each tried again until
+//! `--timeout`: a Node created as a server-side dry run (nothing stored, no kubelet) comes back
+//! with every hold; a replica holds the Lease, live. It needs `create` on nodes (a dry run is
+//! authorized as a create) and `get` on the Lease, nothing else.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

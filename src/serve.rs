@@ -153,8 +153,7 @@ fn log_start(
     Ok(())
 }
 
-/// Keeps the webhook's TLS configuration current and serves the webhook; `closing` is
-/// cancelled at SIGTERM.
+/// Serves the webhook, keeping its TLS configuration current; `closing` is cancelled at SIGTERM.
 fn serve_webhook(
     args: &ServeArgs,
     (tls, listener): (ReloadingTls, TcpListener),

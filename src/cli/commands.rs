@@ -20,8 +20,7 @@ pub struct SelfCheckArgs {
     pub holds: HoldKeysArgs,
 
     /// Labels of the test Node, as key=value, so that it falls inside
-    /// --node-selector and the webhook's objectSelector; repeat or
-    /// comma-separate.
+    /// --node-selector and the webhook's objectSelector; repeat or comma-separate.
     #[arg(
         long,
         env = "NODE_HOLDER_SELF_CHECK_NODE_LABELS",
@@ -29,8 +28,7 @@ pub struct SelfCheckArgs {
     )]
     pub node_label: Vec<String>,
 
-    /// How long the checks may take together, each tried again every 2 s
-    /// while it fails.
+    /// How long the checks may take together, each tried again every 2 s while it fails.
     #[arg(long, env = "NODE_HOLDER_SELF_CHECK_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
@@ -51,10 +49,9 @@ pub struct StatusArgs {
     #[arg(long, env = "NODE_HOLDER_STATUS_LIMIT", default_value_t = 50)]
     pub limit: usize,
 
-    /// Say that node-holder's holds are orphaned (an `Orphaned:` line,
-    /// `orphaned` in JSON) when nodes carry them and no leader has been live
-    /// for this long: nothing will release them. With a live leader, held
-    /// nodes whose `node-holder.dev/held-until` passed longer ago are overdue
+    /// Say that node-holder's holds are orphaned (an `Orphaned:` line, `orphaned` in JSON) when
+    /// nodes carry them and no leader has been live for this long: nothing will release them. With
+    /// a live leader, held nodes whose `node-holder.dev/held-until` passed longer ago are overdue
     /// (`Overdue:`, `overdue`): the leader is not keeping its holds.
     #[arg(long, env = "NODE_HOLDER_ORPHANED_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
     pub orphaned_after: Duration,
@@ -100,8 +97,7 @@ pub struct UninstallArgs {
     #[arg(long, env = "NODE_HOLDER_UNINSTALL_ADMISSION_POLICY")]
     pub admission_policy: Option<String>,
 
-    /// How long to wait for the replicas to give up the Lease, and for the
-    /// release.
+    /// How long to wait for the replicas to give up the Lease, and for the release.
     #[arg(long, env = "NODE_HOLDER_UNINSTALL_TIMEOUT", default_value = "3m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }

@@ -15,8 +15,7 @@ mod serve;
 pub use commands::*;
 pub use serve::*;
 
-/// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the
-/// autoscaler go on.
+/// Holds a Kubernetes cluster's nodes still after every scale-up, then lets the autoscaler go on.
 #[derive(Debug, Parser)]
 #[command(name = "node-holder", version, propagate_version = true)]
 pub struct Cli {
@@ -54,14 +53,12 @@ pub enum Command {
     /// Ask the leader to hold every node in scope now, for a while, whatever
     /// the window does (a rollout, an incident); `release` ends it early.
     Hold(HoldArgs),
-    /// Remove everything node-holder left in the cluster, as its chart's
-    /// pre-delete hook does: stop new holds, stop its replicas, strip every
-    /// hold, delete the record and the Lease.
+    /// Remove everything node-holder left in the cluster, as its chart's pre-delete hook does: stop
+    /// new holds, stop its replicas, strip every hold, delete the record and the Lease.
     Uninstall(UninstallArgs),
-    /// Check that node-holder works in the cluster, as the chart's `helm
-    /// test` does: a Node created as a server-side dry run comes back with
-    /// every hold, and a replica leads the hold window. Fails, saying which
-    /// check did not pass, when one still fails at --timeout.
+    /// Check that node-holder works in the cluster, as the chart's `helm test` does: a Node created
+    /// as a server-side dry run comes back with every hold, and a replica leads the hold window.
+    /// Fails, saying which check did not pass, when one still fails at --timeout.
     SelfCheck(SelfCheckArgs),
 }
 
@@ -74,8 +71,7 @@ pub struct ClientArgs {
     #[arg(long, env = "NODE_HOLDER_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// The kubeconfig context to use (kubectl's `--context`); else its
-    /// current context.
+    /// The kubeconfig context to use (kubectl's `--context`); else its current context.
     #[arg(long, env = "NODE_HOLDER_CONTEXT")]
     pub context: Option<String>,
 }

@@ -47,10 +47,9 @@ pub struct ServeArgs {
     )]
     pub tls_key_file: PathBuf,
 
-    /// PEM CA certificate(s): every webhook client must present a client
-    /// certificate signed by one of them (the API server's for this webhook,
-    /// set in its AdmissionConfiguration). Checked for rotation like the
-    /// serving certificate. Unset or empty: no client certificate is asked for.
+    /// PEM CA certificate(s): every webhook client must present a client certificate signed by one
+    /// of them (the API server's for this webhook, set in its AdmissionConfiguration). Checked for
+    /// rotation like the serving certificate. Unset or empty: no client certificate is asked for.
     #[arg(
         long,
         env = "NODE_HOLDER_CLIENT_CA_FILE",
@@ -67,10 +66,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub record: RecordArgs,
 
-    /// How long a leader's Lease lasts without renewal: a standby takes over
-    /// at most this long after the leader died (whole seconds, at least 2s).
-    /// Each replica is named in the Lease by its host name (in a pod, the
-    /// pod's name).
+    /// How long a leader's Lease lasts without renewal: a standby takes over at most this long
+    /// after the leader died (whole seconds, at least 2s). Each replica is named in the Lease by
+    /// its host name (in a pod, the pod's name).
     #[arg(long, env = "NODE_HOLDER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
 
@@ -79,18 +77,16 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_HOLDER_API_QPS", default_value_t = 250)]
     pub api_qps: u32,
 
-    /// The longest one webhook request may take, reading the body included;
-    /// keep it well under the webhook configuration's timeoutSeconds. It
-    /// also bounds the drain after the shutdown grace: no request in flight
-    /// outlives it.
+    /// The longest one webhook request may take, reading the body included; keep it well under the
+    /// webhook configuration's timeoutSeconds. It also bounds the drain after the shutdown grace:
+    /// no request in flight outlives it.
     #[arg(long, env = "NODE_HOLDER_REQUEST_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
-    /// Webhook connections open at once; more wait in the listen backlog. A
-    /// quarter of them at most from one source address: more are closed as
-    /// soon as they are accepted (counted in
-    /// node_holder_webhook_connections_source_limited_total), so that a
-    /// flood from elsewhere cannot take every slot from the API server.
+    /// Webhook connections open at once; more wait in the listen backlog. A quarter of them at most
+    /// from one source address: more are closed as soon as they are accepted (counted in
+    /// node_holder_webhook_connections_source_limited_total), so that a flood from elsewhere cannot
+    /// take every slot from the API server.
     #[arg(long, env = "NODE_HOLDER_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
@@ -101,10 +97,9 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_HOLDER_IDLE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
-    /// On SIGTERM, how long to keep serving while not ready, so that the API
-    /// server stops sending requests before connections close (the Service's
-    /// routes change seconds after the pod's deletion, longer on a busy
-    /// cluster); then the requests in flight have `--request-timeout` to
+    /// On SIGTERM, how long to keep serving while not ready, so that the API server stops sending
+    /// requests before connections close (the Service's routes change seconds after the pod's
+    /// deletion, longer on a busy cluster); then the requests in flight have `--request-timeout` to
     /// finish.
     #[arg(long, env = "NODE_HOLDER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -132,8 +127,7 @@ pub struct HoldKeysArgs {
     )]
     pub hold_preset: Vec<Preset>,
 
-    /// Hold annotations node-holder places, as key=value; repeat or
-    /// comma-separate.
+    /// Hold annotations node-holder places, as key=value; repeat or comma-separate.
     #[arg(long, env = "NODE_HOLDER_HOLD_ANNOTATIONS", value_delimiter = ',')]
     pub hold_annotation: Vec<Hold>,
 }
@@ -160,9 +154,8 @@ pub struct HoldingArgs {
 /// How long holds last.
 #[derive(Debug, Clone, Args)]
 pub struct WindowArgs {
-    /// How long each new node holds: the window lasts until the last new
-    /// node's creation plus this (`90s`, `20m`, `2h`; at most a
-    /// year).
+    /// How long each new node holds: the window lasts until the last new node's creation plus this
+    /// (`90s`, `20m`, `2h`; at most a year).
     #[arg(long, env = "NODE_HOLDER_HOLD_DURATION", default_value = "20m", value_parser = humantime::parse_duration)]
     pub hold_duration: Duration,
 
@@ -171,22 +164,19 @@ pub struct WindowArgs {
     #[arg(long, env = "NODE_HOLDER_MAX_HOLD", default_value = "2h", value_parser = humantime::parse_duration)]
     pub max_hold: Duration,
 
-    /// What a launch costs beyond its node-seconds (boot, image pulls,
-    /// warm-up), as node-time (`5m`: a launch costs as much as five minutes
-    /// of one idle node). Set, node-holder reads the cluster's CronJobs and
-    /// their Jobs' pods: a node running a CronJob's pod is held while it
-    /// runs, an idle one only when a run due within this time will use it
-    /// (until the run starts), and such nodes open no window; other work
-    /// keeps the window. `0`: off.
+    /// What a launch costs beyond its node-seconds (boot, image pulls, warm-up), as node-time
+    /// (`5m`: a launch costs as much as five minutes of one idle node). Set, node-holder reads the
+    /// cluster's CronJobs and their Jobs' pods: a node running a CronJob's pod is held while it
+    /// runs, an idle one only when a run due within this time will use it (until the run starts),
+    /// and such nodes open no window; other work keeps the window. `0`: off.
     #[arg(long, env = "NODE_HOLDER_LAUNCH_COST", default_value = "0s", value_parser = humantime::parse_duration)]
     pub launch_cost: Duration,
 
-    /// With `--launch-cost`: this long before a scheduled run whose nodes
-    /// were let go (its gap is longer than the launch cost), node-holder
-    /// asks the autoscaler for the nodes the run will need, with placeholder
-    /// pods shaped like the run's at a negative priority that any real pod
-    /// preempts; they go just before the run starts. Set it to the pool's
-    /// launch time plus a margin. `0`: off.
+    /// With `--launch-cost`: this long before a scheduled run whose nodes were let go (its gap is
+    /// longer than the launch cost), node-holder asks the autoscaler for the nodes the run will
+    /// need, with placeholder pods shaped like the run's at a negative priority that any real pod
+    /// preempts; they go just before the run starts. Set it to the pool's launch time plus a
+    /// margin. `0`: off.
     #[arg(long, env = "NODE_HOLDER_WARM_BEFORE_RUNS", default_value = "0s", value_parser = humantime::parse_duration)]
     pub warm_before_runs: Duration,
 }

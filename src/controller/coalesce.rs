@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 /// Karpenter's batch idle time (1 s; why it is enough: `docs/architecture.md`).
 const IDLE: Duration = Duration::from_millis(500);
 
-/// ...or this long after the burst's first change, whichever comes first:
-/// half of Karpenter's batch limit (10 s).
+/// ...or this long after its first change, if sooner: half of Karpenter's batch limit (10 s).
 const MAX: Duration = Duration::from_secs(5);
 
 /// What is waiting for a pass, under the coalescing rule.

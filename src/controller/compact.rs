@@ -1,7 +1,6 @@
-//! A watched kind in a store of node-holder's own: of each object only what a
-//! pass reads, not the whole object kube's reflector keeps (the memory it
-//! cost: `docs/benchmarks.md`). As the reflector does, a (re)list replaces
-//! the store once complete; each change after it replaces or removes one.
+//! A watched kind in a store of node-holder's own: of each object only what a pass reads, not the
+//! whole object kube's reflector keeps (the memory it cost: `docs/benchmarks.md`). As the reflector
+//! does, a (re)list replaces the store once complete; each change after it replaces or removes one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +23,7 @@ pub struct Compact<V>(Arc<RwLock<HashMap<Key, V>>>);
 
 impl<V> Compact<V> {
     pub fn read<T>(&self, read: impl FnOnce(&HashMap<Key, V>) -> T) -> T {
-        // A panic while writing cannot leave the map half-changed: each
-        // write is one insert, remove or swap.
+        // A panic in a write leaves no half-changed map: each write is one insert, remove or swap.
         read(&self.0.read().unwrap_or_else(PoisonError::into_inner))
     }
 

@@ -20,9 +20,8 @@ fn by_action<'a>(
 }
 
 impl WindowTask {
-    /// Before the holds come off, the record says how many nodes the release
-    /// starts with, for `status`; a failed write costs only that line of
-    /// `status`: logged, not retried. Whether it was recorded.
+    /// Records, before the holds come off, how many nodes the release starts with, for `status`; a
+    /// failed write costs only that line of `status`: logged, not retried. Whether it was recorded.
     async fn record_release_start(&self, nodes: usize) -> bool {
         if nodes == 0 {
             return false;
@@ -53,9 +52,8 @@ impl WindowTask {
             drifted: &drifted,
         };
         let metas = || snapshot.iter().map(|node| &**node);
-        // Which nodes change is decided first (their patches are dropped at
-        // once), so the logs know the totals; each patch is built again when
-        // the patcher takes it.
+        // Which nodes change is decided first (their patches are dropped at once), so the logs know
+        // the totals; each patch is built again when the patcher takes it.
         let (hold, release, stamp) = by_action(planner, metas());
         let patches = |indices: Vec<usize>| {
             let planned = indices
@@ -81,8 +79,7 @@ impl WindowTask {
         }
         let held_now = i64::try_from(marked.saturating_add(held).saturating_sub(released));
         self.metrics.held_nodes.set(held_now.unwrap_or(i64::MAX));
-        // The next pass: after a backoff when patches failed, else when the
-        // plan changes by itself.
+        // The next pass: after a backoff when patches failed, else when the plan changes by itself.
         if hold_failures + stamp_failures + release_failures > 0 {
             return Ok(self.failed());
         }

@@ -1,8 +1,7 @@
-//! Drift: the nodes whose NodeClaim Karpenter marked `Drifted`, which the
-//! window and schedule do not hold ([`crate::core::plan::Planner::drifted`]).
-//! Only with Karpenter v1's hold (`karpenter.sh/do-not-disrupt`), the one
-//! that blocks drift. Without Karpenter's API (404) or the permission (403)
-//! the watch says so once and goes on empty: drifted nodes are then held.
+//! Drift: the nodes whose NodeClaim Karpenter marked `Drifted`, which the window and schedule do
+//! not hold ([`crate::core::plan::Planner::drifted`]). Only with Karpenter v1's hold
+//! (`karpenter.sh/do-not-disrupt`), the one that blocks drift. Without Karpenter's API (404) or the
+//! permission (403) the watch says so once and goes on empty: drifted nodes are then held.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

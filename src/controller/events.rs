@@ -1,7 +1,6 @@
-//! Kubernetes Events on nodes, so `kubectl describe node` says why a node is
-//! held and when that ends, and on the window record for a manual hold. Best
-//! effort, never slowing the bulk patching: they queue (bounded) and a task
-//! of their own publishes them at a modest rate; a full queue drops them.
+//! Kubernetes Events on nodes, so `kubectl describe node` says why a node is held and when that
+//! ends, and on the window record for a manual hold. Best effort, never slowing the bulk patching:
+//! they queue (bounded) for a task that publishes them at a modest rate; a full queue drops them.
 
 use std::time::Duration;
 
@@ -55,10 +54,9 @@ fn reference<K: Resource<DynamicType = ()>>(
 }
 
 fn until(deadline: Option<Timestamp>) -> String {
-    deadline.map_or_else(
-        || "while the schedule keeps it".to_string(),
-        |d| format!("until {d}"),
-    )
+    deadline.map_or("while the schedule keeps it".into(), |d| {
+        format!("until {d}")
+    })
 }
 
 fn node_ref(name: &str, uid: Option<&str>) -> ObjectReference {

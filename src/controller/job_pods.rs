@@ -1,6 +1,5 @@
-//! `--launch-cost`: the Jobs' pods as the schedule hold reads them, in a
-//! [`Compact`] store: of each pod its namespace, Job, node and whether it
-//! is finished, so that 50,000 of them take a few MiB.
+//! `--launch-cost`: the Jobs' pods as the schedule hold reads them, in a [`Compact`] store: of each
+//! pod its namespace, Job, node and whether it is finished, so that 50,000 of them take a few MiB.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

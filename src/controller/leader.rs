@@ -3,9 +3,8 @@
 
 use super::*;
 
-/// This replica's name in the Lease: `HOSTNAME` (a pod's name; with
-/// `hostNetwork` the node's, which two replicas cannot share), else
-/// `/etc/hostname`, else the process id.
+/// This replica's name in the Lease: `HOSTNAME` (a pod's name; with `hostNetwork` the node's, which
+/// two replicas cannot share), else `/etc/hostname`, else the process id.
 pub fn default_identity() -> String {
     std::env::var("HOSTNAME")
         .ok()

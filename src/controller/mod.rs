@@ -124,14 +124,12 @@ struct WindowTask {
     /// `--launch-cost`: each CronJob's last run, kept once its nodes are gone.
     last_runs: BTreeMap<String, crate::core::known::LastRun>,
     release_request: Option<Timestamp>,
-    /// A release request handled but not recorded as done: some of its
-    /// holds may still be on.
+    /// A release request handled but not recorded as done: some of its holds may still be on.
     release_unconfirmed: Option<Timestamp>,
     /// Whether the record says a release is under way.
     releasing: bool,
     hold_request: Option<ManualHold>,
-    /// A manual hold request handled but not recorded as done: some nodes
-    /// may still lack its hold.
+    /// A manual hold request handled but not recorded as done: some nodes may still lack its hold.
     hold_unconfirmed: Option<Timestamp>,
     /// New nodes of the current window whose Event was sent.
     announced: HashSet<String>,
@@ -251,14 +249,12 @@ impl WindowTask {
         self.release_request = record
             .release_request
             .filter(|&at| self.is_new_release(at, done));
-        // A release the last leader handled but did not finish is finished
-        // (and recorded as done) by this one.
+        // A release the last leader left unfinished is finished (and recorded as done) by this one.
         self.release_unconfirmed = record
             .release_request
             .filter(|&at| done.is_none_or(|done| done < at));
         self.releasing = record.releasing.is_some();
-        // A manual hold not recorded as done is handled (again: handling it
-        // twice changes nothing) and recorded.
+        // A manual hold not recorded as done is handled again (that changes nothing) and recorded.
         self.hold_request = record.pending_hold;
         self.hold_unconfirmed = self.hold_request.as_ref().map(|hold| hold.requested_at);
     }
@@ -295,8 +291,7 @@ impl WindowTask {
         self.apply_requests(now);
         let known = self.keep_for_schedules(&snapshot, now);
         self.observe(&snapshot, now);
-        // The record first: a crash after holding nodes must still find the
-        // window that releases them.
+        // The record first: a crash after holding nodes must find the window that releases them.
         self.save_record().await?;
         let wake = self.converge(&snapshot, now).await?;
         let Some(known) = known else { return Ok(wake) };

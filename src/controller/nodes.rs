@@ -1,6 +1,5 @@
-//! The leader's view of the nodes: Node metadata watched into a store of
-//! compact [`NodeMeta`]s, not kube's reflector's whole objects. As in the
-//! reflector, a (re)list replaces the store only once complete.
+//! The leader's view of the nodes: Node metadata watched into a store of compact [`NodeMeta`]s, not
+//! kube's reflector's whole objects. As there, a (re)list replaces the store only once complete.
 
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -49,8 +48,7 @@ pub fn position(nodes: &[Arc<NodeMeta>], name: &str) -> Result<usize, usize> {
 
 /// A list's nodes sorted by name, the last listed of each name kept.
 fn sorted(mut listed: Vec<Arc<NodeMeta>>) -> Vec<Arc<NodeMeta>> {
-    // Reversed, then a stable sort: of one name, the one listed last is
-    // first, and dedup keeps the first.
+    // Reversed, then a stable sort: of one name, the last listed comes first, which dedup keeps.
     listed.reverse();
     listed.sort_by(|a, b| a.name().cmp(b.name()));
     listed.dedup_by(|a, b| a.name() == b.name());

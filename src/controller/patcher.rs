@@ -1,7 +1,6 @@
-//! Bulk node patching within bounds: `--api-qps` a second, [`MAX_IN_FLIGHT`]
-//! at once. A failure (a 429 from API Priority and Fairness included: kube's
-//! retry layer is off) is reported, not retried: the next pass, after
-//! [`crate::retry::pass_backoff`], re-plans from fresh state.
+//! Bulk node patching within bounds: `--api-qps` a second, [`MAX_IN_FLIGHT`] at once. A failure (a
+//! 429 from API Priority and Fairness included: kube's retry layer is off) is reported, not
+//! retried: the next pass, after [`crate::retry::pass_backoff`], re-plans from fresh state.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +18,8 @@ use crate::state::record::FIELD_MANAGER;
 /// A progress line every this many nodes of a long run.
 const PROGRESS_EVERY: usize = 500;
 
-/// Node PATCHes in flight at once (why 16: `docs/architecture.md`). More
-/// would only queue in the API server's priority level, and a throttled
-/// level refuses them with 429 the sooner.
+/// Node PATCHes in flight at once (why 16: `docs/architecture.md`). More would only queue in the
+/// API server's priority level, and a throttled level refuses them with 429 the sooner.
 pub const MAX_IN_FLIGHT: usize = 16;
 
 /// How one node PATCH ended.

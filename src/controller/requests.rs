@@ -26,9 +26,8 @@ impl WindowTask {
         true
     }
 
-    /// Applies the requests taken since the last pass to the window, in the
-    /// order they were made: a release after a manual hold ends it, a hold
-    /// after a release starts after it.
+    /// Applies the requests taken since the last pass to the window, in the order they were made: a
+    /// release after a manual hold ends it, a hold after a release starts after it.
     pub(super) fn apply_requests(&mut self, now: Timestamp) {
         let (release, hold) = (self.release_request.take(), self.hold_request.take());
         let hold_first =

@@ -1,7 +1,6 @@
-//! `--launch-cost`: the leader's watches of the cluster's CronJobs and its
-//! Jobs' pods, each kept compact; what they mean is [`crate::core::known`]'s.
-//! Without the permission to list them (403) the watch says so once and
-//! goes on empty: every node is then held as if nothing were scheduled.
+//! `--launch-cost`: the leader's watches of the cluster's CronJobs and its Jobs' pods, each kept
+//! compact; what they mean is [`crate::core::known`]'s. Without the permission to list them (403)
+//! the watch says so once and goes on empty: every node is then held as if nothing were scheduled.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,8 +60,7 @@ pub struct ScheduledWatch {
 /// in scope and remembered runs, before the work's earliest run, reads the
 /// same (most passes follow node changes that touch none of it).
 struct Memo {
-    /// The watches' tick, read before the stores: a change under way makes
-    /// the next pass read again.
+    /// The watches' tick, read before the stores: a change under way makes the next pass reread.
     tick: u64,
     inputs: u64,
     from: Timestamp,
@@ -271,8 +269,7 @@ impl super::WindowTask {
         schedule.show(Reason::iter().map(count), unpredictable);
     }
 
-    /// The log lines and Events of the nodes the schedule keeps now and did
-    /// not before, and of those it let go.
+    /// The log lines and Events of the nodes the schedule newly keeps, and of those it let go.
     fn say_what_changed(
         &self,
         kept: &BTreeMap<&str, Keep<'_>>,

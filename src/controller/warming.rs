@@ -1,7 +1,6 @@
-//! `--warm-before-runs`, the leader's side of [`crate::core::warm`]: the
-//! placeholder Jobs created and deleted, and what each warm did said on its
-//! CronJob. Failures are logged and tried again: a warm is an optimisation,
-//! never a reason for a pass (and its holds) to fail.
+//! `--warm-before-runs`, the leader's side of [`crate::core::warm`]: the placeholder Jobs created
+//! and deleted, and what each warm did said on its CronJob. Failures are logged and tried again: a
+//! warm is an optimisation, never a reason for a pass (and its holds) to fail.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -71,8 +70,7 @@ impl super::WindowTask {
         self.warming.wake = next.into_iter().chain(retry).min();
     }
 
-    /// Creates one run's placeholder Job (one already there counts as
-    /// made); whether that worked.
+    /// Creates one run's placeholder Job (one already there counts as made); whether that worked.
     async fn start_warm(
         &mut self,
         warm: &Warm<'_>,

@@ -1,5 +1,4 @@
-//! What wakes the leader's loop: the record's and the schedule's watches and
-//! the coalesced deadline.
+//! What wakes the leader's loop: the record's and schedule's watches and the coalesced deadline.
 
 use super::*;
 

@@ -191,8 +191,7 @@ fn hold_new_node(
     (response, outcome)
 }
 
-/// `auditAnnotations`: the API server stores each as `<webhook name>/<key>`, so
-/// keys hold no `/`.
+/// `auditAnnotations`: the API server stores each as `<webhook name>/<key>`, so keys hold no `/`.
 fn audit_annotations(outcome: &Outcome, scope: &str) -> HashMap<String, String> {
     let decision = <&str>::from(outcome).to_string();
     let mut annotations = HashMap::from([("decision".to_string(), decision)]);
@@ -211,10 +210,9 @@ fn audit_annotations(outcome: &Outcome, scope: &str) -> HashMap<String, String> 
     annotations
 }
 
-/// The JSON body of the AdmissionReview that carries `response`. kube-rs keeps
-/// the patch as raw bytes, which serde writes as an array of numbers; the API
-/// server reads `[]byte` from base64, so the patch goes out as base64 (kube-rs
-/// issue 1781).
+/// The JSON body of the AdmissionReview that carries `response`. kube-rs keeps the patch as raw
+/// bytes, which serde writes as an array of numbers; the API server reads `[]byte` from base64, so
+/// the patch goes out as base64 (kube-rs issue 1781).
 pub fn review_body(response: AdmissionResponse) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]

@@ -1,7 +1,6 @@
-//! The schedule hold (`--launch-cost`): of the idle nodes, keep exactly
-//! those that runs due within the launch cost will use, each until its run
-//! starts (docs/architecture.md, "The schedule hold"). Pure: the caller reads
-//! the schedules ([`super::schedule`]) and the nodes.
+//! The schedule hold (`--launch-cost`): of the idle nodes, keep exactly those that runs due within
+//! the launch cost will use, each until its run starts (docs/architecture.md, "The schedule hold").
+//! Pure: the caller reads the schedules ([`super::schedule`]) and the nodes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,9 +29,8 @@ pub struct Reserved<'a> {
     pub until: Timestamp,
 }
 
-/// The schedule hold's terms: a launch's cost beyond its node-seconds, as
-/// node-time (the break-even time of keeping an idle node), and
-/// [`RUN_GRACE`] and [`SETTLE`].
+/// The schedule hold's terms: a launch's cost beyond its node-seconds, as node-time (the break-even
+/// time of keeping an idle node), and [`RUN_GRACE`] and [`SETTLE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terms {
     pub launch_cost: Duration,
@@ -51,8 +49,7 @@ pub enum Keep<'a> {
     ForRun(Reserved<'a>),
 }
 
-/// Why the schedule keeps a node, one word in the record, `status` and the
-/// metric's label.
+/// Why the schedule keeps a node, one word in the record, `status` and the metric's label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[derive(strum::EnumIter, strum::IntoStaticStr)]
@@ -103,10 +100,9 @@ pub struct NodeView<'a> {
     pub marked: bool,
 }
 
-/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not yet
-/// `explained`, and the idle explained ones the runs due will use
-/// ([`reserve`]). A node no CronJob's pods ran on is never kept for a run: it
-/// may run other work node-holder does not read; the window holds it.
+/// The nodes the schedule keeps at `now`, by name: busy ones, new ones not yet `explained`, and the
+/// idle explained ones the runs due will use ([`reserve`]). A node no CronJob's pods ran on is
+/// never kept for a run: it may run other work node-holder does not read; the window holds it.
 pub fn keep<'a>(
     nodes: &[NodeView<'a>],
     known: &'a KnownWork,
@@ -168,11 +164,10 @@ impl Terms {
     }
 }
 
-/// The idle nodes the runs due within the break-even time will use, earliest
-/// run first, each as many as it needs and there are: its last run's nodes
-/// first, then the others in the order given (held ones first). Linear in the
-/// nodes and the runs' own nodes: at 50,000 nodes and thousands of runs, a
-/// pass over the free nodes per run took most of a second.
+/// The idle nodes the runs due within the break-even time will use, earliest run first, each as
+/// many as it needs and there are: its last run's nodes first, then the others in the order given
+/// (held ones first). Linear in the nodes and the runs' own nodes: at 50,000 nodes and thousands of
+/// runs, a pass over the free nodes per run took most of a second.
 fn reserve<'a>(
     idle: &[&'a str],
     runs: &'a [Run],

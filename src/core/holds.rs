@@ -1,7 +1,6 @@
-//! The hold keys and node-holder's own keys on a node. A *hold* is an
-//! annotation that tells an autoscaler to leave a node alone. node-holder marks
-//! the nodes it holds with its own label (to list them with a selector) and
-//! lists the hold keys it added (so a release strips exactly those).
+//! The hold keys and node-holder's own keys on a node. A *hold* is an annotation that tells an
+//! autoscaler to leave a node alone. node-holder marks the nodes it holds with its own label (to
+//! list them with a selector) and lists the hold keys it added (so a release strips exactly those).
 
 use std::fmt;
 use std::str::FromStr;
@@ -33,9 +32,8 @@ pub fn held_until_stamp(meta: &(impl NodeFields + ?Sized)) -> Option<jiff::Times
     meta.annotation(HELD_UNTIL_ANNOTATION)?.parse().ok()
 }
 
-/// The hold keys node-holder listed on the node (`hold-keys`), each once,
-/// trimmed; its own keys skipped (removing the list twice would make a release
-/// patch fail forever).
+/// The hold keys node-holder listed on the node (`hold-keys`), each once, trimmed; its own keys
+/// skipped (removing the list twice would make a release patch fail forever).
 pub fn held_keys(meta: &(impl NodeFields + ?Sized)) -> Vec<&str> {
     listed_keys(meta.annotation(HELD_KEYS_ANNOTATION).unwrap_or_default())
 }

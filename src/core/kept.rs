@@ -1,7 +1,6 @@
-//! What the schedule keeps, summed up for the record and `status`: the soonest
-//! runs, each with its nodes counted and a few named, and the rest counted, so
-//! the record stays small (a ConfigMap holds at most 1 MiB); each node's own
-//! hold is on the node (`held-until`) and in its Event.
+//! What the schedule keeps, summed up for the record and `status`: the soonest runs, each with its
+//! nodes counted and a few named, and the rest counted, so the record stays small (a ConfigMap
+//! holds at most 1 MiB); each node's own hold is on the node (`held-until`) and in its Event.
 
 use std::collections::BTreeMap;
 

@@ -1,8 +1,7 @@
-//! The scheduled work the cluster knows (`--launch-cost`): each CronJob's next
-//! run and how many nodes its last run occupied, read from the CronJobs and
-//! their Jobs' pods, matched by the Jobs' names (docs/architecture.md, "The
-//! schedule hold"). A CronJob whose schedule cannot be predicted is not known:
-//! its pods are other work, which the window holds. Pure: the caller watches.
+//! The scheduled work the cluster knows (`--launch-cost`): each CronJob's next run and how many
+//! nodes its last run occupied, read from the CronJobs and their Jobs' pods, matched by the Jobs'
+//! names (docs/architecture.md, "The schedule hold"). A CronJob whose schedule cannot be predicted
+//! is not known: its pods are other work, which the window holds. Pure: the caller watches.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -135,10 +134,9 @@ pub struct Unpredictable {
 /// pods, by the run's scheduled minute.
 type Seen<'a> = BTreeMap<i64, (BTreeSet<&'a str>, usize)>;
 
-/// Reads the scheduled work: each CronJob's first run after `from` (the
-/// caller's now less the grace a started run's pods get to land); `in_scope`
-/// says whether a node is still there and in scope. A CronJob whose runs' nodes
-/// are all gone counts with its last run as `remembered`.
+/// Reads the scheduled work: each CronJob's first run after `from` (the caller's now less the grace
+/// a started run's pods get to land); `in_scope` says whether a node is still there and in scope. A
+/// CronJob whose runs' nodes are all gone counts with its last run as `remembered`.
 ///
 /// At 50,000 nodes a pass reads this every time: what it builds per pod borrows
 /// (no allocation per pod), and its lookups hash.
@@ -195,9 +193,8 @@ pub fn known_work<'a, C: std::borrow::Borrow<CronJobSpec>>(
     work
 }
 
-/// Reads the Job pods into `work` (busy, explained and other work's nodes)
-/// and returns each known CronJob's runs as its pods show them, by the
-/// CronJob's key (one of `keys`).
+/// Reads the Job pods into `work` (busy, explained and other work's nodes) and returns each known
+/// CronJob's runs as its pods show them, by the CronJob's key (one of `keys`).
 fn read_pods<'a, 'k>(
     pods: impl IntoIterator<Item = JobPod<'a>>,
     keys: &HashSet<&'k str>,

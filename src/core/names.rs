@@ -1,6 +1,5 @@
-//! Kubernetes names as the API server checks them: label and annotation
-//! keys, label values, DNS subdomains. Shared by the hold keys, the node
-//! selector, the flags and the certificates.
+//! Kubernetes names as the API server checks them: label and annotation keys, label values, DNS
+//! subdomains. Shared by the hold keys, the node selector, the flags and the certificates.
 
 /// A Kubernetes qualified name with optional DNS-subdomain prefix, as label and
 /// annotation keys are.

@@ -129,16 +129,14 @@ impl NodeFields for NodeMeta {
     }
 }
 
-/// A few string pairs in one allocation: each string as its length (4
-/// bytes, little-endian), then its bytes. Lookups scan; a node keeps at
-/// most a handful of pairs.
+/// A few string pairs in one allocation: each string as its length (4 bytes, little-endian), then
+/// its bytes. Lookups scan; a node keeps at most a handful of pairs.
 #[derive(Clone, Default, PartialEq, Eq)]
 struct Pairs(Box<[u8]>);
 
 impl Pairs {
-    /// The pairs, in order. A string longer than 4 GiB, which no API server
-    /// stores (a node's annotations are at most 256 KiB in all), is cut at
-    /// that length.
+    /// The pairs, in order. A string longer than 4 GiB, which no API server stores (a node's
+    /// annotations are at most 256 KiB in all), is cut at that length.
     fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Pairs {
         let mut bytes = Vec::new();
         for (key, value) in pairs {

@@ -1,8 +1,7 @@
-//! The one patch builder: JSON Patches that put holds on a node and take
-//! node-holder's off again. `add` to `/metadata/annotations/<key>` fails when
-//! the map is absent, and adding the whole map when it exists would wipe the
-//! other keys; keys are escaped as JSON Pointer tokens. Patches on existing
-//! nodes carry `test`s (docs/architecture.md, "Patching").
+//! The one patch builder: JSON Patches that put holds on a node and take node-holder's off again.
+//! `add` to `/metadata/annotations/<key>` fails when the map is absent, and adding the whole map
+//! when it exists would wipe the other keys; keys are escaped as JSON Pointer tokens. Patches on
+//! existing nodes carry `test`s (docs/architecture.md, "Patching").
 
 use std::collections::BTreeMap;
 
@@ -98,12 +97,11 @@ pub struct Release {
     pub left: Vec<String>,
 }
 
-/// The patch that removes the holds node-holder listed in `hold-keys` whose
-/// value is still the one it set, then that list, `held-until` and the marker.
-/// Every value removed or relied on is `test`ed first, so a concurrent edit
-/// makes the API server reject the whole patch (the caller reads the node
-/// again). A hold it did not list is never touched. Empty when the node
-/// carries nothing of node-holder's.
+/// The patch that removes the holds node-holder listed in `hold-keys` whose value is still the one
+/// it set, then that list, `held-until` and the marker. Every value removed or relied on is
+/// `test`ed first, so a concurrent edit makes the API server reject the whole patch (the caller
+/// reads the node again). A hold it did not list is never touched. Empty when the node carries
+/// nothing of node-holder's.
 pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
     let mut ops = Vec::new();
     let mut take = |map: &str, key: &str, value: &str, remove_it: bool| {
@@ -139,11 +137,10 @@ pub fn release_holds(meta: &impl NodeFields, holds: &Holds) -> Release {
     }
 }
 
-/// What a store of thousands of nodes keeps of `meta`: what the patches and
-/// the plan read, and whether the node selector selects it, so that every
-/// decision made from it is the one made from the whole. A map left empty is
-/// kept (empty, not absent): holds go into it, never as a whole new map that
-/// would replace the others' keys. `None` without a name or a creation time.
+/// What a store of thousands of nodes keeps of `meta`: what the patches and the plan read, and
+/// whether the node selector selects it, so that every decision made from it is the one made from
+/// the whole. A map left empty is kept (empty, not absent): holds go into it, never as a whole new
+/// map that would replace the others' keys. `None` without a name or a creation time.
 pub fn keep_what_patches_read(
     meta: &ObjectMeta,
     holds: &Holds,

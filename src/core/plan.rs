@@ -1,7 +1,6 @@
-//! The desired state of every node, as patches: which nodes to hold and which
-//! to release, given the hold window and the nodes as last read. Pure and
-//! deterministic, so the background task can run it on every change and
-//! patch only the nodes whose state changes.
+//! The desired state of every node, as patches: which nodes to hold and which to release, given the
+//! hold window and the nodes as last read. Pure and deterministic, so the background task can run
+//! it on every change and patch only the nodes whose state changes.
 //!
 //! It reads each stored [`NodeMeta`] in place and builds one node's patch at
 //! a time, so a pass over thousands of nodes streams its patches.
@@ -47,11 +46,10 @@ pub enum Action {
     Stamp,
 }
 
-/// The `held-until` a node held until `until` should carry, if its own is not
-/// true now: none (or unreadable), past while the hold goes on, or later than
-/// the hold's end. A stamp between now and the end stays as the window moves
-/// later (it is still "held at least until"), so a node is not rewritten on
-/// every move of the window. `None` also when the hold ends within the second.
+/// The `held-until` a node held until `until` should carry, if its own is not true now: none (or
+/// unreadable), past while the hold goes on, or later than the hold's end. A stamp between now and
+/// the end stays as the window moves later (it is still "held at least until"), so a node is not
+/// rewritten on every move of the window. `None` also when the hold ends within the second.
 pub fn needs_stamp(node: &impl NodeFields, until: Timestamp, now: Timestamp) -> Option<Timestamp> {
     let target = floor_seconds(until);
     if target <= now {
@@ -73,13 +71,11 @@ pub struct Planner<'a> {
     /// `--launch-cost`: the nodes the schedule keeps ([`super::due::keep`]),
     /// held whatever the window says.
     pub kept: Option<&'a BTreeMap<String, Kept>>,
-    /// `--launch-cost`: the nodes the schedule explains. For them the
-    /// schedule decides alone: the window does not hold one it lets go (only
-    /// a manual hold does).
+    /// `--launch-cost`: the nodes the schedule explains. For them the schedule decides alone: the
+    /// window does not hold one it lets go (only a manual hold does).
     pub explained: Option<&'a HashSet<String>>,
-    /// The nodes whose NodeClaim Karpenter marked `Drifted`: a change the
-    /// operator made, not churn, so only a manual hold holds them
-    /// (docs/architecture.md).
+    /// The nodes whose NodeClaim Karpenter marked `Drifted`: a change the operator made, not churn,
+    /// so only a manual hold holds them (docs/architecture.md).
     pub drifted: &'a BTreeSet<String>,
 }
 
@@ -105,8 +101,7 @@ impl Planner<'_> {
         }
     }
 
-    /// The patch that brings this node to its desired state; `None` when it
-    /// is already there.
+    /// The patch that brings this node to its desired state; `None` when it is already there.
     pub fn node(&self, node: &NodeMeta) -> Option<(Action, NodePatch)> {
         let node_patch = |patch: Patch, keys: Vec<String>, left: Vec<String>, until| NodePatch {
             name: node.name().to_string(),
@@ -145,9 +140,8 @@ impl Planner<'_> {
         }
     }
 
-    /// When this node's plan changes by itself: when the schedule stops
-    /// keeping it, or when its `held-until` passes before the hold ends (it
-    /// is rewritten then).
+    /// When this node's plan changes by itself: when the schedule stops keeping it, or when its
+    /// `held-until` passes before the hold ends (it is rewritten then).
     fn node_wake(&self, node: &NodeMeta) -> Option<Timestamp> {
         let scheduled = self.kept.and_then(|kept| kept.get(node.name())?.until);
         let (wanted, until) = self.wanted(node);

@@ -1,12 +1,11 @@
-//! A CronJob's schedule as kube-controller-manager's CronJob controller (with
-//! robfig/cron's standard parser) reads it: five fields or a descriptor
-//! (`@hourly`, expanded here), in the CronJob's `spec.timeZone` or, without
-//! one, in UTC (the zone of kube-controller-manager in practice: its image has
-//! no other). croner does the arithmetic, narrowed to the controller's rules:
-//! `@every` (a period from the controller's start, not a calendar time) and
-//! `TZ=` (the API server wants `timeZone`) are refused by name; when day of
-//! month or day of week starts with `*` or `?` a day must match both, else
-//! either; `N/step` runs from `N` to the field's end. Pure, no clock of its own.
+//! A CronJob's schedule as kube-controller-manager's CronJob controller (with robfig/cron's
+//! standard parser) reads it: five fields or a descriptor (`@hourly`, expanded here), in the
+//! CronJob's `spec.timeZone` or, without one, in UTC (the zone of kube-controller-manager in
+//! practice: its image has no other). croner does the arithmetic, narrowed to the controller's
+//! rules: `@every` (a period from the controller's start, not a calendar time) and `TZ=` (the API
+//! server wants `timeZone`) are refused by name; when day of month or day of week starts with `*`
+//! or `?` a day must match both, else either; `N/step` runs from `N` to the field's end. Pure, no
+//! clock of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -139,9 +138,8 @@ fn five_fields(schedule: &str) -> Result<Vec<&str>, ScheduleError> {
     Ok(fields)
 }
 
-/// The controller's day rule: a field starting with `*` or `?` makes a day
-/// match both fields, else either (croner alone would read `*/2` as a
-/// restriction).
+/// The controller's day rule: a field starting with `*` or `?` makes a day match both fields, else
+/// either (croner alone would read `*/2` as a restriction).
 fn days_must_both_match(fields: &[&str]) -> bool {
     let star = |field: Option<&&str>| field.is_some_and(|f| f.starts_with(['*', '?']));
     star(fields.get(2)) || star(fields.get(4))

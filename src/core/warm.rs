@@ -27,9 +27,8 @@ const RUN_ANNOTATION: &str = "node-holder.dev/warm-run-at";
 /// the start of the CronJob's uid.
 const NAME_PREFIX: &str = "node-holder-warm-";
 const UID_CHARS: usize = 8;
-/// How long before the run's start the placeholders go: the CronJob
-/// controller starts the Job at the scheduled second, so its pods find the
-/// nodes free instead of preempting.
+/// How long before the run's start the placeholders go: the CronJob controller starts the Job at
+/// the scheduled second, so its pods find the nodes free instead of preempting.
 pub const HANDOVER: Duration = Duration::from_secs(5);
 /// The container every placeholder runs: it does nothing until stopped.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
@@ -87,10 +86,9 @@ pub fn due_warms<'a>(
     known.runs.iter().filter_map(warm).collect()
 }
 
-/// The placeholder Job of every run in its warming window, whatever its nodes:
-/// a warm goes on until the hand-over even when the schedule hold keeps its
-/// nodes for the run (they are then both; neither must end the other). Only a
-/// run that no longer comes ends its warm early.
+/// The placeholder Job of every run in its warming window, whatever its nodes: a warm goes on until
+/// the hand-over even when the schedule hold keeps its nodes for the run (they are then both;
+/// neither must end the other). Only a run that no longer comes ends its warm early.
 pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<String> {
     known
         .runs
@@ -100,8 +98,7 @@ pub fn in_window(known: &KnownWork, lead: Duration, now: Timestamp) -> BTreeSet<
         .collect()
 }
 
-/// Whether a run at `at` is warmed at `now`: from `lead` before it until the
-/// hand-over.
+/// Whether a run at `at` is warmed at `now`: from `lead` before it until the hand-over.
 fn warming(at: Timestamp, lead: Duration, now: Timestamp) -> bool {
     let start = at.saturating_sub(lead).unwrap_or(Timestamp::MIN);
     let end = at.saturating_sub(HANDOVER).unwrap_or(Timestamp::MIN);
@@ -136,8 +133,7 @@ pub fn placeholder_job(warm: &Warm<'_>, namespace: &str, terms: &Terms, now: Tim
         "spec": {
             "parallelism": pods,
             "completions": pods,
-            // A preempted placeholder is not replaced: its index fails, the
-            // others go on.
+            // A preempted placeholder is not replaced: its index fails, the others go on.
             "completionMode": "Indexed",
             "backoffLimitPerIndex": 0,
             "maxFailedIndexes": pods,

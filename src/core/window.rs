@@ -1,8 +1,7 @@
-//! The hold window: when the nodes in scope are held, as small state that
-//! nodes' creation times drive forward. Observing a node first closes a window
-//! that ended before its creation, then counts it, so replaying the current
-//! nodes over the stored state reaches the state a live stream did. Pure: the
-//! caller lists the nodes, keeps the state in the record and sleeps until
+//! The hold window: when the nodes in scope are held, as small state that nodes' creation times
+//! drive forward. Observing a node first closes a window that ended before its creation, then
+//! counts it, so replaying the current nodes over the stored state reaches the state a live stream
+//! did. Pure: the caller lists the nodes, keeps the state in the record and sleeps until
 //! [`Window::next_wake`].
 
 use std::collections::BTreeMap;
@@ -45,10 +44,9 @@ pub struct Window {
     /// that closed (or was released) and never open one again.
     #[serde(skip_serializing_if = "Option::is_none")]
     closed_through: Option<Timestamp>,
-    /// Creation times that were in the future when first seen (clock skew),
-    /// and when that was: such a node counts as created then, however often
-    /// it is seen again, so it holds no longer than one that was not skewed.
-    /// Dropped once consumed; empty when the clocks agree.
+    /// Creation times that were in the future when first seen (clock skew), and when that was: such
+    /// a node counts as created then, however often it is seen again, so it holds no longer than
+    /// one that was not skewed. Dropped once consumed; empty when the clocks agree.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     future_creations: BTreeMap<Timestamp, Timestamp>,
     /// `node-holder hold`'s, until it or a release ends.
@@ -87,10 +85,9 @@ pub struct OpenWindow {
     pub opened_at: Timestamp,
     /// When it ends: the nodes it holds are held until then.
     pub deadline: Timestamp,
-    /// What closing consumes: the latest creation counted, or the cap once
-    /// reached (a node created before the cap would have been capped too).
-    /// Not the deadline: a node created just before the deadline but seen
-    /// after it still extends, as a new window.
+    /// What closing consumes: the latest creation counted, or the cap once reached (a node created
+    /// before the cap would have been capped too). Not the deadline: a node created just before the
+    /// deadline but seen after it still extends, as a new window.
     counted_through: Timestamp,
 }
 
@@ -173,8 +170,7 @@ impl Window {
         }
     }
 
-    /// Closes the window if its deadline is at or before `now`; returns
-    /// whether it did.
+    /// Closes the window if its deadline is at or before `now`; returns whether it did.
     pub fn tick(&mut self, now: Timestamp) -> bool {
         if self.manual.as_ref().is_some_and(|m| m.until <= now) {
             self.manual = None;
@@ -244,8 +240,7 @@ impl Window {
         self.deadline().filter(|&end| now < end)
     }
 
-    /// Whether the nodes in scope are held at `now` (a deadline may pass
-    /// before a `tick`).
+    /// Whether the nodes in scope are held at `now` (a deadline may pass before a `tick`).
     pub fn holds(&self, now: Timestamp) -> bool {
         self.held_until(now).is_some()
     }

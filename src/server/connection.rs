@@ -1,6 +1,5 @@
-//! The webhook port's connections: accepted within a bound, TLS handshakes
-//! classified for the metrics and logs, each connection driven until it
-//! ends, idles out or is closed at shutdown, and the drain at the end.
+//! The webhook port's connections: accepted within a bound, TLS handshakes classified for the
+//! metrics and logs, each driven until it ends, idles out or is closed at shutdown, then the drain.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -133,8 +132,7 @@ pub async fn serve_tls(
     serving: TlsServing,
 ) -> Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's timeouts need a timer; without one the first HTTP/1.1 request
-    // panics the connection task.
+    // Without a timer for hyper's timeouts, the first HTTP/1.1 request panics the connection task.
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -144,9 +142,8 @@ pub async fn serve_tls(
     let connection = Connection {
         tls,
         router,
-        // The protocol comes from ALPN, as Go's servers do it: h2 only when the
-        // client asked for it. Letting hyper sniff the first bytes instead would
-        // wait for them without any timeout.
+        // The protocol comes from ALPN, as Go's servers do it: h2 only when the client asked for
+        // it. Letting hyper sniff the first bytes instead would wait for them without any timeout.
         http1: Arc::new(builder.clone().http1_only()),
         http2: Arc::new(builder.http2_only()),
         stop: stop.clone(),
@@ -395,15 +392,11 @@ fn log_handshake_failure(reason: HandshakeFailure, peer: SocketAddr, err: Option
         return tracing::debug!(%peer, "plain HTTP on the TLS port refused");
     };
     let warning = match reason {
-        // The API server refusing our certificate: expired, or not signed by
-        // its caBundle. Worth an operator's eye.
         HandshakeFailure::CertificateRejected => {
             "a client rejected the serving certificate (expired, or not trusted by the webhook's caBundle?)"
         }
-        // With --client-ca-file, the API server's own calls fail this way
-        // when its admission kubeconfig does not match this webhook or its
-        // certificate expired or was rotated: every node then registers
-        // unheld.
+        // With --client-ca-file, the API server's calls fail so when its admission
+        // kubeconfig is wrong or its certificate expired: every node registers unheld.
         HandshakeFailure::NoClientCertificate => {
             "a client sent no client certificate (if it is the API server: is a user of its admission kubeconfig named for this webhook's host:port?)"
         }
@@ -431,8 +424,7 @@ fn handshake_failure(err: &std::io::Error) -> HandshakeFailure {
             | AlertDescription::UnsupportedCertificate
             | AlertDescription::CertificateRevoked,
         )) => HandshakeFailure::CertificateRejected,
-        // TLS 1.0/1.1 and SSL clients, or no cipher suite or signature
-        // scheme in common.
+        // TLS 1.0/1.1 and SSL clients, or no cipher suite or signature scheme in common.
         Some(TlsError::PeerIncompatible(_)) => HandshakeFailure::IncompatibleClient,
         Some(TlsError::InvalidMessage(_)) => HandshakeFailure::NotTls,
         _ => HandshakeFailure::Other,
@@ -461,9 +453,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// How long an HTTP/1.1 client may take to send a request's head, from its first byte.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Whether the connection opens with a method's letters (TLS opens with
-/// 0x16) and was refused: a readable 400, as Go's servers answer, instead of
-/// a TLS alert a plain-HTTP client cannot read.
+/// Whether the connection opens with a method's letters (TLS opens with 0x16) and was refused: a
+/// readable 400, as Go's servers answer, instead of a TLS alert a plain-HTTP client cannot read.
 async fn refused_plain_http(tcp: &mut TcpStream) -> std::io::Result<bool> {
     let mut first = [0u8; 1];
     if tcp.peek(&mut first).await? == 0 || !first[0].is_ascii_uppercase() {

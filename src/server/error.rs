@@ -1,5 +1,4 @@
-//! Why the webhook refused a request: its status and its log line, picked
-//! nowhere else at the HTTP edge.
+//! Why the webhook refused a request: status and log line, picked nowhere else at the HTTP edge.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -9,7 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
 use strum::IntoEnumIterator;
 
 use super::HandshakeFailure;

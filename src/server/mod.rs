@@ -43,9 +43,8 @@ pub struct WebhookState {
     pub exposition: Exposition,
 }
 
-/// The webhook's routes: `POST /mutate`, with body, time (`request_timeout`,
-/// well under the webhook's `timeoutSeconds`) and concurrency bounds. Other
-/// paths get 404, other methods 405.
+/// The webhook's routes: `POST /mutate`, with body, time (`request_timeout`, well under the
+/// webhook's `timeoutSeconds`) and concurrency bounds. Other paths get 404, other methods 405.
 pub fn webhook_router(state: Arc<WebhookState>, request_timeout: Duration) -> Router {
     let body_allowance = Arc::new(Semaphore::new(BODY_ALLOWANCE_KIB));
     let timeout = TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, request_timeout);

@@ -1,7 +1,6 @@
-//! The webhook port's TLS: the serving certificate and key and, with
-//! `--client-ca-file`, the CA of client certificates, read from PEM files at
-//! start (refusing to start on any problem, naming the file), then polled:
-//! Secret volumes rotate by a `..data` symlink swap that path watches miss.
+//! The webhook port's TLS: the serving certificate and key and, with `--client-ca-file`, the CA of
+//! client certificates, read from PEM files at start (refusing to start on any problem, naming the
+//! file), then polled: Secret volumes rotate by a `..data` symlink swap that path watches miss.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -145,9 +144,8 @@ fn configure(files: &[(&str, PathBuf)], bytes: Vec<Vec<u8>>) -> Result<Version> 
     }
     .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
     if client_ca.is_some() {
-        // A resumed session keeps its first handshake's verdict: a client
-        // of a CA rotated out would still get in. A full handshake each
-        // time costs little: the API server keeps its connections open.
+        // A resumed session keeps its first handshake's verdict: a client of a CA rotated out would
+        // still get in. Full handshakes cost little: the API server keeps its connections open.
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
     }

@@ -62,10 +62,9 @@ pub async fn read_holder(client: &kube::Client, namespace: &str) -> Result<Optio
     Ok(lease.and_then(|lease| holder(&lease, Timestamp::now())))
 }
 
-/// Fails unless `identity` holds the Lease now: what a leader checks before
-/// it acts, because kube-lease-manager keeps reporting leadership while it
-/// cannot reach the API server, and after an outage longer than the Lease a
-/// standby may have taken it over.
+/// Fails unless `identity` holds the Lease now: what a leader checks before it acts, because
+/// kube-lease-manager keeps reporting leadership while it cannot reach the API server, and after an
+/// outage longer than the Lease a standby may have taken it over.
 pub async fn ensure_leading(client: &kube::Client, namespace: &str, identity: &str) -> Result<()> {
     match read_holder(client, namespace).await? {
         Some(holder) if holder.identity == identity && !holder.expired => Ok(()),

@@ -1,8 +1,7 @@
-//! The window record: a ConfigMap in node-holder's namespace that keeps what
-//! the cluster cannot tell after a restart (deleted nodes' contributions, where
-//! the cap started, what a release consumed) and what `status` shows. Only the
-//! leader writes its data; `release` and `hold` write only their request
-//! annotations.
+//! The window record: a ConfigMap in node-holder's namespace that keeps what the cluster cannot
+//! tell after a restart (deleted nodes' contributions, where the cap started, what a release
+//! consumed) and what `status` shows. Only the leader writes its data; `release` and `hold` write
+//! only their request annotations.
 
 use std::collections::BTreeMap;
 
@@ -201,9 +200,8 @@ impl RecordStore {
         self.annotate(annotations, "the manual hold").await
     }
 
-    /// Records the release progress: the nodes a release in progress started
-    /// with (`None`: none is), and a release request now done. Called under
-    /// the Lease, once the record exists.
+    /// Records the release progress: the nodes a release in progress started with (`None`: none
+    /// is), and a release request now done. Called under the Lease, once the record exists.
     pub async fn release_progress(
         &self,
         releasing: Option<usize>,

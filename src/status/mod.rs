@@ -60,9 +60,8 @@ pub struct Status {
     /// `--orphaned-after` (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Orphaned>,
-    /// Held nodes whose `held-until` passed more than `--orphaned-after` ago
-    /// while a leader is live: the leader is not keeping its holds (set by
-    /// [`Status::orphaned_after`]).
+    /// Held nodes whose `held-until` passed more than `--orphaned-after` ago while a leader is
+    /// live: the leader is not keeping its holds (set by [`Status::orphaned_after`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub overdue: Vec<String>,
 }

@@ -160,9 +160,8 @@ fn scheduled_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Ti
     }
 }
 
-/// `--warm-before-runs`: each warm under way ("cronjob team-a/report runs
-/// at 14:05 (in 1m): 2 of 2 placeholder pod(s) on 2 node(s) (a, b), 190
-/// node-seconds so far (Job node-holder-warm-…)").
+/// `--warm-before-runs`: each warm under way ("cronjob team-a/report runs at 14:05 (in 1m): 2 of 2
+/// placeholder pod(s) on 2 node(s) (a, b), 190 node-seconds so far (Job node-holder-warm-…)").
 fn warm_lines(line: &mut impl FnMut(&str, String), status: &Status, now: Timestamp) {
     for warm in &status.warms {
         let run = match (&warm.cronjob, warm.run_at) {

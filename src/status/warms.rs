@@ -1,6 +1,5 @@
-//! `status`'s warms (`--warm-before-runs`): the placeholder Jobs under way
-//! in node-holder's namespace, the run each warms for, where its pods are
-//! and what their nodes have cost so far.
+//! `status`'s warms (`--warm-before-runs`): the placeholder Jobs under way in node-holder's
+//! namespace, the run each warms for, where its pods are and what their nodes have cost so far.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -87,8 +86,7 @@ fn shown(
     }
 }
 
-/// The live placeholder pods (not finished, not going) by Job, each with
-/// its node.
+/// The live placeholder pods (not finished, not going) by Job, each with its node.
 fn pods_by_job(pods: &[Pod]) -> BTreeMap<&str, Vec<Option<&str>>> {
     let mut by_job: BTreeMap<&str, Vec<Option<&str>>> = BTreeMap::new();
     for pod in pods {
