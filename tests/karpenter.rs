@@ -87,8 +87,8 @@ async fn without_node_holder_karpenter_removes_empty_nodes_and_launches_new_ones
     )
     .await;
     for node in &waves.first {
-        let said = a.node_events(node, "DisruptionTerminating").await;
-        assert!(said.iter().any(|m| m.contains("Empty")), "{node}: {said:?}");
+        a.until_node_said(node, "DisruptionTerminating", "Empty")
+            .await;
     }
     // ...so the second wave needed three new nodes: the churn.
     assert!(
@@ -233,8 +233,8 @@ async fn a_drifted_node_is_released_inside_its_window_and_its_replacement_held()
         async |a| !carries_hold(a, &drifting).await,
     )
     .await;
-    let said = a.node_events(&drifting, "HoldReleased").await;
-    assert!(said.iter().any(|m| m.contains("drifted")), "{said:?}");
+    a.until_node_said(&drifting, "HoldReleased", "drifted")
+        .await;
     a.until(
         "the drifted node replaced",
         KARPENTER_ROUND * 2,
@@ -256,8 +256,8 @@ async fn a_drifted_node_is_released_inside_its_window_and_its_replacement_held()
 /// Karpenter said it disrupted `drifted` for drift, and the `busy` pod runs
 /// on its replacement, a new node; the replacement.
 async fn replaced_for_drift(a: &mut Autoscaled, drifted: &str) -> String {
-    let said = a.node_events(drifted, "DisruptionTerminating").await;
-    assert!(said.iter().any(|m| m.contains("Drifted")), "{said:?}");
+    a.until_node_said(drifted, "DisruptionTerminating", "Drifted")
+        .await;
     a.until(
         "the pod runs on the replacement",
         KARPENTER_ROUND,
@@ -331,11 +331,8 @@ async fn a_rolling_drift_goes_on_through_the_window_its_replacements_open() {
             "{node} deleted {}, window until {deadline}",
             deleted[node]
         );
-        let said = a.node_events(node, "DisruptionTerminating").await;
-        assert!(
-            said.iter().any(|m| m.contains("Drifted")),
-            "{node}: {said:?}"
-        );
+        a.until_node_said(node, "DisruptionTerminating", "Drifted")
+            .await;
     }
     // A replacement launched while Karpenter still read the old template
     // drifts in turn and is replaced again (unheld, as drifted); the pods

@@ -21,6 +21,9 @@ pub const BLOCKED_BY_HOLD: &str =
 /// loaded machine.
 pub const KARPENTER_ROUND: Duration = Duration::from_secs(90);
 
+/// How long an Event may take to be published after what it tells of.
+const EVENT_WAIT: Duration = Duration::from_secs(30);
+
 /// A Karpenter cluster and the admin's view of what the tests watch.
 pub struct Autoscaled {
     pub cluster: KarpenterCluster,
@@ -247,6 +250,18 @@ impl Autoscaled {
     /// (Karpenter's or node-holder's).
     pub async fn node_events(&self, node: &str, reason: &str) -> Vec<String> {
         self.events_about("Node", node, reason).await
+    }
+
+    /// Waits for an Event of `reason` on `node` whose message contains `says`: Events are
+    /// published beside the work they tell of (node-holder's from a paced queue, Karpenter's
+    /// through client-go's broadcaster), so one may arrive after the change the test saw.
+    pub async fn until_node_said(&mut self, node: &str, reason: &str, says: &str) {
+        let what = format!("{node}: an Event {reason} that says {says:?}");
+        self.until(&what, EVENT_WAIT, async |a| {
+            let said = a.node_events(node, reason).await;
+            said.iter().any(|m| m.contains(says))
+        })
+        .await;
     }
 
     /// The messages of the Events of `reason` about the object of `kind`
