@@ -88,6 +88,9 @@ fn go_build(module: &Path, tool: &GoTool<'_>, output: &Path) -> Result<()> {
     let (package, ldflags) = (tool.package, tool.ldflags);
     let mut cmd = go_command(module);
     cmd.args(["build", "-trimpath"])
+        // `-w` drops the DWARF at link; not generating it at all is 11% less CPU for a
+        // cold build (helm: 236 -> 210 CPU-seconds) and the same program.
+        .arg("-gcflags=all=-dwarf=false")
         .arg(format!("-ldflags=-s -w {ldflags}"))
         .arg(format!("-tags={}", tool.tags))
         .arg("-o")

@@ -19,12 +19,12 @@ mod karpenter;
 mod kubelet;
 pub mod metrics;
 pub mod netns;
+mod ports;
 mod process;
 mod registry;
 mod services;
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub use karpenter::{
     install_karpenter_crds, node_claims, node_pool_object, node_pools,
 };
 pub use kubelet::{REAL_NODE_LABEL, REAL_NODE_TAINT, RealNode, SANDBOX_IMAGE};
+pub use ports::free_port;
+use ports::free_ports;
 pub use process::ManagedChild;
 pub use registry::LocalRegistry;
 pub use services::tracked_connection;
@@ -658,60 +660,6 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
         .context("building a request")
 }
 
-/// A loopback port free right now (for a process the caller starts).
-pub fn free_port() -> Result<u16> {
-    Ok(free_ports::<1>()?[0])
-}
-
-/// `N` different loopback ports free right now.
-///
-/// They are drawn at random from below the kernel's ephemeral range: a port
-/// the kernel hands out for a probe is just as likely to be handed next to an
-/// outgoing connection (any client on the machine), which then holds it when
-/// the caller's child binds it ("Address already in use"). Below that range
-/// only a process that names the port can take it; the probe skips ports
-/// already bound, and the random draw keeps concurrent tests apart. On a
-/// host whose ephemeral range leaves too few ports below it, the kernel
-/// picks, as it always did.
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let range = ports_outside_ephemeral_range()?;
-    let mut random = fs::File::open("/dev/urandom").context("opening /dev/urandom")?;
-    // Hold every listener until all ports are chosen so that they differ.
-    let mut listeners = Vec::with_capacity(N);
-    let mut ports = [0; N];
-    for port in &mut ports {
-        let listener = match &range {
-            Some(range) => (0..1000)
-                .find_map(|_| {
-                    let mut bytes = [0u8; 2];
-                    std::io::Read::read_exact(&mut random, &mut bytes).ok()?;
-                    let offset = u16::from_ne_bytes(bytes) % (range.end - range.start);
-                    TcpListener::bind(("127.0.0.1", range.start + offset)).ok()
-                })
-                .with_context(|| format!("no free loopback port in {range:?} after 1000 tries"))?,
-            None => TcpListener::bind("127.0.0.1:0").context("probing for a free loopback port")?,
-        };
-        *port = listener.local_addr()?.port();
-        listeners.push(listener);
-    }
-    Ok(ports)
-}
-
-/// Ports from 20000 up to the kernel's ephemeral range or Kubernetes'
-/// NodePort range (30000), whichever starts first; `None` when that leaves
-/// fewer than 1000.
-fn ports_outside_ephemeral_range() -> Result<Option<std::ops::Range<u16>>> {
-    let path = "/proc/sys/net/ipv4/ip_local_port_range";
-    let text = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    let ephemeral_low: u16 = text
-        .split_whitespace()
-        .next()
-        .and_then(|low| low.parse().ok())
-        .with_context(|| format!("{path} reads {text:?}"))?;
-    let range = 20000..ephemeral_low.min(30000);
-    Ok((range.len() >= 1000).then_some(range))
-}
-
 fn random_token() -> Result<String> {
     let mut bytes = [0u8; 16];
     fs::File::open("/dev/urandom")
@@ -815,23 +763,4 @@ pub async fn dry_run_objects(client: &kube::Client, objects: &[Value]) -> Result
         })?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn free_ports_differ_are_bindable_and_lie_below_the_ephemeral_range() {
-        let range = ports_outside_ephemeral_range().unwrap();
-        let ports = free_ports::<3>().unwrap();
-        for port in ports {
-            assert!(
-                range.as_ref().is_none_or(|range| range.contains(&port)),
-                "{port} outside {range:?}"
-            );
-            TcpListener::bind(("127.0.0.1", port)).unwrap();
-        }
-        assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2]);
-    }
 }
