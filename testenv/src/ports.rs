@@ -16,10 +16,10 @@
 //! (`flock`) until the process that took it exits, and skipped by every
 //! other draw, in that process too.
 
-use std::fs::{self, File, TryLockError};
+use std::fs::{self, File};
 use std::net::TcpListener;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
@@ -59,12 +59,10 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
 }
 
 /// Reserves `port` when no test process holds it and nothing is bound to it.
-fn reserve(dir: &std::path::Path, port: u16) -> Option<u16> {
+fn reserve(dir: &Path, port: u16) -> Option<u16> {
     let lock = File::create(dir.join(port.to_string())).ok()?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock | TryLockError::Error(_)) => return None,
-    }
+    // Held by a test process (this one included), or unlockable: not this port.
+    lock.try_lock().ok()?;
     // Bound by something outside the tests: the lock goes with `lock`.
     drop(TcpListener::bind(("127.0.0.1", port)).ok()?);
     RESERVED
