@@ -39,15 +39,12 @@ pub fn free_port() -> Result<u16> {
 pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     let range = ports_outside_ephemeral_range()?;
     let dir = reservations_dir()?;
-    let mut random = File::open("/dev/urandom").context("opening /dev/urandom")?;
-    let mut candidate = || -> Option<u16> {
+    let candidate = || -> Option<u16> {
         let Some(range) = &range else {
             let probe = TcpListener::bind("127.0.0.1:0").ok()?;
             return Some(probe.local_addr().ok()?.port());
         };
-        let mut bytes = [0u8; 2];
-        std::io::Read::read_exact(&mut random, &mut bytes).ok()?;
-        Some(range.start + u16::from_ne_bytes(bytes) % (range.end - range.start))
+        Some(fastrand::u16(range.clone()))
     };
     let mut ports = [0; N];
     for port in &mut ports {
